@@ -1,0 +1,72 @@
+"""paddle-ipu: Graphcore IPU support for stock PaddlePaddle 3.x wheels.
+
+``import paddle`` alone registers the "ipu" device (Paddle loads the plugin this
+package installs).  ``import paddle_ipu`` adds the IPU programming API of Paddle
+2.x -- IpuStrategy, IpuCompiledProgram, ipu_shard_guard, set_ipu_shard -- over two
+backends: ``popart`` (the Poplar SDK, when importable) and ``host`` (an emulated
+IPU on the CPU, the default).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import paddle as _paddle
+
+from paddle_ipu._compat import check_paddle_version
+from paddle_ipu._version import __version__
+from paddle_ipu.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CompileError,
+    DeviceError,
+    FeedError,
+    IpuError,
+    NotSupportedError,
+    OptionError,
+    PaddleVersionError,
+    UnsupportedOpError,
+)
+
+# The compiled core (a module mypy cannot see into) records the Paddle it was built with.
+_core = importlib.import_module("paddle_ipu._core")
+check_paddle_version(_paddle.__version__, _core.paddle_version)
+
+# Public names provided by submodules, imported on first use so that
+# `import paddle_ipu` stays cheap.
+_LAZY = {
+    "IpuStrategy": "paddle_ipu.strategy",
+    "IpuCompiledProgram": "paddle_ipu.program",
+    "Executor": "paddle_ipu.executor",
+    "ipu_shard_guard": "paddle_ipu.compiler",
+    "set_ipu_shard": "paddle_ipu.compiler",
+    "supported_ops": "paddle_ipu.compiler",
+    "compile_program": "paddle_ipu.compiler",
+    "available_backends": "paddle_ipu.backends",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paddle_ipu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "CompileError",
+    "DeviceError",
+    "FeedError",
+    "IpuError",
+    "NotSupportedError",
+    "OptionError",
+    "PaddleVersionError",
+    "UnsupportedOpError",
+    "__version__",
+    *_LAZY,
+]

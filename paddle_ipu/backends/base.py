@@ -1,0 +1,127 @@
+"""The backend Session protocol: the subset of PopART's session API the executor uses.
+
+A backend is one file implementing :class:`Session` and registering a factory with
+:func:`paddle_ipu.backends.register`.  The executor owns IPU semantics (step layout,
+weight sync, lr updates, eval mode); a backend owns running the compiled graph.
+
+Data layout (PopART's documented one).  One ``run`` moves ``batches_per_step``
+(bps) steps; each step is ``accumulation_factor`` (af) micro-batches on each of
+``replication_factor`` (rf) replicas.  An input buffer, and an ALL anchor, has the
+shape ``[bps, af, rf, *tensor_shape]`` with the size-1 factors removed.  See
+:mod:`paddle_ipu.layout`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.errors import OptionError
+
+ANCHOR_KINDS = ("ALL", "FINAL", "SUM", "EVERYN")
+
+
+@dataclass(frozen=True)
+class AnchorReturnType:
+    """What an output returns per run: every step (ALL), the last (FINAL), the sum
+    over steps (SUM) or every n-th step (EVERYN)."""
+
+    kind: str = "ALL"
+    period: int = 1
+
+    def __post_init__(self) -> None:
+        kind = self.kind.upper()
+        object.__setattr__(self, "kind", kind)
+        if kind not in ANCHOR_KINDS:
+            raise OptionError(
+                f"anchor return type {self.kind!r} is not one of {', '.join(ANCHOR_KINDS)}"
+            )
+        if kind == "EVERYN" and self.period < 1:
+            raise OptionError(f"EVERYN anchor needs a period >= 1, got {self.period}")
+
+
+@dataclass
+class SessionConfig:
+    """Everything a backend needs besides the model."""
+
+    batches_per_step: int = 1
+    accumulation_factor: int = 1
+    replication_factor: int = 1
+    anchors: dict[str, AnchorReturnType] = field(default_factory=dict)
+    is_training: bool = False
+    enable_fp16: bool = False
+    random_seed: int | None = None
+    num_threads: int = 0  # 0: all cores
+    # "mean" or "sum": how gradients are reduced over af and rf.
+    gradient_reduction: str = "mean"
+    # Backend-specific pass-through options (PopART SessionOptions names).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Session(abc.ABC):
+    """One compiled graph on one (emulated or real) IPU device."""
+
+    #: the backend's name, as passed to :func:`paddle_ipu.backends.create_session`
+    backend: str = ""
+
+    def __init__(self, model: CompiledModel, config: SessionConfig) -> None:
+        self.model = model
+        self.config = config
+
+    @abc.abstractmethod
+    def prepare_device(self) -> None:
+        """Compile the graph and load it on the device (PopART prepareDevice)."""
+
+    @abc.abstractmethod
+    def write_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy weights and optimizer state (ONNX names) to the device
+        (writeWeights + weightsFromHost).  Arrays are read, never kept."""
+
+    @abc.abstractmethod
+    def read_weights(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Copy weights and optimizer state back (weightsToHost + readWeights).
+        ``None`` reads every tensor the session holds."""
+
+    @abc.abstractmethod
+    def run(
+        self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run one step group.  ``inputs`` maps ONNX input names to buffers in the
+        step layout; returns (or fills ``outputs``) the anchors in their layout."""
+
+    def update_optimizer(self, optimizer: Any) -> None:
+        """Replace the optimizer's hyper-parameters (updateOptimizerFromHost)."""
+        raise OptionError(f"the {self.backend} session is not a training session")
+
+    @abc.abstractmethod
+    def set_random_seed(self, seed: int) -> None:
+        """Seed the device's random number generators."""
+
+    def get_info(self, name: str) -> TensorSpec:
+        """The shape and dtype of a graph input, output or weight."""
+        for spec in (*self.model.inputs, *self.model.outputs):
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def compile_and_export(self, path: str) -> None:
+        """Compile without a device and write the executable to ``path``."""
+        raise OptionError(f"the {self.backend} backend cannot export an offline executable")
+
+    def model_to_host(self, path: str) -> None:
+        """Write the ONNX model with the device's current weights to ``path``."""
+        raise OptionError(f"the {self.backend} backend cannot write the model")
+
+    def close(self) -> None:  # noqa: B027 - a session may hold nothing to release
+        """Release the device."""
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

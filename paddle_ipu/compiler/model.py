@@ -1,0 +1,98 @@
+"""CompiledModel: what the compiler hands the executor.
+
+It is backend-neutral and holds no Paddle objects: an ONNX model plus the facts
+the executor needs to feed it, fetch from it and keep its weights in sync with the
+Paddle scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output, for one micro-batch on one replica.
+
+    ``name`` is the tensor's name in the ONNX graph; ``paddle_name`` is the name
+    the user knows it by (the feed name, or the fetch name).  ``shape`` is fully
+    static: a ``-1`` batch dimension has been set to ``micro_batch_size``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    paddle_name: str = ""
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.numpy_dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where a node runs under manual sharding / pipelining (-1: not set)."""
+
+    ipu_index: int = -1
+    ipu_stage: int = -1
+
+
+@dataclass
+class CompiledModel:
+    """The result of compiling one Paddle program for the IPU.
+
+    Attributes:
+        onnx: the serialized ONNX ModelProto of the forward graph.  Paddle
+            parameters are initializers named after the parameters.
+        inputs: the feeds, in feed order.
+        outputs: the fetches, in fetch order.
+        weights: ONNX initializer name -> Paddle variable name, for every
+            parameter whose value the executor keeps in sync with the scope.
+        micro_batch_size: the batch dimension the graph was compiled for.
+        opset: the ONNX opset of ``onnx``.
+        loss: the ONNX name of the loss output (training only).
+        optimizer: the optimizer configuration (training only).
+        training: backend-specific training artefacts (for the host backend, the
+            gradient program); opaque to the executor.
+        shards: ONNX node name -> its ipu_index / ipu_stage, when set.
+        source_ops: the Paddle operator names of the forward graph, for reports.
+    """
+
+    onnx: bytes
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    weights: dict[str, str] = field(default_factory=dict)
+    micro_batch_size: int = 1
+    opset: int = 0
+    loss: str | None = None
+    optimizer: Any = None
+    training: Any = None
+    shards: dict[str, ShardSpec] = field(default_factory=dict)
+    source_ops: list[str] = field(default_factory=list)
+
+    def input(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name or spec.paddle_name == name:
+                return spec
+        raise KeyError(name)
+
+    def output(self, name: str) -> TensorSpec:
+        for spec in self.outputs:
+            if spec.name == name or spec.paddle_name == name:
+                return spec
+        raise KeyError(name)
+
+    def save_model_proto(self, path: str | Path) -> Path:
+        """Write the ONNX model to ``path``; it opens in any ONNX tool."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(self.onnx)
+        return out

@@ -1,0 +1,99 @@
+"""The "ipu" custom device: where the plugin lives, whether Paddle loaded it, and
+its statistics.
+
+The plugin (``libpaddle-custom-ipu.so``) is loaded by Paddle itself when
+``import paddle`` runs; this module only reports on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from paddle_ipu.errors import DeviceError
+
+DEVICE_TYPE = "ipu"
+PLUGIN_NAME = "libpaddle-custom-ipu.so"
+#: environment variable holding the number of visible emulated IPUs (default 1)
+DEVICE_COUNT_ENV = "PADDLE_IPU_VISIBLE_DEVICES"
+
+
+def plugin_root() -> Path | None:
+    """The folder Paddle loads custom-device plugins from, as Paddle resolves it.
+
+    ``None`` when loading is disabled (``CUSTOM_DEVICE_ROOT=''``).
+    """
+    env = os.environ.get("CUSTOM_DEVICE_ROOT")
+    if env is not None:
+        return Path(env) if env else None
+    import importlib.util
+
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(os.path.realpath(spec.origin)).parent.parent / "paddle_custom_device"
+
+
+def plugin_path() -> Path | None:
+    """The plugin library, if it is installed where Paddle looks."""
+    root = plugin_root()
+    if root is None:
+        return None
+    path = root / PLUGIN_NAME
+    return path if path.exists() else None
+
+
+def is_registered() -> bool:
+    """Whether Paddle loaded the plugin and knows the device type "ipu"."""
+    import paddle
+
+    return DEVICE_TYPE in (paddle.device.get_all_custom_device_type() or [])
+
+
+def device_count() -> int:
+    """The number of "ipu" devices Paddle sees (0 when the plugin is not loaded)."""
+    if not is_registered():
+        return 0
+    import paddle
+
+    devices = paddle.device.get_available_custom_device() or []
+    return len([d for d in devices if d.startswith("ipu")])
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    path = plugin_path()
+    if path is None:
+        raise DeviceError(
+            f"the ipu plugin {PLUGIN_NAME} is not installed in {plugin_root()}; "
+            "reinstall paddle-ipu (pip install paddle-ipu)"
+        )
+    # The library is already loaded by Paddle; dlopen returns the same handle.
+    return ctypes.CDLL(str(path))
+
+
+def memory_stats(device: int = 0) -> dict[str, int]:
+    """Bytes allocated on an emulated IPU right now and at the peak."""
+    lib = _library()
+    lib.paddle_ipu_device_memory_used.restype = ctypes.c_size_t
+    lib.paddle_ipu_device_memory_peak.restype = ctypes.c_size_t
+    return {
+        "allocated": int(lib.paddle_ipu_device_memory_used(ctypes.c_int(device))),
+        "peak": int(lib.paddle_ipu_device_memory_peak(ctypes.c_int(device))),
+    }
+
+
+def place(device: int = 0) -> object:
+    """``paddle.CustomPlace("ipu", device)``, with a clear error when unavailable."""
+    import paddle
+
+    if not is_registered():
+        raise DeviceError(
+            'Paddle did not load the "ipu" device plugin '
+            f"(looked in {plugin_root()}); reinstall paddle-ipu, and check that "
+            "CUSTOM_DEVICE_ROOT is unset or points at the folder holding "
+            f"{PLUGIN_NAME}"
+        )
+    return paddle.CustomPlace(DEVICE_TYPE, device)

@@ -1,0 +1,59 @@
+"""The exceptions paddle-ipu raises.  Every one derives from :class:`IpuError`.
+
+Each also derives from the built-in exception a caller would expect (``ValueError``
+for bad values, ``TypeError`` for bad types, ``KeyError`` for unknown names), so
+code written against Paddle 2.x's behaviour still catches them.
+"""
+
+from __future__ import annotations
+
+
+class IpuError(Exception):
+    """Base class of every paddle-ipu error."""
+
+
+class PaddleVersionError(IpuError, ImportError):
+    """The installed PaddlePaddle is not the release paddle-ipu was built against."""
+
+
+class OptionError(IpuError, ValueError):
+    """An IpuStrategy option has an unknown name, a wrong type or a value out of range."""
+
+
+class OptionTypeError(OptionError, TypeError):
+    """An IpuStrategy option was given a value of the wrong type."""
+
+
+class UnknownOptionError(OptionError, KeyError):
+    """An IpuStrategy option name that does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class CompileError(IpuError, RuntimeError):
+    """A Paddle program could not be compiled for the IPU."""
+
+
+class UnsupportedOpError(CompileError):
+    """The program uses Paddle operators that cannot be lowered."""
+
+
+class FeedError(IpuError, ValueError):
+    """A feed does not match what the compiled program expects."""
+
+
+class BackendError(IpuError, RuntimeError):
+    """A backend failed, or is not available on this machine."""
+
+
+class BackendUnavailableError(BackendError):
+    """The requested backend cannot be used here (for example, no Poplar SDK)."""
+
+
+class NotSupportedError(IpuError, NotImplementedError):
+    """A feature or option that this backend or release does not provide."""
+
+
+class DeviceError(IpuError, RuntimeError):
+    """The "ipu" custom device is not registered or not usable."""
