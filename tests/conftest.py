@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -29,7 +30,10 @@ def rng() -> np.random.Generator:
 def run_python(
     code: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (for state fixed at process start)."""
+    """Run ``code`` in a fresh interpreter (for state fixed at process start).
+
+    It runs outside the checkout so that ``import paddle_ipu`` finds the installed
+    package, not the source tree (which has no compiled core)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
@@ -39,4 +43,5 @@ def run_python(
         text=True,
         timeout=timeout,
         check=False,
+        cwd=tempfile.gettempdir(),
     )
