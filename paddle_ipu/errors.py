@@ -57,3 +57,13 @@ class NotSupportedError(IpuError, NotImplementedError):
 
 class DeviceError(IpuError, RuntimeError):
     """The "ipu" custom device is not registered or not usable."""
+
+
+class TensorViewError(IpuError, TypeError):
+    """A tensor or buffer cannot be used in place: wrong dtype, not contiguous, not in host
+    memory, read-only, or not a tensor at all."""
+
+
+class ConversionError(IpuError, ValueError):
+    """An fp16/fp32 conversion was given sizes or options that do not fit (output size,
+    overlapping buffers, thread count)."""

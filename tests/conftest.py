@@ -1,9 +1,5 @@
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -27,21 +23,18 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-def run_python(
-    code: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (for state fixed at process start).
+@pytest.fixture(autouse=True)
+def _static_graph_mode() -> Iterator[None]:
+    """Every test starts in static-graph mode (what IPU programs are built in),
+    whatever the test before it left; use the ``dygraph`` fixture to leave it."""
+    paddle.enable_static()
+    yield
+    paddle.enable_static()
 
-    It runs outside the checkout so that ``import paddle_ipu`` finds the installed
-    package, not the source tree (which has no compiled core)."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=tempfile.gettempdir(),
-    )
+
+@pytest.fixture
+def dygraph() -> Iterator[None]:
+    """Run the test in dygraph mode."""
+    paddle.disable_static()
+    yield
+    paddle.enable_static()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_python
+from helpers import run_python
 
 from paddle_ipu import cli
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from conftest import run_python
+from helpers import run_python
 
 import paddle_ipu
 from paddle_ipu import device
@@ -40,7 +40,7 @@ def test_set_device(name: str) -> None:
         paddle.set_device(previous)
 
 
-def test_dygraph_round_trip() -> None:
+def test_dygraph_round_trip(dygraph: None) -> None:
     data = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     t = paddle.to_tensor(data, place=paddle.CustomPlace("ipu", 0))
     assert "ipu" in str(t.place)
@@ -53,7 +53,7 @@ def test_dygraph_round_trip() -> None:
     np.testing.assert_array_equal(t2.numpy(), data)
 
 
-def test_memory_stats_track_allocations() -> None:
+def test_memory_stats_track_allocations(dygraph: None) -> None:
     before = device.memory_stats(0)["allocated"]
     t = paddle.to_tensor(np.ones((1024, 1024), np.float32), place=paddle.CustomPlace("ipu", 0))
     stats = device.memory_stats(0)

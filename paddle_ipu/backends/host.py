@@ -59,6 +59,16 @@ def _check_options(config: SessionConfig) -> None:
             )
 
 
+def _strip_device_attributes(proto: Any) -> None:
+    """Drop IPU placement attributes (``__ipu_number``, ``__pipeline_stage``): they
+    mean nothing on the CPU, and ONNX Runtime's fusions reject unknown attributes."""
+    for node in proto.graph.node:
+        keep = [a for a in node.attribute if not a.name.startswith("__")]
+        if len(keep) != len(node.attribute):
+            del node.attribute[:]
+            node.attribute.extend(keep)
+
+
 def _to_fp16(array: np.ndarray) -> np.ndarray:
     try:
         from paddle_ipu import fp16
@@ -97,6 +107,7 @@ class HostSession(Session):
         import onnx
 
         proto = onnx.load_from_string(self.model.onnx)
+        _strip_device_attributes(proto)
         params = set(self.model.weights)
         for init in proto.graph.initializer:
             if init.name not in params:
@@ -128,11 +139,13 @@ class HostSession(Session):
         except Exception as exc:  # the converter raises plain exceptions
             raise BackendError(f"converting the graph to fp16 failed: {exc}") from exc
 
-    def _make_trainer(self) -> Any:
-        raise NotSupportedError(
-            "training on the host backend needs the compiled gradient program; "
-            "this CompiledModel has none"
-        )
+    def _make_trainer(self) -> _Training:
+        if self.model.training is None or self.model.optimizer is None:
+            raise NotSupportedError(
+                "training on the host backend needs the compiled gradient program and "
+                "optimizer; this CompiledModel has neither (compile it with is_training=True)"
+            )
+        return _Training(self.model, self.config)
 
     def _session(self) -> Any:
         if self._graph is None:
@@ -317,3 +330,91 @@ class HostSession(Session):
     def close(self) -> None:
         self._ort = None
         self._dirty = True
+
+
+class _Training:
+    """The host's training state: Paddle's CPU kernels compute each micro-batch's
+    gradients (the gradient program), the optimizer update runs on the session's
+    weights.  Device (PopART) names are translated to Paddle names here."""
+
+    def __init__(self, model: CompiledModel, config: SessionConfig) -> None:
+        from paddle_ipu.backends.host_optim import HostTrainer
+
+        self.model = model
+        self.config = config
+        self.trainer = HostTrainer(
+            model.training,
+            model.optimizer,
+            accumulation_factor=config.accumulation_factor,
+            replication_factor=config.replication_factor,
+            gradient_reduction=config.gradient_reduction,
+        )
+        onnx_of = {paddle: onnx for onnx, paddle in model.weights.items()}
+        # device name -> Paddle name: weights, optimizer state and buffers
+        self.names = dict(model.optimizer.device_names(onnx_of))
+        for onnx_name, paddle_name in model.weights.items():
+            self.names.setdefault(onnx_name, paddle_name)
+        known = set(self.trainer.names())
+        self.names = {d: p for d, p in self.names.items() if p in known}
+        self.fp16 = config.enable_fp16
+        self.eval = False
+
+    def has_state(self, name: str) -> bool:
+        return name in self.names
+
+    def get_info(self, name: str) -> TensorSpec | None:
+        paddle_name = self.names.get(name)
+        if paddle_name is None:
+            return None
+        value = self.trainer.read([paddle_name])[paddle_name]
+        return TensorSpec(name, value.dtype.name, tuple(value.shape), paddle_name)
+
+    def write(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.trainer.write({self.names[k]: v for k, v in arrays.items() if k in self.names})
+
+    def read(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        wanted = list(self.names) if names is None else [n for n in names if n in self.names]
+        values = self.trainer.read([self.names[n] for n in wanted])
+        return {n: values[self.names[n]] for n in wanted}
+
+    def set_random_seed(self, seed: int) -> None:
+        import paddle
+
+        paddle.seed(seed)
+
+    def update_optimizer(self, optimizer: Any) -> None:
+        self.trainer.optimizer = optimizer
+        self.trainer.set_lr(float(optimizer.lr))
+
+    def run_steps(
+        self, steps: Mapping[str, np.ndarray], layout: StepLayout
+    ) -> dict[str, np.ndarray]:
+        """Run bps steps; return every output as ``[bps, af, rf, *shape]``."""
+        feed_of = {spec.name: spec.paddle_name or spec.name for spec in self.model.inputs}
+        out_names = self.trainer.artifact.output_names
+        per_step: list[dict[str, np.ndarray]] = []
+        for b in range(layout.batches_per_step):
+            feeds = {feed_of[k]: v[b] for k, v in steps.items()}
+            if self.eval:
+                per_step.append(self._evaluate(feeds))
+            else:
+                per_step.append(self.trainer.step(feeds))
+        result: dict[str, np.ndarray] = {}
+        for spec, name in zip(self.model.outputs, out_names):
+            result[spec.name] = np.stack([step[name] for step in per_step]).astype(
+                spec.numpy_dtype, copy=False
+            )
+        return result
+
+    def _evaluate(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The training graph without any update: buffers are restored after."""
+        trainer = self.trainer
+        saved = trainer.read(trainer.buffer_names)
+        _, outputs = trainer.compute_gradients(feeds)
+        if saved:
+            trainer.write(saved)
+        af, rf = trainer.af, trainer.rf
+        return {
+            name: np.stack([np.stack([outputs[a][r][k] for r in range(rf)]) for a in range(af)])
+            for k, name in enumerate(trainer.artifact.output_names)
+        }

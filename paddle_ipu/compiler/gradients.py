@@ -1,0 +1,225 @@
+"""The host backend's gradient program: forward + backward of a training program, with
+the optimizer (and everything only the optimizer needs) removed.
+
+How it is built.  ``program.clone()`` copies a PIR program op for op, in order, so an op
+(and each of its results) is identified across the two programs by its position in the
+global block.  On the source program we mark what must survive: the ancestors of the
+loss, of the user's fetches, and of every parameter's raw gradient (the backward pass's
+output, found by :func:`paddle_ipu.compiler.optimizer.extract_optimizer`), plus every
+non-persistable ``pd_op.data`` op (the feeds).  Every other op -- the update ops, the
+regularisation and clipping ops, the learning-rate variable, the optimizer-state
+variables, Adamax's ``beta1_pow`` ``scale_`` -- is removed from the clone with
+``block.remove_op``, last op first.  The clone also loses the ``lr_scheduler`` /
+``lr_name`` attributes Paddle attaches to the program, so running it never writes a
+learning rate anywhere.
+
+Running it: ``paddle.static.Executor(paddle.CPUPlace()).run(program, feed=...,
+fetch_list=fetch_values, scope=private_scope)`` with the parameters (and any other
+persistable variable the forward reads) present in ``private_scope``.
+
+BatchNorm.  In training mode ``pd_op.batch_norm_`` reads the running mean and variance
+(persistable variables) and writes the updated statistics back to the same variables in
+place.  The op is an ancestor of the loss, so it stays, and every run of the gradient
+program updates the statistics in the private scope, one micro-batch at a time, as on
+the device.  :attr:`GradientProgram.buffers` lists those variables (every persistable
+variable the kept ops read that is not a trainable parameter) so that the trainer can
+copy them in and out with the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from paddle_ipu.compiler.optimizer import OptimizerConfig, extract_optimizer
+from paddle_ipu.errors import CompileError
+
+_PROGRAM_ATTRS_TO_DROP = ("lr_scheduler", "lr_name", "lr_var")
+
+
+@dataclass
+class GradientProgram:
+    """The host backend's training artefact (``CompiledModel.training``).
+
+    Attributes:
+        program: the pruned clone (a ``paddle.pir.Program``): forward + backward, no
+            optimizer.
+        feed_names: the names of the ``pd_op.data`` feeds the program keeps.
+        param_names: the trainable parameters, in :attr:`OptimizerConfig.params` order.
+        buffers: persistable non-parameter variables the program reads (BatchNorm
+            running statistics); updated in place by every run.
+        loss: the loss ``pir.Value`` in :attr:`program`.
+        fetches: the user's other fetch ``pir.Value`` s in :attr:`program`.
+        fetch_names: names for :attr:`fetches` (as given, or ``fetch_<i>``).
+        loss_name: the name of the loss output.
+        grads: the raw gradient ``pir.Value`` of each parameter in :attr:`program`,
+            aligned with :attr:`param_names`.
+        optimizer: the extracted optimizer.
+    """
+
+    program: Any
+    feed_names: list[str]
+    param_names: list[str]
+    buffers: list[str]
+    loss: Any
+    fetches: list[Any]
+    fetch_names: list[str]
+    loss_name: str
+    grads: list[Any]
+    optimizer: OptimizerConfig
+    removed_ops: list[str] = field(default_factory=list)
+
+    @property
+    def fetch_list(self) -> list[Any]:
+        """What to pass to ``Executor.run``: loss, user fetches, then the gradients."""
+        return [self.loss, *self.fetches, *self.grads]
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the non-gradient outputs, in :attr:`fetch_list` order."""
+        return [self.loss_name, *self.fetch_names]
+
+
+def _inner_operands(op: Any) -> list[Any]:
+    """Operands of ``op`` and of every op nested in its regions (if/while bodies)."""
+    values = list(op.operands_source())
+    try:
+        blocks = op.blocks()
+    except Exception:
+        blocks = []
+    for block in blocks:
+        for inner in block.ops:
+            values.extend(_inner_operands(inner))
+    return values
+
+
+def _position(ops: Sequence[Any]) -> dict[int, tuple[int, int]]:
+    pos: dict[int, tuple[int, int]] = {}
+    for i, op in enumerate(ops):
+        for j, res in enumerate(op.results()):
+            pos[res.id] = (i, j)
+    return pos
+
+
+def build_gradient_program(
+    program: Any,
+    loss: Any,
+    fetch_list: Sequence[Any] = (),
+    *,
+    fetch_names: Sequence[str] | None = None,
+    loss_name: str = "loss",
+    optimizer: OptimizerConfig | None = None,
+    scope: Any = None,
+) -> GradientProgram:
+    """Build the gradient program of a PIR training program.
+
+    Args:
+        program: the training program (after ``optimizer.minimize(loss)``); unchanged.
+        loss: the loss ``pir.Value`` of ``program``.
+        fetch_list: other ``pir.Value`` s of ``program`` to return per micro-batch.
+        fetch_names: names for ``fetch_list`` (default ``fetch_0`` ...).
+        loss_name: the name of the loss output.
+        optimizer: an already extracted config (else :func:`extract_optimizer` runs).
+        scope: passed to :func:`extract_optimizer` (reads the lr).
+
+    Raises:
+        CompileError: no optimizer, or a fetch that is not a value of ``program``.
+    """
+    if optimizer is None:
+        optimizer = extract_optimizer(program, scope=scope, loss_name=loss_name)
+    fetch_list = list(fetch_list)
+    if fetch_names is None:
+        fetch_names = [f"fetch_{i}" for i in range(len(fetch_list))]
+    if len(fetch_names) != len(fetch_list):
+        raise CompileError("fetch_names and fetch_list differ in length")
+
+    ops = list(program.global_block().ops)
+    pos = _position(ops)
+
+    def locate(value: Any, what: str) -> tuple[int, int]:
+        try:
+            return pos[value.id]
+        except (KeyError, AttributeError):
+            raise CompileError(f"{what} is not a value of the training program") from None
+
+    targets = [locate(loss, "the loss")]
+    targets += [locate(v, f"fetch {n!r}") for v, n in zip(fetch_list, fetch_names)]
+    grad_pos = [locate(slot.grad, f"the gradient of {slot.name!r}") for slot in optimizer.params]
+    targets += grad_pos
+
+    # Ancestors of the targets (plus the feeds).
+    keep: set[int] = set()
+    stack = [i for i, _ in targets]
+    for i, op in enumerate(ops):
+        if op.name() == "pd_op.data" and not op.attrs().get("persistable", [False])[0]:
+            stack.append(i)
+    while stack:
+        i = stack.pop()
+        if i in keep:
+            continue
+        keep.add(i)
+        for value in _inner_operands(ops[i]):
+            if value is None or not value.initialized():
+                continue
+            src = pos.get(value.id)
+            if src is not None and src[0] not in keep:
+                stack.append(src[0])
+
+    param_names = optimizer.param_names
+    params = set(param_names)
+    feed_names: list[str] = []
+    buffers: list[str] = []
+    for i in sorted(keep):
+        op = ops[i]
+        attrs = op.attrs()
+        if op.name() == "pd_op.data":
+            name = str(attrs["name"])
+            if attrs.get("persistable", [False])[0]:
+                buffers.append(name)
+            else:
+                feed_names.append(name)
+        elif op.name() == "builtin.parameter":
+            name = str(attrs["parameter_name"])
+            if name not in params:
+                buffers.append(name)
+
+    clone = program.clone()
+    for attr in _PROGRAM_ATTRS_TO_DROP:
+        if attr in getattr(clone, "__dict__", {}):
+            delattr(clone, attr)
+    block = clone.global_block()
+    clone_ops = list(block.ops)
+    if len(clone_ops) != len(ops):
+        raise CompileError("cloning the training program changed its op count")
+    removed: list[str] = []
+    for i in range(len(clone_ops) - 1, -1, -1):
+        if i in keep:
+            continue
+        op = clone_ops[i]
+        if any(not res.use_empty() for res in op.results()):
+            raise CompileError(
+                f"cannot prune {op.name()} from the gradient program: a kept op uses it"
+            )
+        removed.append(op.name())
+        block.remove_op(op)
+
+    kept_ops = list(block.ops)
+    new_index = {old: new for new, old in enumerate(sorted(keep))}
+
+    def remap(p: tuple[int, int]) -> Any:
+        return kept_ops[new_index[p[0]]].result(p[1])
+
+    return GradientProgram(
+        program=clone,
+        feed_names=feed_names,
+        param_names=param_names,
+        buffers=buffers,
+        loss=remap(targets[0]),
+        fetches=[remap(p) for p in targets[1 : 1 + len(fetch_list)]],
+        fetch_names=list(fetch_names),
+        loss_name=loss_name,
+        grads=[remap(p) for p in grad_pos],
+        optimizer=optimizer,
+        removed_ops=removed[::-1],
+    )

@@ -1,0 +1,367 @@
+"""Reading a PIR program (Paddle 3.x's default IR) into a ForwardGraph.
+
+The program is cloned, so the caller's program is never modified.  On the
+clone: fetch ops are dropped, everything the fetches do not depend on (the
+backward pass, optimizer updates, metrics) is pruned, ``is_test`` is set, and
+the few operator forms paddle2onnx cannot convert but that have an equivalent
+it can are rewritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import paddle
+
+from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
+from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
+from paddle_ipu.errors import CompileError, FeedError
+
+_DATA_OPS = ("pd_op.data", "pd_op.feed")
+# Reductions whose "all axes" form (an empty axis list) the converter cannot
+# read; the same reduction over every axis, spelled out, converts fine.
+_REDUCTIONS = frozenset(
+    {"pd_op.mean", "pd_op.sum", "pd_op.max", "pd_op.min", "pd_op.prod", "pd_op.all", "pd_op.any"}
+)
+
+_PIR_OPS: Any = paddle._pir_ops
+
+IPU_INDEX_ATTR = "ipu_index"
+IPU_STAGE_ATTR = "ipu_stage"
+
+
+def dtype_name(value: Any) -> str:
+    """numpy spelling of a PIR value's dtype (``paddle.float32`` -> ``float32``)."""
+    text = str(value.dtype)
+    return text.split(".", 1)[1] if "." in text else text
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in value.shape)
+    except Exception:  # values without a dense tensor type (arrays, combines)
+        return ()
+
+
+def _has_name(value: Any) -> bool:
+    try:
+        return bool(value.has_name)
+    except Exception:
+        return False
+
+
+def _is_real(value: Any) -> bool:
+    """False for the null value PIR puts in an optional operand left empty."""
+    try:
+        return bool(value.initialized())
+    except Exception:
+        return False
+
+
+def _op_int_attr(op: Any, name: str) -> int:
+    if not op.has_attr(name):
+        return -1
+    try:
+        return int(op.attrs()[name])
+    except Exception:
+        return -1
+
+
+@dataclass
+class PirForwardGraph:
+    feeds: list[FeedInfo]
+    fetches: list[FetchInfo]
+    ops: list[OpInfo]
+    parameters: dict[str, tuple[tuple[int, ...], str]]
+    program: Any = None
+    feed_values: list[Any] = field(default_factory=list)
+    fetch_values: list[Any] = field(default_factory=list)
+    scope: Any = None
+
+    def write_inference_model(self, directory: str) -> tuple[str, str]:
+        prefix = os.path.join(directory, "model")
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = self.scope if self.scope is not None else paddle.static.global_scope()
+        try:
+            with paddle.static.scope_guard(scope):
+                paddle.static.save_inference_model(
+                    prefix,
+                    self.feed_values,
+                    self.fetch_values,
+                    exe,
+                    program=self.program,
+                )
+        except Exception as exc:
+            missing = [
+                name
+                for name in self.parameters
+                if scope.find_var(name) is None
+                or not scope.find_var(name).get_tensor()._is_initialized()
+            ]
+            hint = (
+                f"; parameters without a value in the scope: {', '.join(missing)} "
+                "(run the startup program first)"
+                if missing
+                else ""
+            )
+            raise CompileError(f"could not serialise the forward program: {exc}{hint}") from exc
+        return prefix + ".json", prefix + ".pdiparams"
+
+
+class PirReader:
+    """The ProgramReader for PIR programs."""
+
+    def read(
+        self,
+        program: Any,
+        feed_list: Sequence[Any],
+        fetch_list: Sequence[Any],
+        scope: Any = None,
+    ) -> PirForwardGraph:
+        if not fetch_list:
+            raise CompileError("fetch_list is empty: nothing to compile")
+        block = program.global_block()
+        feed_values = [_resolve_feed(block, f) for f in feed_list]
+        feed_names = [str(v.get_defining_op().attrs()["name"]) for v in feed_values]
+        if len(set(feed_names)) != len(feed_names):
+            raise FeedError(f"feed_list names a feed twice: {feed_names}")
+        fetch_values, fetch_names = zip(*(_resolve_fetch(block, f) for f in fetch_list))
+        own_ops = {op.id() for op in block.ops}
+        for value, given in zip(fetch_values, fetch_list):
+            if value.get_defining_op().id() not in own_ops:
+                raise CompileError(f"fetch {given!r} is a value of another program")
+
+        mapping = paddle.pir.IrMapping()
+        clone = program.clone(mapping)
+        cfeeds = [mapping.look_up(v) for v in feed_values]
+        cfetches = [mapping.look_up(v) for v in fetch_values]
+        cblock = clone.global_block()
+        _prune(cblock, cfetches, {v.get_defining_op().id() for v in cfeeds})
+        _set_is_test(cblock)
+        with _insertion_guard():
+            _rewrite_empty_axis_reductions(cblock)
+
+        kept_ids = {op.id() for op in cblock.ops}
+        used = [v.get_defining_op().id() in kept_ids and not v.use_empty() for v in cfeeds]
+        feed_op_ids = {v.get_defining_op().id() for v in cfeeds}
+        stray = [
+            str(op.attrs()["name"])
+            for op in cblock.ops
+            if op.name() in _DATA_OPS and op.id() not in feed_op_ids
+        ]
+        if stray:
+            raise FeedError(
+                f"the fetches depend on data that is not in feed_list: {', '.join(stray)}"
+            )
+
+        ops, index_of = _describe_ops(cblock, cfetches, fetch_names)
+        # Placement lives in OpInfo now; the serialiser rejects unknown attributes
+        # on some operators, so the clone drops them.
+        for op in cblock.ops:
+            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+                if op.has_attr(attr):
+                    op.erase_attr(attr)
+        fetches: list[FetchInfo] = []
+        for i, (value, name) in enumerate(zip(cfetches, fetch_names)):
+            op = value.get_defining_op()
+            producer = index_of.get(op.id(), -1)
+            if producer >= 0:
+                info = ops[producer]
+                base = info.type.split(".", 1)[-1]
+                default = f"{base}_{info.onnx_names[0].split('.')[-2]}"
+                if value.index() > 0:
+                    default += f".{value.index()}"
+            else:
+                default = f"fetch_{i}"
+            fetches.append(
+                FetchInfo(
+                    paddle_name=name,
+                    default_name=default,
+                    dtype=dtype_name(value),
+                    shape=_shape(value),
+                    producer=producer,
+                    result=int(value.index()),
+                )
+            )
+        feeds = [
+            FeedInfo(name=n, dtype=dtype_name(v), shape=_shape(v), used=u)
+            for n, v, u in zip(feed_names, cfeeds, used)
+        ]
+        parameters = {
+            str(op.attrs()["parameter_name"]): (_shape(op.result(0)), dtype_name(op.result(0)))
+            for op in cblock.ops
+            if op.name() == "builtin.parameter"
+        }
+        return PirForwardGraph(
+            feeds=feeds,
+            fetches=fetches,
+            ops=ops,
+            parameters=parameters,
+            program=clone,
+            feed_values=[v for v, u in zip(cfeeds, used) if u],
+            fetch_values=list(cfetches),
+            scope=scope,
+        )
+
+
+def _data_ops(block: Any) -> dict[str, Any]:
+    return {str(op.attrs()["name"]): op for op in block.ops if op.name() in _DATA_OPS}
+
+
+def _resolve_feed(block: Any, feed: Any) -> Any:
+    if isinstance(feed, str):
+        op = _data_ops(block).get(feed)
+        if op is None:
+            raise FeedError(
+                f"feed {feed!r} is not a data op of the program "
+                f"(data ops: {', '.join(sorted(_data_ops(block))) or 'none'})"
+            )
+        return op.result(0)
+    if isinstance(feed, paddle.pir.Value):
+        op = feed.get_defining_op()
+        if op is None or op.name() not in _DATA_OPS:
+            raise FeedError("a feed must be the output of paddle.static.data")
+        return feed
+    raise FeedError(f"feed_list holds {type(feed).__name__}; expected str or pir.Value")
+
+
+def _resolve_fetch(block: Any, fetch: Any) -> tuple[Any, str]:
+    if isinstance(fetch, paddle.pir.Value):
+        return fetch, (str(fetch.name) if _has_name(fetch) else "")
+    if not isinstance(fetch, str):
+        raise CompileError(f"fetch_list holds {type(fetch).__name__}; expected str or pir.Value")
+    for op in block.ops:
+        if op.name() == "pd_op.fetch" and op.attrs().get("name") == fetch:
+            return op.operand_source(0), fetch
+    data = _data_ops(block).get(fetch)
+    if data is not None:
+        return data.result(0), fetch
+    for op in block.ops:
+        if op.name() == "builtin.parameter" and op.attrs().get("parameter_name") == fetch:
+            return op.result(0), fetch
+    raise CompileError(
+        f"fetch {fetch!r} names no fetch op, data op or parameter of the program; "
+        "pass the pir.Value instead"
+    )
+
+
+def _prune(block: Any, targets: Sequence[Any], keep: set[int]) -> None:
+    """Remove every op the targets do not depend on (data ops in ``keep`` stay)."""
+    needed = {v.id for v in targets}
+    ops = list(block.ops)
+    alive = [False] * len(ops)
+    for i in range(len(ops) - 1, -1, -1):
+        op = ops[i]
+        if op.name() == "pd_op.fetch":
+            continue
+        if op.id() in keep or any(r.id in needed for r in op.results()):
+            alive[i] = True
+            for src in op.operands_source():
+                if _is_real(src):
+                    needed.add(src.id)
+    for i in range(len(ops) - 1, -1, -1):
+        if not alive[i]:
+            block.remove_op(ops[i])
+
+
+def _set_is_test(block: Any) -> None:
+    for op in block.ops:
+        if op.has_attr("is_test"):
+            op.set_bool_attr("is_test", True)
+
+
+@contextlib.contextmanager
+def _insertion_guard() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        paddle.pir.reset_insertion_point_to_end()
+
+
+def _rewrite_empty_axis_reductions(block: Any) -> None:
+    """``mean(x, axis=[])`` -> ``mean(x, axis=[0, .., rank-1])`` (same for other reductions)."""
+    for op in list(block.ops):
+        if op.name() not in _REDUCTIONS or op.num_operands() < 2:
+            continue
+        axis_op = op.operand_source(1).get_defining_op()
+        if axis_op is None or axis_op.name() != "pd_op.full_int_array":
+            continue
+        if list(axis_op.attrs().get("value", [None])) != []:
+            continue
+        rank = len(_shape(op.operand_source(0)))
+        if rank == 0:
+            continue
+        paddle.pir.set_insertion_point(op)
+        axes = _PIR_OPS.full_int_array(list(range(rank)), paddle.int64, paddle.CPUPlace())
+        op.operand(1).set_source(axes)
+        if axis_op.result(0).use_empty():
+            block.remove_op(axis_op)
+
+
+def _value_desc(value: Any, producers: dict[int, tuple[int, str]]) -> str:
+    shape = list(_shape(value))
+    if _has_name(value):
+        label = str(value.name)
+    else:
+        op = value.get_defining_op()
+        idx, typ = producers.get(op.id(), (-1, op.name())) if op is not None else (-1, "?")
+        label = f"{typ}#{idx}:{value.index()}" if idx >= 0 else f"{typ}:{value.index()}"
+    return f"{label} {dtype_name(value)}{shape}"
+
+
+def _describe_ops(
+    block: Any, fetches: Sequence[Any], fetch_names: Sequence[str]
+) -> tuple[list[OpInfo], dict[int, int]]:
+    """OpInfo for every non-structural op, in order, with the converter's result names."""
+    counters: dict[str, int] = {}
+    infos: list[OpInfo] = []
+    index_of: dict[int, int] = {}
+    producers: dict[int, tuple[int, str]] = {}
+    for op in block.ops:
+        name = op.name()
+        if name in STRUCTURAL_OPS:
+            continue
+        k = counters.get(name, 0)
+        counters[name] = k + 1
+        idx = len(infos)
+        index_of[op.id()] = idx
+        producers[op.id()] = (idx, name)
+        use = OpUse(
+            index=idx,
+            op=name,
+            operands=[
+                _value_desc(v, producers) if _is_real(v) else "None" for v in op.operands_source()
+            ],
+            results=[f"{dtype_name(r)}{list(_shape(r))}" for r in op.results()],
+        )
+        infos.append(
+            OpInfo(
+                use=use,
+                onnx_names=[f"p2o.{name}.{k}.{j}" for j in range(op.num_results())],
+                ipu_index=_op_int_attr(op, IPU_INDEX_ATTR),
+                ipu_stage=_op_int_attr(op, IPU_STAGE_ATTR),
+            )
+        )
+    # Which fetches each op contributes to, for error messages.
+    reach: dict[int, set[str]] = {}
+    for i, (value, name) in enumerate(zip(fetches, fetch_names)):
+        label = repr(name) if name else f"#{i}"
+        stack = [value]
+        seen: set[int] = set()
+        while stack:
+            v = stack.pop()
+            op = v.get_defining_op()
+            if op is None or op.id() in seen:
+                continue
+            seen.add(op.id())
+            reach.setdefault(op.id(), set()).add(label)
+            stack.extend(v for v in op.operands_source() if _is_real(v))
+    for op in block.ops:
+        idx = index_of.get(op.id(), -1)
+        if idx >= 0:
+            infos[idx].use.feeds_fetches = sorted(reach.get(op.id(), set()))
+    return infos, index_of

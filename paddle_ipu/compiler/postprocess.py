@@ -1,0 +1,472 @@
+"""Turning the converter's ONNX model into the one the executor runs.
+
+- Parameters: the converter emits every Paddle parameter as a ``Constant`` node
+  whose output is named after the parameter.  Those become initializers with the
+  same name, so the executor writes and reads weights by Paddle name; the value
+  shape is checked against the program's parameter shape.
+- Feeds and fetches: a ``-1`` batch dimension becomes ``micro_batch_size``;
+  outputs are renamed from ``fetch_name_N`` to the fetch's own name (or a name
+  made from the operator that computes it); a 0-D fetch is reshaped to the 0-D
+  tensor Paddle returns (the converter produces shape ``[1]`` under a rank-0
+  declaration); ONNX shape inference then gives every output a static shape.
+- Sharding: each node is attributed to the Paddle operator it was converted
+  from (see :func:`attribute_nodes`), whose ipu_index / ipu_stage it receives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from paddle_ipu.compiler.model import ShardSpec, TensorSpec
+from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, ForwardGraph, OpInfo
+from paddle_ipu.errors import CompileError
+
+IPU_NUMBER_ATTR = "__ipu_number"
+PIPELINE_STAGE_ATTR = "__pipeline_stage"
+
+
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a unique name (the converter leaves Constant nodes unnamed)."""
+    taken = {n.name for n in graph.node if n.name}
+    counter = 0
+    for node in graph.node:
+        if node.name:
+            continue
+        while f"{node.op_type}.anon{counter}" in taken:
+            counter += 1
+        node.name = f"{node.op_type}.anon{counter}"
+        taken.add(node.name)
+
+
+def constants_to_initializers(
+    graph: onnx.GraphProto, parameters: dict[str, tuple[tuple[int, ...], str]]
+) -> dict[str, str]:
+    """Move the Constant nodes holding Paddle parameters into initializers."""
+    weights: dict[str, str] = {}
+    keep: list[onnx.NodeProto] = []
+    for node in graph.node:
+        out = node.output[0] if len(node.output) == 1 else ""
+        if node.op_type != "Constant" or out not in parameters:
+            keep.append(node)
+            continue
+        attr = next((a for a in node.attribute if a.name == "value"), None)
+        if attr is None:
+            keep.append(node)
+            continue
+        tensor = attr.t
+        shape, _ = parameters[out]
+        if tuple(tensor.dims) != tuple(shape) and int(np.prod(shape, dtype=np.int64)) != int(
+            np.prod(tuple(tensor.dims), dtype=np.int64)
+        ):
+            raise CompileError(
+                f"parameter {out!r}: the converter emitted shape {list(tensor.dims)}, "
+                f"the program declares {list(shape)}"
+            )
+        init = onnx.TensorProto()
+        init.CopyFrom(tensor)
+        init.name = out
+        graph.initializer.append(init)
+        weights[out] = out
+    del graph.node[:]
+    graph.node.extend(keep)
+    return weights
+
+
+def attribute_nodes(
+    graph: onnx.GraphProto, ops: Sequence[OpInfo], output_producers: dict[str, int]
+) -> dict[str, int]:
+    """ONNX node name -> index of the Paddle operator it was converted from.
+
+    The converter turns operators one at a time, in program order, and names
+    each operator's results ``p2o.<op>.<k>.<j>`` (the k-th operator of that
+    type) or, for fetched results, after the fetch.  A node that produces such a
+    name belongs to that operator, and so do the helper nodes emitted just
+    before it.  A helper node emitted after an operator's last named result
+    (rare) belongs to it when it reads one of that operator's unnamed
+    intermediates, else to the next operator.  Exact for every node that
+    computes an operator's result; the helper attribution relies on the
+    converter's emission order.
+    """
+    marker: dict[str, int] = dict(output_producers)
+    for idx, info in enumerate(ops):
+        for name in info.onnx_names:
+            marker.setdefault(name, idx)
+    owner: dict[str, int] = {}
+    internal: dict[str, int] = {}
+    pending: list[onnx.NodeProto] = []
+    current = -1
+
+    def assign(node: onnx.NodeProto, idx: int) -> None:
+        owner[node.name] = idx
+        for out in node.output:
+            if out not in marker:
+                internal[out] = idx
+
+    for node in graph.node:
+        hits = [marker[o] for o in node.output if o in marker]
+        if hits:
+            idx = hits[0]
+            for p in pending:
+                assign(p, idx)
+            pending = []
+            assign(node, idx)
+            current = idx
+        elif current >= 0 and any(internal.get(i) == current for i in node.input):
+            assign(node, current)
+        else:
+            pending.append(node)
+    for p in pending:
+        if current >= 0:
+            assign(p, current)
+    return owner
+
+
+def apply_shards(
+    graph: onnx.GraphProto,
+    ops: Sequence[OpInfo],
+    owner: dict[str, int],
+    *,
+    manual_shard: bool,
+    pipelining: bool,
+) -> dict[str, ShardSpec]:
+    """Set PopART's sharding attributes on the nodes; return the shard table."""
+    shards: dict[str, ShardSpec] = {}
+    if not (manual_shard or pipelining):
+        return shards
+    for node in graph.node:
+        idx = owner.get(node.name, -1)
+        if idx < 0:
+            continue
+        info = ops[idx]
+        index = info.ipu_index if manual_shard else -1
+        stage = info.ipu_stage if pipelining else -1
+        if index < 0 and stage < 0:
+            continue
+        if index >= 0:
+            node.attribute.append(helper.make_attribute(IPU_NUMBER_ATTR, index))
+        if stage >= 0:
+            node.attribute.append(helper.make_attribute(PIPELINE_STAGE_ATTR, stage))
+        shards[node.name] = ShardSpec(ipu_index=index, ipu_stage=stage)
+    return shards
+
+
+def drop_identities(graph: onnx.GraphProto) -> None:
+    """Remove Identity nodes whose output is not a graph output.
+
+    The converter routes many results through Identity nodes; they hide
+    constant shape operands (a Reshape's target shape) from ONNX shape inference.
+    """
+    outputs = {o.name for o in graph.output}
+    alias: dict[str, str] = {}
+    keep: list[onnx.NodeProto] = []
+    for node in graph.node:
+        for i, n in enumerate(node.input):
+            if n in alias:
+                node.input[i] = alias[n]
+        if node.op_type == "Identity" and node.output[0] not in outputs:
+            alias[node.output[0]] = node.input[0]
+            continue
+        keep.append(node)
+    if alias:
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+def drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove nodes none of whose outputs is used (left over after folding)."""
+    needed = {o.name for o in graph.output}
+    keep: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(reversed(keep))
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        names.update(node.output)
+    return names
+
+
+def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for node in graph.node:
+        for i, n in enumerate(node.input):
+            if n == old:
+                node.input[i] = new
+        for i, n in enumerate(node.output):
+            if n == old:
+                node.output[i] = new
+    for out in graph.output:
+        if out.name == old:
+            out.name = new
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    name = base
+    n = 1
+    while name in taken:
+        name = f"{base}_{n}"
+        n += 1
+    return name
+
+
+def rename_outputs(graph: onnx.GraphProto, fetches: Sequence[FetchInfo]) -> list[str]:
+    """Rename the outputs after the fetches; make 0-D fetches 0-D.  Returns the new names."""
+    if len(graph.output) != len(fetches):
+        raise CompileError(
+            f"the converter produced {len(graph.output)} outputs for {len(fetches)} fetches"
+        )
+    inputs = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    taken = _all_names(graph)
+    names: list[str] = []
+    for out, fetch in zip(list(graph.output), fetches):
+        old = out.name
+        wanted = fetch.paddle_name or fetch.default_name
+        new = wanted if wanted == old else _unique(wanted, taken)
+        if old in inputs:
+            # A feed or parameter fetched as is: the output needs its own tensor.
+            new = _unique(f"{wanted}.out" if wanted == old else new, taken)
+            graph.node.append(helper.make_node("Identity", [old], [new], name=f"{new}.identity"))
+            out.name = new
+        elif new != old:
+            _rename(graph, old, new)
+        taken.add(new)
+        if fetch.shape == () and new not in inputs:
+            pre = _unique(f"{new}.as_tensor", taken)
+            taken.add(pre)
+            _rename(graph, new, pre)
+            out.name = new
+            shape_name = _unique(f"{new}.scalar_shape", taken)
+            taken.add(shape_name)
+            graph.initializer.append(
+                numpy_helper.from_array(np.zeros((0,), dtype=np.int64), shape_name)
+            )
+            graph.node.append(
+                helper.make_node("Reshape", [pre, shape_name], [new], name=f"{new}.to_scalar")
+            )
+        names.append(new)
+    return names
+
+
+def fix_inputs(
+    graph: onnx.GraphProto, feeds: Sequence[FeedInfo], micro_batch_size: int
+) -> list[TensorSpec]:
+    """Make every feed an input with a static shape, in feed order."""
+    existing = {i.name: i for i in graph.input}
+    ordered: list[onnx.ValueInfoProto] = []
+    specs: list[TensorSpec] = []
+    for feed in feeds:
+        vi = existing.pop(feed.name, None)
+        if vi is None:
+            # Fed but unused by the fetches: keep it so feeds line up with inputs.
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(feed.dtype))
+            vi = helper.make_tensor_value_info(feed.name, elem, list(feed.shape))
+        dims = vi.type.tensor_type.shape.dim
+        shape: list[int] = []
+        for axis, dim in enumerate(dims):
+            static = dim.HasField("dim_value") and dim.dim_value > 0
+            if static:
+                shape.append(int(dim.dim_value))
+                continue
+            if axis != 0:
+                raise CompileError(
+                    f"feed {feed.name!r} has a dynamic dimension {axis} "
+                    f"(declared shape {list(feed.shape)}); only the batch dimension (0) may be "
+                    "-1: give the other dimensions fixed sizes"
+                )
+            dim.Clear()
+            dim.dim_value = micro_batch_size
+            shape.append(micro_batch_size)
+        elem_type = vi.type.tensor_type.elem_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+        ordered.append(vi)
+        specs.append(
+            TensorSpec(name=feed.name, dtype=dtype, shape=tuple(shape), paddle_name=feed.name)
+        )
+    if existing:
+        raise CompileError(f"the converted graph has inputs that are not feeds: {sorted(existing)}")
+    del graph.input[:]
+    graph.input.extend(ordered)
+    return specs
+
+
+def _constants_as_initializers(graph: onnx.GraphProto) -> None:
+    keep: list[onnx.NodeProto] = []
+    for node in graph.node:
+        attr = node.attribute[0] if len(node.attribute) == 1 else None
+        if node.op_type == "Constant" and attr is not None and attr.name == "value":
+            init = onnx.TensorProto()
+            init.CopyFrom(attr.t)
+            init.name = node.output[0]
+            graph.initializer.append(init)
+        else:
+            keep.append(node)
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+# Small integer computations on constants and static shapes that the converter
+# emits for reshape targets and the like; folded so shape inference sees
+# constants (and the IPU gets static shapes).
+_FOLDABLE = frozenset(
+    {
+        "Add", "Cast", "Concat", "ConstantOfShape", "Div", "Equal", "Expand", "Gather",
+        "Identity", "Less", "Greater", "Max", "Min", "Mul", "Range", "ReduceProd", "Reshape",
+        "Shape", "Size", "Slice", "Squeeze", "Sub", "Tile", "Unsqueeze", "Where", "Not",
+    }
+)  # fmt: skip
+_FOLD_LIMIT = 4096  # elements: shape arithmetic only, never real tensors
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    _constants_as_initializers(probe.graph)
+    inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        dims = tt.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+    return shapes
+
+
+def fold_shape_arithmetic(model: onnx.ModelProto, weights: set[str], max_rounds: int = 8) -> None:
+    """Replace nodes computing small constants (from static shapes) by Constant nodes."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    for _ in range(max_rounds):
+        shapes = _static_shapes(model)
+        const: dict[str, np.ndarray] = {
+            i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
+        }
+        changed = False
+        for pos, node in enumerate(graph.node):
+            if node.op_type == "Constant":
+                attr = node.attribute[0] if len(node.attribute) == 1 else None
+                if attr is not None and attr.name == "value":
+                    const[node.output[0]] = numpy_helper.to_array(attr.t)
+                continue
+            if node.op_type not in _FOLDABLE or len(node.output) != 1:
+                continue
+            value: np.ndarray | None = None
+            if node.op_type == "Shape":
+                shape = shapes.get(node.input[0])
+                if shape is None:
+                    continue
+                attrs = {a.name: a.i for a in node.attribute}
+                start = attrs.get("start", 0)
+                end = attrs.get("end", len(shape))
+                value = np.array(shape[start:end] if "end" in attrs else shape[start:], np.int64)
+            else:
+                ins = [n for n in node.input if n]
+                if not ins or any(n not in const for n in ins):
+                    continue
+                if any(const[n].size > _FOLD_LIMIT for n in ins):
+                    continue
+                try:
+                    feeds: dict[str, Any] = {n: const[n] for n in ins}
+                    results: Any = ReferenceEvaluator(node).run(None, feeds)
+                    value = np.asarray(results[0])
+                except Exception:
+                    continue
+                if value.size > _FOLD_LIMIT:
+                    continue
+            out = node.output[0]
+            const[out] = value
+            folded = helper.make_node(
+                "Constant", [], [out], name=node.name, value=numpy_helper.from_array(value, out)
+            )
+            graph.node[pos].CopyFrom(folded)
+            changed = True
+        if not changed:
+            return
+
+
+def infer_outputs(
+    model: onnx.ModelProto, names: Sequence[str], fetches: Sequence[FetchInfo]
+) -> list[TensorSpec]:
+    """Run ONNX shape inference and read every output's static shape."""
+    graph = model.graph
+    for out in graph.output:
+        out.type.tensor_type.ClearField("shape")
+    del graph.value_info[:]
+    # Shape inference reads constant operands (Reshape targets, Slice bounds)
+    # from initializers more reliably than from Constant nodes: infer on a copy
+    # whose constants are initializers, and keep the model itself as it is.
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    _constants_as_initializers(probe.graph)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise CompileError(f"ONNX shape inference failed on the converted graph: {exc}") from exc
+    by_name = {o.name: o for o in inferred.graph.value_info}
+    for o in inferred.graph.output:
+        if o.type.tensor_type.HasField("shape"):
+            by_name[o.name] = o
+    specs: list[TensorSpec] = []
+    for out, name, fetch in zip(graph.output, names, fetches):
+        info = by_name.get(name)
+        if info is None or not info.type.tensor_type.HasField("shape"):
+            raise CompileError(f"could not infer a static shape for fetch {name!r}")
+        shape: list[int] = []
+        for dim in info.type.tensor_type.shape.dim:
+            if not (dim.HasField("dim_value") and dim.dim_value >= 0):
+                raise CompileError(
+                    f"fetch {name!r} has no static shape after shape inference "
+                    f"({info.type.tensor_type.shape}); its size must not depend on data"
+                )
+            shape.append(int(dim.dim_value))
+        out.type.CopyFrom(info.type)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)).name
+        specs.append(
+            TensorSpec(
+                name=name,
+                dtype=dtype,
+                shape=tuple(shape),
+                paddle_name=fetch.paddle_name or name,
+            )
+        )
+    return specs
+
+
+def finalize(
+    model: onnx.ModelProto,
+    fg: ForwardGraph,
+    *,
+    micro_batch_size: int,
+    manual_shard: bool,
+    pipelining: bool,
+) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec]]:
+    graph = model.graph
+    name_nodes(graph)
+    weights = constants_to_initializers(graph, fg.parameters)
+    producers = {
+        out.name: fetch.producer
+        for out, fetch in zip(graph.output, fg.fetches)
+        if fetch.producer >= 0
+    }
+    owner = attribute_nodes(graph, fg.ops, producers)
+    shards = apply_shards(graph, fg.ops, owner, manual_shard=manual_shard, pipelining=pipelining)
+    names = rename_outputs(graph, fg.fetches)
+    drop_identities(graph)
+    inputs = fix_inputs(graph, fg.feeds, micro_batch_size)
+    fold_shape_arithmetic(model, set(weights))
+    drop_dead_nodes(graph)
+    outputs = infer_outputs(model, names, fg.fetches)
+    model.producer_name = "paddle-ipu"
+    return inputs, outputs, weights, shards

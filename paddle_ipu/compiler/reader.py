@@ -1,0 +1,106 @@
+"""The one interface between the compiler and a Paddle program.
+
+A reader turns (program, feeds, fetches) into a :class:`ForwardGraph`: the
+forward part of the program pruned to the fetches, described in plain Python
+objects, plus a way to write it in the format paddle2onnx reads.  Everything
+after the reader (op checks, lowering, ONNX post-processing) only sees a
+ForwardGraph, so a reader for the legacy IR slots in without touching the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from paddle_ipu.compiler.ops import OpUse
+from paddle_ipu.errors import NotSupportedError
+
+
+@dataclass(frozen=True)
+class FeedInfo:
+    """One feed: the name of its data op, dtype (numpy spelling) and declared shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    used: bool = True
+
+
+@dataclass(frozen=True)
+class FetchInfo:
+    """One fetch.
+
+    ``paddle_name`` is the name the user knows it by ("" when the value has
+    none); ``producer`` is the index into ForwardGraph.ops of the operator that
+    computes it (-1 for a feed or parameter fetched as is) and ``result`` the
+    result index on that operator; ``default_name`` is a readable name made up
+    for values that have none.
+    """
+
+    paddle_name: str
+    default_name: str
+    dtype: str
+    shape: tuple[int, ...]
+    producer: int = -1
+    result: int = 0
+
+
+@dataclass
+class OpInfo:
+    """One forward operator, in program order."""
+
+    use: OpUse
+    # What the converter names this operator's results in the ONNX graph.
+    onnx_names: list[str] = field(default_factory=list)
+    ipu_index: int = -1
+    ipu_stage: int = -1
+
+    @property
+    def type(self) -> str:
+        return self.use.op
+
+
+class ForwardGraph(Protocol):
+    """The forward program, pruned to the fetches, as the rest of the compiler sees it."""
+
+    feeds: list[FeedInfo]
+    fetches: list[FetchInfo]
+    ops: list[OpInfo]
+    # Paddle parameter name -> (shape, numpy dtype) for every persistable the
+    # forward graph reads.
+    parameters: dict[str, tuple[tuple[int, ...], str]]
+
+    def write_inference_model(self, directory: str) -> tuple[str, str]:
+        """Write the model in paddle2onnx's input format; return (model, params) paths."""
+        ...
+
+
+class ProgramReader(Protocol):
+    def read(
+        self,
+        program: Any,
+        feed_list: Sequence[Any],
+        fetch_list: Sequence[Any],
+        scope: Any = None,
+    ) -> ForwardGraph: ...
+
+
+def reader_for(program: Any) -> ProgramReader:
+    """The reader for ``program``'s IR."""
+    import paddle
+
+    if isinstance(program, paddle.pir.Program):
+        from paddle_ipu.compiler.pir_reader import PirReader
+
+        return PirReader()
+    legacy = getattr(getattr(paddle, "base", None), "framework", None)
+    if legacy is not None and isinstance(program, legacy.Program):
+        raise NotSupportedError(
+            "legacy-IR programs (built with FLAGS_enable_pir_api=0 or under "
+            "paddle.pir_utils.OldIrGuard) are not supported yet: build the program "
+            "with the default PIR API"
+        )
+    raise NotSupportedError(
+        f"cannot compile a {type(program).__name__}: expected a paddle.static.Program (PIR)"
+    )
