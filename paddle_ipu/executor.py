@@ -46,6 +46,8 @@ class Executor:
         strategy: the IpuStrategy it was compiled with.
         scope: the Paddle scope holding the weights (default: the global scope).
         backend: a backend name ("host", "popart", "auto"); default: the strategy's.
+        lr_scheduler: the program's ``paddle.optimizer.lr.LRScheduler``, read at
+            every run (Paddle's executor wrote it into the scope the same way).
     """
 
     def __init__(
@@ -54,8 +56,10 @@ class Executor:
         strategy: Any,
         scope: Any = None,
         backend: str | None = None,
+        lr_scheduler: Any = None,
     ) -> None:
         self.model = model
+        self.lr_scheduler = lr_scheduler
         self.strategy = strategy
         self._scope = scope
         self._backend_name = backend or strategy.get("backend")
@@ -175,14 +179,14 @@ class Executor:
         key = (eval_mode, float(wanted.lr))
         if key != self._optimizer_key:
             session.update_optimizer(wanted)
-            set_eval = getattr(session, "set_eval", None)
-            if set_eval is not None:
-                set_eval(eval_mode)
+            session.set_eval(eval_mode)
             self._optimizer_key = key
 
     def _current_lr(self, optimizer: Any) -> float:
         if "lr" in self.strategy.changed_options() or self.strategy.get("is_dynamic"):
             return float(self.strategy.get("lr"))
+        if self.lr_scheduler is not None:
+            return float(self.lr_scheduler())
         if optimizer.lr_name:
             tensor = self._scope_tensor(optimizer.lr_name)
             if tensor is not None and tensor._is_initialized():
@@ -244,9 +248,12 @@ class Executor:
         if self.strategy.is_training and optimizer is not None:
             onnx_of = {paddle: onnx for onnx, paddle in self.model.weights.items()}
             pairs.update(optimizer.device_names(onnx_of))
-        session = self.session
-        has_info = getattr(session, "has_info", None)
-        return [(d, p) for d, p in pairs.items() if has_info is None or has_info(d)]
+            # State without a PopART name (beta2_pow) under its Paddle name, for
+            # backends that keep it.
+            known = set(pairs.values())
+            pairs.update({v: v for v in optimizer.state_var_names() if v not in known})
+        session = self._require_session()
+        return [(d, p) for d, p in pairs.items() if session.has_info(d)]
 
     def _scope_tensor(self, paddle_name: str) -> Any:
         var = self.scope.find_var(paddle_name)

@@ -78,12 +78,24 @@ class IpuCompiledProgram:
             enable_pipelining=bool(s.enable_pipelining),
             onnx_dump_path=str(s.get("onnx_dump_path") or ""),
         )
+        if s.is_training:
+            from paddle_ipu.compiler.training import attach_training
+
+            model = attach_training(
+                model,
+                self._program,
+                list(fetch_list),
+                scope=self._scope,
+                loss_scaling=float(s.get("loss_scaling")),
+            )
         # Fetches given as Values of the original program can be fetched by that
         # Value from the compiled one too.
         self._fetch_ids = {
             _value_id(item): i for i, item in enumerate(fetch_list) if not isinstance(item, str)
         }
-        executor = Executor(model, s, self._scope)
+        executor = Executor(
+            model, s, self._scope, lr_scheduler=getattr(self._program, "lr_scheduler", None)
+        )
         executor.prepare()
         self.model = model
         self.executor = executor
@@ -189,7 +201,7 @@ def build_runtime_program(executor: Executor) -> Any:
 
     op = register_op(
         name=f"ipu_runtime_{next(_runtime_ids)}",
-        infer_meta=infer_meta,
+        infer_meta=_positional(infer_meta, len(feed_names)),
         input_names=[f"feed_{i}" for i in range(len(feed_names))],
         output_names=[f"fetch_{i}" for i in range(len(fetch_names))],
     )(_positional(ipu_runtime, len(feed_names)))
@@ -225,7 +237,8 @@ def _paddle_dtype(dtype: str) -> str:
 
 
 def _positional(fn: Any, n: int) -> Any:
-    """register_op binds arguments by signature: give it one named parameter per feed."""
+    """register_op binds arguments by signature and drops ``*args``: give it a
+    function with one named parameter per feed."""
     params = ", ".join(f"x{i}" for i in range(n))
     namespace: dict[str, Any] = {"_fn": fn}
     exec(f"def ipu_runtime({params}):\n    return _fn({params})\n", namespace)

@@ -98,6 +98,11 @@ class Session(abc.ABC):
         """Replace the optimizer's hyper-parameters (updateOptimizerFromHost)."""
         raise OptionError(f"the {self.backend} session is not a training session")
 
+    def set_eval(self, enabled: bool) -> None:  # noqa: B027 - the eval optimizer suffices
+        """Eval mode: run the training graph without updating anything.  The
+        executor also sends an eval optimizer (lr 0, no weight decay); a backend
+        that can skip the update step altogether does so here."""
+
     @abc.abstractmethod
     def set_random_seed(self, seed: int) -> None:
         """Seed the device's random number generators."""
@@ -108,6 +113,14 @@ class Session(abc.ABC):
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+    def has_info(self, name: str) -> bool:
+        """Whether the session holds a tensor of that name (PopART hasInfo)."""
+        try:
+            self.get_info(name)
+        except KeyError:
+            return False
+        return True
 
     def compile_and_export(self, path: str) -> None:
         """Compile without a device and write the executable to ``path``."""

@@ -189,13 +189,6 @@ class HostSession(Session):
                 return info
         return super().get_info(name)
 
-    def has_info(self, name: str) -> bool:
-        try:
-            self.get_info(name)
-        except KeyError:
-            return False
-        return True
-
     def write_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         for name, value in weights.items():
             if self._trainer is not None and self._trainer.has_state(name):
@@ -241,6 +234,10 @@ class HostSession(Session):
         if self._trainer is None:
             super().update_optimizer(optimizer)
         self._trainer.update_optimizer(optimizer)
+
+    def set_eval(self, enabled: bool) -> None:
+        if self._trainer is not None:
+            self._trainer.eval = bool(enabled)
 
     # -- run ------------------------------------------------------------------
     def run(
@@ -350,10 +347,14 @@ class _Training:
             gradient_reduction=config.gradient_reduction,
         )
         onnx_of = {paddle: onnx for onnx, paddle in model.weights.items()}
-        # device name -> Paddle name: weights, optimizer state and buffers
+        # device name -> Paddle name: weights, optimizer state and buffers.  State
+        # with no PopART counterpart (beta2_pow) keeps its Paddle name.
         self.names = dict(model.optimizer.device_names(onnx_of))
         for onnx_name, paddle_name in model.weights.items():
             self.names.setdefault(onnx_name, paddle_name)
+        for var in model.optimizer.state_var_names():
+            if var not in self.names.values():
+                self.names[var] = var
         known = set(self.trainer.names())
         self.names = {d: p for d, p in self.names.items() if p in known}
         self.fp16 = config.enable_fp16
@@ -400,7 +401,10 @@ class _Training:
             else:
                 per_step.append(self.trainer.step(feeds))
         result: dict[str, np.ndarray] = {}
-        for spec, name in zip(self.model.outputs, out_names):
+        for spec in self.model.outputs:
+            name = spec.paddle_name or spec.name
+            if name not in out_names:
+                raise BackendError(f"the training graph does not produce fetch {name!r}")
             result[spec.name] = np.stack([step[name] for step in per_step]).astype(
                 spec.numpy_dtype, copy=False
             )

@@ -567,6 +567,12 @@ class PopartSession(Session):
             raise BackendError(f"{what} before prepare_device()")
         return self._session
 
+    def has_info(self, name: str) -> bool:
+        if self._session is None:
+            return super().has_info(name)
+        with self._sdk(f"looking up tensor {name!r}"):
+            return bool(self._session.hasInfo(name))
+
     def _info(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         with self._sdk(f"looking up tensor {name!r}"):
             info = self._build().getInfo(name)

@@ -1,0 +1,98 @@
+"""The training part of a compile: loss, optimizer and the host's gradient program.
+
+After ``optimizer.minimize(loss)`` a PIR program holds the forward ops, the
+backward ops (starting from ``full_like(loss, 1.0)``, the loss gradient) and the
+optimizer ops.  This module finds the loss, extracts the optimizer
+(:mod:`paddle_ipu.compiler.optimizer`) and builds the gradient program the host
+backend runs per micro-batch (:mod:`paddle_ipu.compiler.gradients`), and attaches
+them to the forward CompiledModel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from paddle_ipu.compiler.gradients import build_gradient_program
+from paddle_ipu.compiler.model import CompiledModel
+from paddle_ipu.compiler.optimizer import extract_optimizer, find_optimizer_ops
+from paddle_ipu.errors import CompileError
+
+
+def find_loss(program: Any) -> Any:
+    """The loss Value: the operand of the ``full_like`` op that seeds the backward."""
+    ops = list(program.global_block().ops)
+    for i, op in enumerate(ops):
+        if op.name() != "pd_op.full_like":
+            continue
+        seed = op.result(0).id
+        if any(
+            later.name().endswith("_grad") and any(v.id == seed for v in later.operands_source())
+            for later in ops[i + 1 :]
+        ):
+            return op.operands_source()[0]
+    raise CompileError(
+        "is_training=True, but the program has no backward pass: build it with "
+        "optimizer.minimize(loss) before compiling, or set is_training=False"
+    )
+
+
+def _resolve(program: Any, item: Any) -> Any:
+    """A fetch given by name: the Value of that data op, parameter or fetch op."""
+    if not isinstance(item, str):
+        return item
+    for op in program.global_block().ops:
+        name = op.attrs().get("name")
+        if name != item:
+            continue
+        if op.name() in ("pd_op.data", "builtin.parameter"):
+            return op.result(0)
+        if op.name() == "pd_op.fetch":
+            return op.operands_source()[0]
+    raise CompileError(f"fetch {item!r} names no data op, parameter or fetch op of the program")
+
+
+def attach_training(
+    model: CompiledModel,
+    program: Any,
+    fetch_list: Sequence[Any],
+    *,
+    scope: Any = None,
+    loss_scaling: float = 1.0,
+) -> CompiledModel:
+    """Add the loss, the optimizer and the gradient program to ``model``."""
+    if not find_optimizer_ops(program):
+        raise CompileError(
+            "is_training=True, but the program has no optimizer: call "
+            "optimizer.minimize(loss) before compiling, or set is_training=False"
+        )
+    loss = find_loss(program)
+    numel = int(np.prod([d for d in loss.shape])) if len(loss.shape) else 1
+    if numel != 1 or any(d < 0 for d in loss.shape):
+        raise CompileError(
+            f"the loss must be a scalar (one element), but it has shape {list(loss.shape)}; "
+            "reduce it (for example with paddle.mean) before optimizer.minimize"
+        )
+    values = [_resolve(program, item) for item in fetch_list]
+    loss_index = next((i for i, v in enumerate(values) if v.id == loss.id), None)
+    names = [spec.paddle_name or spec.name for spec in model.outputs]
+    loss_name = names[loss_index] if loss_index is not None else "loss"
+    others = [(v, n) for i, (v, n) in enumerate(zip(values, names)) if i != loss_index]
+
+    optimizer = extract_optimizer(
+        program, scope=scope, loss_name=loss_name, loss_scaling=float(loss_scaling)
+    )
+    gradients = build_gradient_program(
+        program,
+        loss,
+        [v for v, _ in others],
+        fetch_names=[n for _, n in others],
+        loss_name=loss_name,
+        optimizer=optimizer,
+        scope=scope,
+    )
+    loss_spec = model.outputs[loss_index].name if loss_index is not None else None
+    return dataclasses.replace(model, loss=loss_spec, optimizer=optimizer, training=gradients)
