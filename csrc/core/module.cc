@@ -1,6 +1,8 @@
 // paddle_ipu._core: the hot paths of paddle-ipu, compiled with pybind11.
 #include <pybind11/pybind11.h>
 
+#include "bindings.h"
+
 namespace py = pybind11;
 
 PYBIND11_MODULE(_core, m) {
@@ -12,4 +14,6 @@ PYBIND11_MODULE(_core, m) {
   info["compiler"] = __VERSION__;
   info["cplusplus"] = static_cast<long>(__cplusplus);
   m.def("build_info", [info]() { return info; }, "How this core was built.");
+  paddle_ipu::RegisterFp16(m);
+  paddle_ipu::RegisterTensorView(m);
 }
