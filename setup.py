@@ -61,6 +61,7 @@ setup(
         "onnx>=1.16,<1.18",
         "onnxruntime>=1.20,<1.33",
         "paddle2onnx>=2.1,<2.2",
+        "onnxconverter-common>=1.14,<1.17",
     ],
     ext_modules=[CMakeExtension("paddle_ipu._core")],
     cmdclass={"build_ext": CMakeBuild},

@@ -83,9 +83,12 @@ class StepLayout:
         if shape and n > 1 and got[1:] == tuple(shape[1:]) and got and got[0] == n * shape[0]:
             return array.reshape(full)
         expected = self.input_shape(shape)
+        flat = (n * shape[0], *shape[1:]) if shape and n > 1 else None
+        if len(got) != len(expected) and flat is not None and len(got) == len(flat):
+            # The flattened form: compare with it, it is what the caller meant.
+            expected = flat
         if len(got) != len(expected):
-            flat = (n * shape[0], *shape[1:]) if shape else None
-            alt = f" or {list(flat)}" if flat is not None and n > 1 else ""
+            alt = f" or {list(flat)}" if flat is not None else ""
             raise FeedError(
                 f"feed {name!r}: expected rank {len(expected)} with shape {list(expected)}"
                 f"{alt}, received rank {len(got)} with shape {list(got)}"
@@ -97,7 +100,8 @@ class StepLayout:
                     f"(expected shape {list(expected)}, received {list(got)}; "
                     f"batches_per_step={self.batches_per_step}, "
                     f"accumulation_factor={self.accumulation_factor}, "
-                    f"replication_factor={self.replication_factor})"
+                    f"replication_factor={self.replication_factor}, "
+                    f"micro-batch shape {list(shape)})"
                 )
         raise FeedError(f"feed {name!r}: shape {list(got)} does not match {list(expected)}")
 

@@ -109,7 +109,10 @@ class PirForwardGraph:
                 else ""
             )
             raise CompileError(f"could not serialise the forward program: {exc}{hint}") from exc
-        return prefix + ".json", prefix + ".pdiparams"
+        params = prefix + ".pdiparams"
+        # A program without parameters is saved without a parameter file; the
+        # converter reads an empty path as "no parameters".
+        return prefix + ".json", params if os.path.exists(params) else ""
 
 
 class PirReader:
