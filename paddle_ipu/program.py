@@ -158,10 +158,55 @@ class IpuCompiledProgram:
         return index
 
 
+_inference_primed = False
+
+
+def _prime_paddle_inference() -> None:
+    """Create one Paddle Inference predictor before the first Python op exists.
+
+    In Paddle 3.3.1, once ``register_op`` has added a Python op, creating the
+    process's first ``paddle.inference`` predictor aborts the process (a glog
+    CHECK on the Python op's unvalidated proto).  Predictor creation validates
+    the op registry only once, so doing it first -- with a one-op model in a
+    temporary folder, about 40 ms once per process -- keeps later predictors
+    working.
+    """
+    global _inference_primed
+    if _inference_primed:
+        return
+    _inference_primed = True
+    import os
+    import tempfile
+
+    import paddle
+
+    try:
+        import paddle.inference as pi
+
+        scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        with tempfile.TemporaryDirectory(prefix="paddle_ipu_", dir=scratch) as tmp:
+            prog, startup = paddle.static.Program(), paddle.static.Program()
+            with paddle.static.program_guard(prog, startup):
+                x = paddle.static.data("x", [1], "float32")
+                y = paddle.scale(x, 2.0)
+            prefix = os.path.join(tmp, "m")
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            paddle.static.save_inference_model(prefix, [x], [y], exe, program=prog)
+            config = pi.Config(prefix + ".json", "")
+            config.disable_glog_info()
+            pi.create_predictor(config)
+    except Exception as exc:  # priming is a precaution, never a reason to fail
+        import logging
+
+        logging.getLogger("paddle_ipu").debug("could not prime paddle.inference: %s", exc)
+
+
 def build_runtime_program(executor: Executor) -> Any:
     """A PIR program: data ops -> one ipu_runtime op -> fetch ops."""
     import paddle
     from paddle.static import MetaTensor, register_op
+
+    _prime_paddle_inference()
 
     model = executor.model
     layout = executor.layout

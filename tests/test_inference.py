@@ -369,3 +369,31 @@ def test_weights_copied_at_prepare(models: dict[str, Built]) -> None:
             session.read_weights([device_name])[device_name], np.array(tensor)
         )
     cp.reset()
+
+
+def test_paddle_inference_still_works_after_compile() -> None:
+    """Paddle 3.3.1 aborts creating its first predictor after a Python op exists;
+    compile() guards against it."""
+    from helpers import run_python
+
+    code = (
+        "import os, tempfile, numpy as np, paddle, paddle_ipu, paddle.inference as pi\n"
+        "paddle.enable_static()\n"
+        "main, startup = paddle.static.Program(), paddle.static.Program()\n"
+        "with paddle.static.program_guard(main, startup):\n"
+        "    x = paddle.static.data('x', [-1, 4], 'float32')\n"
+        "    y = paddle.static.nn.fc(x, 3)\n"
+        "exe = paddle.static.Executor(paddle.CPUPlace()); exe.run(startup)\n"
+        "s = paddle_ipu.IpuStrategy(); s.set_graph_config(is_training=False)\n"
+        "paddle_ipu.IpuCompiledProgram(main, ipu_strategy=s).compile(['x'], [y])\n"
+        "d = tempfile.mkdtemp()\n"
+        "paddle.static.save_inference_model(d + '/m', [x], [y], exe, program=main)\n"
+        "c = pi.Config(d + '/m.json', d + '/m.pdiparams'); c.disable_glog_info()\n"
+        "p = pi.create_predictor(c)\n"
+        "h = p.get_input_handle(p.get_input_names()[0]); h.reshape([1, 4])\n"
+        "h.copy_from_cpu(np.ones((1, 4), np.float32)); p.run()\n"
+        "print('predictor ok')\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "predictor ok" in proc.stdout
