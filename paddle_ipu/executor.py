@@ -197,7 +197,9 @@ class Executor:
             self._optimizer_key = key
 
     def _current_lr(self, optimizer: Any) -> float:
-        if "lr" in self.strategy.changed_options() or self.strategy.get("is_dynamic"):
+        # An lr option set away from its default (0.0) wins, as in Paddle 2.x.
+        # (Not changed_options(): it copies every option, on every run.)
+        if self.strategy.get("lr") != 0.0 or self.strategy.get("is_dynamic"):
             return float(self.strategy.get("lr"))
         if self.lr_scheduler is not None:
             return float(self.lr_scheduler())
@@ -222,6 +224,15 @@ class Executor:
                 fast[onnx_name] = value
             else:
                 return fast
+        expected = self.check_feed_names(feed)
+        out: dict[str, np.ndarray] = {}
+        for name, spec in expected.items():
+            array = self._as_array(name, feed[name], spec)
+            out[spec.name] = self.layout.to_step_buffer(name, array, spec.shape)
+        return out
+
+    def check_feed_names(self, feed: Mapping[str, Any]) -> dict[str, TensorSpec]:
+        """Raise FeedError for unknown or missing feeds; return name -> spec."""
         expected = {spec.paddle_name or spec.name: spec for spec in self.model.inputs}
         unknown = [name for name in feed if name not in expected]
         if unknown:
@@ -235,11 +246,7 @@ class Executor:
                 f"missing feed {', '.join(repr(n) for n in missing)}: the compiled program "
                 f"takes {sorted(expected)}"
             )
-        out: dict[str, np.ndarray] = {}
-        for name, spec in expected.items():
-            array = self._as_array(name, feed[name], spec)
-            out[spec.name] = self.layout.to_step_buffer(name, array, spec.shape)
-        return out
+        return expected
 
     @staticmethod
     def _as_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:

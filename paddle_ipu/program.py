@@ -234,7 +234,7 @@ def build_runtime_program(executor: Executor) -> Any:
     def ipu_runtime(*tensors: Any) -> Any:
         executor.last_error = None
         try:
-            feed = {name: t.numpy() for name, t in zip(feed_names, tensors)}
+            feed = {name: _host_array(t) for name, t in zip(feed_names, tensors)}
             outs = executor.run(feed)
         except Exception as exc:
             # Paddle turns any exception of a Python op into a SystemError; keep
@@ -269,6 +269,17 @@ def build_runtime_program(executor: Executor) -> Any:
     setattr(prog, "fetch_names", fetch_names)  # noqa: B010
     setattr(prog, "feed_names", feed_names)  # noqa: B010
     return prog
+
+
+def _host_array(tensor: Any) -> np.ndarray:
+    """A feed tensor as numpy: a zero-copy view when it lives on the ipu place
+    (where ``Tensor.numpy()`` costs a device copy), else ``numpy()``, which is
+    the cheapest for small CPU tensors."""
+    if tensor.place.is_custom_place():
+        from paddle_ipu.tensor_view import as_numpy
+
+        return as_numpy(tensor, readonly=True)
+    return np.asarray(tensor.numpy())
 
 
 def _value_id(value: Any) -> Any:
@@ -344,6 +355,9 @@ def install_executor_hook() -> None:
                 outs = compiled.run(dict(feed or {}))
                 return [outs[i] for i in index]
         executor = compiled.executor
+        # Paddle's executor fails on unknown or missing feeds with its own
+        # errors before the op runs: check the names first.
+        executor.check_feed_names(feed or {})
         try:
             return original(self, program, feed, fetch_list, *args, **kwargs)
         except SystemError as exc:
