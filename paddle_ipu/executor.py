@@ -118,6 +118,7 @@ class Executor:
             num_threads=int(s.get("host_num_threads")),
             gradient_reduction=s.gradient_reduction,
             options=s.popart_options(),
+            strategy=s,
         )
 
     # -- prepare / reset ------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu.compiler.model import CompiledModel
-from paddle_ipu.errors import CompileError, OptionError
+from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
 from paddle_ipu.executor import Executor
 
 _runtime_ids = iter(range(1 << 62))
@@ -64,6 +64,16 @@ class IpuCompiledProgram:
 
         s = self._strategy
         s.validate()
+        if s.get("enable_model_runtime_executor"):
+            raise NotSupportedError(
+                "enable_model_runtime_executor: the model runtime (queue-based serving with "
+                "auto-batching) is not implemented in this release; unset it to run the "
+                "compiled program with exe.run"
+            )
+        progress = _progress_reporter(
+            s.get("compilation_progress_logger"), int(s.get("compilation_progress_total"))
+        )
+        progress(0)
         if isinstance(feed_list, (str, bytes)) or not isinstance(feed_list, Sequence):
             feed_list = [feed_list]
         if not isinstance(fetch_list, Sequence) or isinstance(fetch_list, (str, bytes)):
@@ -78,6 +88,7 @@ class IpuCompiledProgram:
             enable_pipelining=bool(s.enable_pipelining),
             onnx_dump_path=str(s.get("onnx_dump_path") or ""),
         )
+        progress(40)
         if s.is_training:
             from paddle_ipu.compiler.training import attach_training
 
@@ -96,13 +107,16 @@ class IpuCompiledProgram:
         executor = Executor(
             model, s, self._scope, lr_scheduler=getattr(self._program, "lr_scheduler", None)
         )
+        progress(60)
         executor.prepare()
+        progress(90)
         self.model = model
         self.executor = executor
         prog = build_runtime_program(executor)
         prog.org_program = self._program
         prog.ipu_compiled_program = self
         install_executor_hook()
+        progress(100)
         return prog
 
     # -- Paddle 2.x's backend calls --------------------------------------------
@@ -280,6 +294,24 @@ def _host_array(tensor: Any) -> np.ndarray:
 
         return as_numpy(tensor, readonly=True)
     return np.asarray(tensor.numpy())
+
+
+def _progress_reporter(logger: Any, total: int) -> Any:
+    """Compile progress as ``logger(progress, total)`` (the strategy's
+    compilation_progress_logger and compilation_progress_total), or debug log
+    lines without a logger.  ``report`` takes a percentage."""
+    import logging
+
+    log = logging.getLogger("paddle_ipu")
+
+    def report(percent: int) -> None:
+        progress = total * percent // 100
+        if logger is None:
+            log.debug("compiling: %d/%d", progress, total)
+        else:
+            logger(progress, total)
+
+    return report
 
 
 def _value_id(value: Any) -> Any:

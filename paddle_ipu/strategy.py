@@ -179,8 +179,9 @@ _add("need_avg_shard", "bool", False, "ignored",
      host_note="placement only")
 _add("enable_fp16", "bool", False, "honoured",
      "Run the graph in float16 (weights and activations converted from float32).", _N)
-_add("use_no_bias_optimizer", "bool", False, "honoured",
-     "Use PopART's AdamNoBias / LambNoBias (no bias correction) for adam, adamw, lamb.", _N)
+_add("use_no_bias_optimizer", "bool", False, "unsupported",
+     "Use PopART's AdamNoBias / LambNoBias (no bias correction) for adam, adamw, lamb.", _N,
+     host_note="the host's optimizers follow Paddle's kernels, which correct the bias")
 _add("enable_distribution", "bool", False, "unsupported",
      "Run as one instance of a multi-host (POD128/POD256) job through popdist.", _N,
      host_note="needs the other instances of the job")
@@ -207,30 +208,34 @@ _add("available_memory_proportion", "double", 0.0, "ignored",
 _add("loss_scaling", "double", 1.0, "honoured",
      "Static loss scaling: the loss is multiplied and the gradients divided by it.", _N,
      minimum=0.0, minimum_exclusive=True)
-_add("max_weight_norm", "double", 65504.0, "honoured",
-     "Upper bound of the weight norm in Lamb's trust ratio.", _N, minimum=0.0)
+_add("max_weight_norm", "double", 65504.0, "unsupported",
+     "Upper bound of the weight norm in Lamb's trust ratio.", _N, minimum=0.0,
+     host_note="the host's Lamb follows Paddle's kernel, which has no such bound")
 _add("onnx_dump_path", "string", "", "honoured",
      "If not empty, write the lowered ONNX model to this path.", _N)
 for _i in (1, 2, 3):
     _add(f"accl{_i}_type", "string", "FLOAT", "unsupported",
          f"Data type of the order-{_i} optimizer state: FLOAT or FLOAT16.", _N,
          choices=("FLOAT", "FLOAT16"), host_note="the host keeps optimizer state in float32")
-_add("weight_decay_mode", "string", "", "honoured",
+_add("weight_decay_mode", "string", "", "unsupported",
      'Override how weight decay is applied: "decay" (decoupled), "l2_regularization", '
-     'or "" (chosen from the optimizer).', _N, choices=("", "decay", "l2_regularization"))
+     'or "" (chosen from the optimizer).', _N, choices=("", "decay", "l2_regularization"),
+     host_note="the host applies weight decay the way the program's optimizer does")
 _add("runtime_options.enable_eval", "bool", False, "honoured",
      "Run a training graph without updating weights (lr and weight decay 0).", "runtime")
 _add("lr", "double", 0.0, "honoured",
      "Learning rate set from dynamic mode (dy2static).", _N, minimum=0.0)
 _add("is_dynamic", "bool", False, "honoured",
      "The program comes from dynamic mode (dy2static): lr is read from here.", _N)
-_add("enable_model_runtime_executor", "bool", False, "honoured",
-     "Serve inference through the model runtime (queues, auto-batching).", _N)
-_add("num_buffers", "uint64", 10, "honoured",
-     "Ring-buffer slots per tensor of the model runtime.", _N, minimum=1)
-_add("timeout_ms", "double", 0.0, "honoured",
+_add("enable_model_runtime_executor", "bool", False, "unsupported",
+     "Serve inference through the model runtime (queues, auto-batching).", _N,
+     host_note="the model runtime (serving) is not implemented in this release")
+_add("num_buffers", "uint64", 10, "ignored",
+     "Ring-buffer slots per tensor of the model runtime.", _N, minimum=1,
+     host_note="used only by the model runtime")
+_add("timeout_ms", "double", 0.0, "ignored",
      "Model runtime: flush a partial micro-batch after this many ms; 0: no auto-batching.",
-     _N, minimum=0.0)
+     _N, minimum=0.0, host_note="used only by the model runtime")
 _add("custom_ops", "vector", (), "unsupported",
      'Paddle ops lowered to PopART custom ops (add_custom_op, {"custom_op": {...}}).', _N,
      host_note="PopART custom ops exist only on the IPU")
@@ -416,7 +421,7 @@ _BOOLS: list[tuple[str, bool, HostSupport, str, str]] = [
     ("enable_floating_point_checks", False, "ignored",
      "Trap floating-point overflow, invalid operations and division by zero.",
      "the host does not trap; non-finite values propagate"),
-    ("enable_stochastic_rounding", False, "ignored",
+    ("enable_stochastic_rounding", False, "unsupported",
      "Round float16 results stochastically.", "rounding mode; the host rounds to nearest"),
     ("explicit_recomputation", False, "ignored",
      "Recompute with explicit ops.", "memory only"),

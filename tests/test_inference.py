@@ -397,3 +397,26 @@ def test_paddle_inference_still_works_after_compile() -> None:
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "predictor ok" in proc.stdout
+
+
+def test_model_runtime_is_refused_clearly(models: dict[str, Built]) -> None:
+    built = models["mlp"]
+    s = paddle_ipu.IpuStrategy()
+    s.set_graph_config(is_training=False)
+    s.set_options({"enable_model_runtime_executor": True, "timeout_ms": 5.0})
+    cp = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=s)
+    with pytest.raises(NotSupportedError, match="model runtime"):
+        cp.compile(built.feeds, built.fetches)
+
+
+def test_compile_reports_progress(models: dict[str, Built]) -> None:
+    built = models["mlp"]
+    seen: list[tuple[int, int]] = []
+    s = paddle_ipu.IpuStrategy()
+    s.set_graph_config(is_training=False)
+    s.set_options({"compilation_progress_logger": lambda p, t: seen.append((p, t))})
+    cp = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=s)
+    cp.compile(built.feeds, built.fetches)
+    assert seen[0] == (0, 100) and seen[-1] == (100, 100)
+    assert [p for p, _ in seen] == sorted(p for p, _ in seen)
+    cp.reset()

@@ -61,6 +61,9 @@ class SessionConfig:
     gradient_reduction: str = "mean"
     # Backend-specific pass-through options (PopART SessionOptions names).
     options: dict[str, Any] = field(default_factory=dict)
+    # The IpuStrategy the model was compiled with, when there is one: a backend
+    # checks the settings it cannot honour against it.
+    strategy: Any = None
 
 
 class Session(abc.ABC):

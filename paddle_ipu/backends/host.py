@@ -27,16 +27,6 @@ from paddle_ipu.layout import StepLayout
 
 log = logging.getLogger("paddle_ipu.host")
 
-# PopART session options that change results and that the host cannot emulate.
-_UNSUPPORTED_OPTIONS = {
-    "enableStochasticRounding": "stochastic rounding is a property of IPU hardware",
-    "enableFloatingPointChecks": "floating-point exceptions are a property of IPU hardware",
-    "partialsTypeMatMuls": "half-precision matmul partials cannot be emulated exactly",
-    "convolutionOptions": "Poplar convolution options cannot be emulated",
-    "enableHalfPartial": "half-precision partials cannot be emulated exactly",
-}
-
-
 # ONNX Runtime's type names of the numpy dtypes a graph output can have.
 _ORT_TYPES = {
     "float32": "float",
@@ -63,13 +53,24 @@ def create_session(model: CompiledModel, config: SessionConfig) -> HostSession:
 
 
 def _check_options(config: SessionConfig) -> None:
+    """Refuse settings that would change results on an IPU but cannot be emulated
+    here (the strategy's host classification), rather than ignore them."""
+    from paddle_ipu.strategy import OPTIONS
+
+    if config.strategy is not None:
+        config.strategy.check_host_support()
+        return
+    by_popart = {spec.popart_name: spec for spec in OPTIONS.values() if spec.popart_name}
+    problems = []
     for name, value in config.options.items():
-        reason = _UNSUPPORTED_OPTIONS.get(name)
-        if reason is not None and value not in (False, None, "", {}, "float", "FLOAT"):
-            raise NotSupportedError(
-                f"option {name}={value!r} changes results on an IPU but the host backend "
-                f"cannot emulate it ({reason}); unset it, or run on the popart backend"
-            )
+        spec = by_popart.get(name)
+        if spec is not None and spec.host == "unsupported" and value != spec.default:
+            problems.append(f"{spec.name}={value!r} ({spec.host_note})")
+    if problems:
+        raise NotSupportedError(
+            "the host backend cannot emulate these settings (they would change results): "
+            + "; ".join(problems)
+        )
 
 
 def _strip_device_attributes(proto: Any) -> None:
@@ -398,6 +399,7 @@ class _Training:
             accumulation_factor=config.accumulation_factor,
             replication_factor=config.replication_factor,
             gradient_reduction=config.gradient_reduction,
+            weight_dtype="float16" if config.enable_fp16 else "float32",
         )
         onnx_of = {paddle: onnx for onnx, paddle in model.weights.items()}
         # device name -> Paddle name: weights, optimizer state and buffers.  State
