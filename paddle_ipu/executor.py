@@ -19,6 +19,7 @@ from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, FeedError, IpuError
 from paddle_ipu.layout import StepLayout
+from paddle_ipu.tensor_view import as_numpy
 
 log = logging.getLogger("paddle_ipu")
 
@@ -301,7 +302,8 @@ class Executor:
             tensor = self._scope_tensor(paddle_name)
             if tensor is None or not tensor._is_initialized():
                 continue
-            value = np.array(tensor, copy=False)
+            # A zero-copy view: the session makes the one copy it keeps.
+            value = as_numpy(tensor, readonly=True)
             info = session.get_info(device_name)
             batch[device_name] = _convert(value, info.numpy_dtype, device_name, paddle_name)
         if batch:
