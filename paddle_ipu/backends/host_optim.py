@@ -28,7 +28,20 @@ from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_name
 from paddle_ipu.errors import FeedError, NotSupportedError, OptionError
 
 F32 = np.float32
+F16 = np.float16
 _ONE = F32(1.0)
+# PopART state prefix -> the accl*_type option that sets its dtype
+_ACCL_OF_PREFIX = {
+    "Accl___": "accl1",
+    "Accl1___": "accl1",
+    "Accl2___": "accl2",
+    "Accl3___": "accl3",
+}
+
+
+def _round_fp16(value: np.ndarray) -> np.ndarray:
+    """``value`` rounded to float16 (round to nearest even), held as float32."""
+    return np.asarray(value, dtype=F32).astype(F16).astype(F32)
 
 
 def _f(x: float | np.floating[Any]) -> np.float32:
@@ -191,6 +204,60 @@ def apply_update(
     raise NotSupportedError(f"the host backend has no update rule for {kind!r}")
 
 
+class _ProgramRunner:
+    """``Executor.run(program, feed, fetch_list, scope)`` for one program, one fetch list
+    and one scope, run many times.
+
+    ``Executor.run`` looks its compiled program up in a cache keyed on ``str(program)``,
+    which prints the whole program on every call; for small models that costs as much
+    as running it.  The runner asks Paddle's executor cache once per feed signature
+    (names, shapes, dtypes) and then feeds and runs the cached interpreter, as
+    ``Executor.run`` itself does after its lookup: the same kernels, the same results.
+    Where those executor internals are missing it falls back to ``Executor.run``.
+    """
+
+    def __init__(self, exe: Any, program: Any, fetch_list: Sequence[Any], scope: Any) -> None:
+        self._exe = exe
+        self._program = program
+        self._fetch_list = list(fetch_list)
+        self._scope = scope
+        self._cache: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
+        self._fast = all(
+            hasattr(obj, attr)
+            for obj, attr in (
+                (exe, "_executor_cache"),
+                (exe, "_pir_feed_data"),
+                (exe, "plan"),
+                (getattr(exe, "_executor_cache", None), "get_pir_program_and_executor"),
+            )
+        )
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[Any]:
+        if not self._fast:
+            return list(
+                self._exe.run(
+                    self._program, feed=feed, fetch_list=self._fetch_list, scope=self._scope
+                )
+            )
+        key = tuple((k, v.shape, v.dtype.str) for k, v in feed.items())
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._exe._executor_cache.get_pir_program_and_executor(
+                self._program,
+                feed,
+                self._fetch_list,
+                "feed",
+                "fetch",
+                self._exe.place,
+                self._scope,
+                self._exe.plan,
+            )
+            self._cache[key] = entry
+        program, interpreter, data_ops = entry
+        self._exe._pir_feed_data(program, feed, self._scope, data_ops)
+        return list(interpreter.run(list(feed), True, False))
+
+
 class HostTrainer:
     """One emulated IPU training session on the host.
 
@@ -201,6 +268,12 @@ class HostTrainer:
         replication_factor: replicas (rf).
         gradient_reduction: ``"mean"`` (divide the summed gradients by af*rf, Paddle
             2.x's IPU default) or ``"sum"``.
+        weight_dtype: the device dtype of the weights and buffers: ``"float16"``
+            emulates ``enable_fp16`` (values rounded to float16 after every write and
+            update; the gradient program computes in float32 from the rounded values).
+
+    Optimizer state whose ``accl*_type`` is ``FLOAT16`` is rounded to float16 after
+    every update and read back as float16; the rest is float32.
 
     State.  Weights, optimizer state and the learning rate are numpy arrays held by
     Paddle name; BatchNorm-style buffers live in a private ``paddle.static.Scope``, one
@@ -216,6 +289,7 @@ class HostTrainer:
         accumulation_factor: int = 1,
         replication_factor: int = 1,
         gradient_reduction: str = "mean",
+        weight_dtype: str = "float32",
     ) -> None:
         import paddle
 
@@ -228,6 +302,11 @@ class HostTrainer:
             )
         self.artifact = artifact
         self.optimizer = optimizer if optimizer is not None else artifact.optimizer
+        if weight_dtype not in ("float32", "float16"):
+            raise OptionError(f"weight_dtype must be 'float32' or 'float16', got {weight_dtype!r}")
+        #: the device holds weights (and buffers) in float16: every value written or
+        #: updated is rounded to float16, and read back as float16
+        self.fp16 = weight_dtype == "float16"
         self.af = int(accumulation_factor)
         self.rf = int(replication_factor)
         self.reduction = reduction
@@ -235,6 +314,7 @@ class HostTrainer:
         self._place = paddle.CPUPlace()
         self._exe = paddle.static.Executor(self._place)
         self._scope = paddle.static.Scope()
+        self._runner = _ProgramRunner(self._exe, artifact.program, artifact.fetch_list, self._scope)
         self.weights: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}
         self.lr = _f(self.optimizer.lr)
@@ -273,11 +353,14 @@ class HostTrainer:
         for name, value in arrays.items():
             arr = np.asarray(value)
             if name in params:
-                self.weights[name] = arr.astype(F32, copy=True)
+                self.weights[name] = self._device_value(arr)
                 self._set_scope(name, self.weights[name])
             elif name in self.state:
-                self.state[name] = arr.astype(F32, copy=True).reshape(self.state[name].shape)
+                value = arr.astype(F32, copy=True).reshape(self.state[name].shape)
+                self.state[name] = _round_fp16(value) if name in self._fp16_state() else value
             elif name in buffers:
+                if self.fp16 and arr.dtype.kind == "f":
+                    arr = self._device_value(arr)
                 self._set_scope(name, arr)
                 for copy in self._replica_buffers:
                     copy[name] = arr.copy()
@@ -291,16 +374,20 @@ class HostTrainer:
         wanted = list(names) if names is not None else self.names()
         buffers = set(self.buffer_names)
         out: dict[str, np.ndarray] = {}
+        half = self._fp16_state()
         for name in wanted:
             if name in self.weights:
-                out[name] = self.weights[name].copy()
+                value = self.weights[name]
+                out[name] = value.astype(F16) if self.fp16 else value.copy()
             elif name in self.state:
-                out[name] = self.state[name].copy()
+                value = self.state[name]
+                out[name] = value.astype(F16) if name in half else value.copy()
             elif name in buffers:
                 if self.rf > 1 and name in self._replica_buffers[0]:
-                    out[name] = self._replica_buffers[0][name].copy()
+                    value = self._replica_buffers[0][name].copy()
                 else:
-                    out[name] = self._get_scope(name)
+                    value = self._get_scope(name)
+                out[name] = value.astype(F16) if self.fp16 and value.dtype == F32 else value
             elif name == self.optimizer.lr_name:
                 out[name] = np.array(self.lr, dtype=F32)
             else:
@@ -335,6 +422,37 @@ class HostTrainer:
     def set_lr(self, lr: float) -> None:
         self.lr = _f(lr)
 
+    def _device_value(self, value: np.ndarray) -> np.ndarray:
+        """A float32 copy of a weight as the device holds it (float16-rounded in fp16)."""
+        return _round_fp16(value) if self.fp16 else np.array(value, dtype=F32, copy=True)
+
+    def _fp16_state(self) -> frozenset[str]:
+        """The optimizer-state variables held in float16 (``accl*_type`` FLOAT16)."""
+        config = self.optimizer
+        types = {"accl1": config.accl1_type, "accl2": config.accl2_type, "accl3": config.accl3_type}
+        if "FLOAT16" not in types.values():
+            return frozenset()
+        half: set[str] = set()
+        for entry in state_names(config.type):
+            accl = _ACCL_OF_PREFIX.get(entry.device_prefix)
+            if accl is None or types[accl] != "FLOAT16":
+                continue
+            half.update(
+                slot.state[entry.role] for slot in config.params if entry.role in slot.state
+            )
+        return frozenset(half)
+
+    def _round_buffers(self) -> None:
+        """fp16: the buffers a step updated (BatchNorm statistics) as the device holds them."""
+        for name in self.artifact.buffers:
+            value = self._get_scope(name)
+            if value.dtype == F32:
+                self._set_scope(name, _round_fp16(value))
+        for copy in self._replica_buffers:
+            for name, value in copy.items():
+                if value.dtype == F32:
+                    copy[name] = _round_fp16(value)
+
     # ------------------------------------------------------------------ the step
     def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -358,7 +476,6 @@ class HostTrainer:
         arrays = self._check_feeds(feeds)
         gp = self.artifact
         n_out = 1 + len(gp.fetches)
-        fetch_list = gp.fetch_list
         sums: list[np.ndarray | None] = [None] * len(gp.grads)
         outputs: list[list[list[np.ndarray]]] = []
         swap = self.rf > 1 and bool(gp.buffers)
@@ -373,42 +490,50 @@ class HostTrainer:
                     for name, value in self._replica_buffers[r].items():
                         self._set_scope(name, value)
                 feed = {name: arr[a, r] for name, arr in arrays.items()}
-                result = self._exe.run(
-                    gp.program, feed=feed, fetch_list=fetch_list, scope=self._scope
-                )
+                result = self._runner.run(feed)
                 if swap:
                     for name in gp.buffers:
                         self._replica_buffers[r][name] = self._get_scope(name)
                 row.append([np.asarray(v) for v in result[:n_out]])
                 for i, g in enumerate(result[n_out:]):
+                    # fetched arrays are fresh: the first one can be kept as it is
                     g32 = np.asarray(g, dtype=F32)
                     prev = sums[i]
-                    sums[i] = g32.copy() if prev is None else prev + g32
+                    sums[i] = g32 if prev is None else prev + g32
             outputs.append(row)
         count = self.af * self.rf
         grads: dict[str, np.ndarray] = {}
         for slot, total in zip(self.optimizer.params, sums):
             assert total is not None
-            grads[slot.name] = total / F32(count) if self.reduction == "mean" else total
+            mean = self.reduction == "mean" and count > 1  # x / 1 is x
+            grads[slot.name] = total / F32(count) if mean else total
         return grads, outputs
 
     def apply_gradients(self, grads: Mapping[str, np.ndarray]) -> None:
         """Clip, regularise and update every parameter (one optimizer step)."""
         grads = clip_by_global_norm(grads, self.optimizer)
+        half = self._fp16_state()
         for slot in self.optimizer.params:
             if slot.name not in self.weights:
                 raise KeyError(f"weight {slot.name!r} was never written to the trainer")
             new = apply_update(
                 self.optimizer, slot, self.weights[slot.name], grads[slot.name], self.state, self.lr
             )
-            self.weights[slot.name] = new.astype(F32, copy=False)
-            self._set_scope(slot.name, self.weights[slot.name])
+            if half:
+                for var in slot.state.values():
+                    if var in half:
+                        self.state[var] = _round_fp16(self.state[var])
+            new = _round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
+            self.weights[slot.name] = new
+            self._set_scope(slot.name, new)
 
     def step(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One training step.  Each feed is ``[af, rf, *micro_batch_shape]``; returns
         the loss and fetches by name, each ``[af, rf, *shape]``."""
         grads, outputs = self.compute_gradients(feeds)
         self.apply_gradients(grads)
+        if self.fp16:
+            self._round_buffers()
         result: dict[str, np.ndarray] = {}
         for k, name in enumerate(self.artifact.output_names):
             result[name] = np.stack(
