@@ -594,3 +594,36 @@ def test_training_anchors_final_and_sum() -> None:
         np.testing.assert_allclose(total, full.sum(axis=(0, 1)), rtol=1e-6)
     # Training went on under every anchor: the second run starts from updated weights.
     assert not np.allclose(results["ALL"][1], results["ALL"][0])
+
+
+# --------------------------------------------------------------------------- random seed
+
+
+def _dropout_losses(seed: int, noise: int, steps: int = 5) -> list[float]:
+    paddle.enable_static()
+    paddle.seed(0)
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, IN], "float32")
+        h = paddle.nn.functional.dropout(paddle.static.nn.fc(x, 16), p=0.5)
+        loss = paddle.mean(paddle.square(paddle.static.nn.fc(h, 1)))
+        P.SGD(0.1).minimize(loss)
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        paddle.seed(noise)  # whatever ran before, the session's seed decides
+        s = paddle_ipu.IpuStrategy()
+        s.set_graph_config(is_training=True, micro_batch_size=MBS)
+        s.set_options({"random_seed": seed})
+        cp = paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s)
+        prog = cp.compile(["x"], [loss])
+        feed = {"x": np.ones((MBS, IN), np.float32)}
+        exe = paddle.static.Executor(IPU)
+        return [
+            float(exe.run(prog, feed=feed, fetch_list=prog.fetch_names)[0]) for _ in range(steps)
+        ]
+
+
+def test_random_seed_makes_dropout_reproducible() -> None:
+    first = _dropout_losses(seed=5, noise=1)
+    np.testing.assert_array_equal(_dropout_losses(seed=5, noise=2), first)
+    assert _dropout_losses(seed=6, noise=1) != first
