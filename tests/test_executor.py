@@ -21,7 +21,7 @@ def test_convert_weights_table() -> None:
     np.testing.assert_array_equal(
         _convert(f16, np.dtype(np.float32), "w", "w"), f16.astype(np.float32)
     )
-    with pytest.raises(IpuError, match="weight 'p' .*int32 to float16"):
+    with pytest.raises(IpuError, match=r"weight 'p' .*int32 to float16"):
         _convert(np.zeros(3, np.int32), np.dtype(np.float16), "d", "p")
 
 
