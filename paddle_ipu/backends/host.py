@@ -84,12 +84,9 @@ def _strip_device_attributes(proto: Any) -> None:
 
 
 def _to_fp16(array: np.ndarray) -> np.ndarray:
-    try:
-        from paddle_ipu import fp16
+    from paddle_ipu import fp16
 
-        return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
-    except ImportError:
-        return array.astype(np.float16)
+    return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
 
 
 class HostSession(Session):
@@ -192,7 +189,6 @@ class HostSession(Session):
                 ) from exc
             # ONNX Runtime reads the initializers' memory at load; keep them alive anyway.
             self._ort_values = keep
-            self._out_names = [o.name for o in self._ort.get_outputs()]
             # One micro-batch per run and ORT's output dtypes as compiled: feed
             # ONNX Runtime directly (see _run_direct).
             types = {o.name: o.type for o in self._ort.get_outputs()}
