@@ -39,6 +39,7 @@ _LAZY = {
     "IpuStrategy": "paddle_ipu.strategy",
     "IpuCompiledProgram": "paddle_ipu.program",
     "Executor": "paddle_ipu.executor",
+    "ModelRuntime": "paddle_ipu.runtime",
     "ipu_shard_guard": "paddle_ipu.compiler",
     "set_ipu_shard": "paddle_ipu.compiler",
     "supported_ops": "paddle_ipu.compiler",

@@ -67,3 +67,13 @@ class TensorViewError(IpuError, TypeError):
 class ConversionError(IpuError, ValueError):
     """An fp16/fp32 conversion was given sizes or options that do not fit (output size,
     overlapping buffers, thread count)."""
+
+
+class RuntimeClosedError(IpuError, RuntimeError):
+    """The model runtime is closed: a request was submitted after ``close()``, or was still
+    queued when it was closed with ``cancel=True``."""
+
+
+class RuntimeBusyError(IpuError, TimeoutError):
+    """The model runtime's ``num_buffers`` micro-batches stayed in flight for longer than a
+    submit's timeout (backpressure)."""

@@ -229,7 +229,7 @@ class Executor:
         expected = self.check_feed_names(feed)
         out: dict[str, np.ndarray] = {}
         for name, spec in expected.items():
-            array = self._as_array(name, feed[name], spec)
+            array = self.coerce_feed(name, feed[name], spec)
             out[spec.name] = self.layout.to_step_buffer(name, array, spec.shape)
         return out
 
@@ -251,7 +251,9 @@ class Executor:
         return expected
 
     @staticmethod
-    def _as_array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
+    def coerce_feed(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
+        """``value`` as an array of the graph's dtype: the same dtype as is, a safe
+        cast (int64 -> int32 range-checked), or a FeedError naming both dtypes."""
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         want = spec.numpy_dtype
         if array.dtype == want:

@@ -8,14 +8,18 @@ works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paddle_ipu.compiler.model import CompiledModel
-from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
+from paddle_ipu.errors import CompileError, OptionError
 from paddle_ipu.executor import Executor
+
+if TYPE_CHECKING:
+    from paddle_ipu.runtime import ModelRuntime
 
 _runtime_ids = iter(range(1 << 62))
 
@@ -47,6 +51,8 @@ class IpuCompiledProgram:
         self._strategy = ipu_strategy
         self.model: CompiledModel | None = None
         self.executor: Executor | None = None
+        #: the model runtime (serving), when enable_model_runtime_executor is set
+        self.runtime: ModelRuntime | None = None
         self._fetch_ids: dict[Any, int] = {}
 
     @property
@@ -64,12 +70,13 @@ class IpuCompiledProgram:
 
         s = self._strategy
         s.validate()
-        if s.get("enable_model_runtime_executor"):
-            raise NotSupportedError(
-                "enable_model_runtime_executor: the model runtime (queue-based serving with "
-                "auto-batching) is not implemented in this release; unset it to run the "
-                "compiled program with exe.run"
+        serving = bool(s.get("enable_model_runtime_executor"))
+        if serving and s.is_training:
+            raise OptionError(
+                "enable_model_runtime_executor serves inference graphs only: compile with "
+                "is_training=False, or unset enable_model_runtime_executor to train"
             )
+        self.close_runtime()
         progress = _progress_reporter(
             s.get("compilation_progress_logger"), int(s.get("compilation_progress_total"))
         )
@@ -112,7 +119,12 @@ class IpuCompiledProgram:
         progress(90)
         self.model = model
         self.executor = executor
-        prog = build_runtime_program(executor)
+        if serving and not executor.compile_only:
+            from paddle_ipu.runtime import ModelRuntime
+
+            self.runtime = ModelRuntime(executor)
+        shapes = self.runtime.request_shapes() if self.runtime is not None else None
+        prog = build_runtime_program(executor, run=self.run, shapes=shapes)
         prog.org_program = self._program
         prog.ipu_compiled_program = self
         install_executor_hook()
@@ -141,13 +153,34 @@ class IpuCompiledProgram:
         self._require().model.save_model_proto(path)
 
     def reset(self) -> None:
-        """Release the device."""
+        """Release the device (after the model runtime answered its queued requests)."""
+        self.close_runtime()
         if self.executor is not None:
             self.executor.reset()
 
+    def close_runtime(self, cancel: bool = False) -> None:
+        """Stop the model runtime, if any (see :meth:`ModelRuntime.close`)."""
+        if self.runtime is not None:
+            self.runtime.close(cancel=cancel)
+            self.runtime = None
+
     def run(self, feed: dict[str, Any]) -> list[np.ndarray]:
-        """The executor's own numpy-in / numpy-out API (no Paddle executor)."""
+        """The executor's own numpy-in / numpy-out API (no Paddle executor); through
+        the model runtime when it is on."""
+        runtime = self.runtime
+        if runtime is not None:
+            return runtime.run(feed)
         return self._require().run(feed)
+
+    def submit(self, feed: dict[str, Any]) -> Future[list[np.ndarray]]:
+        """Queue one request on the model runtime; a future of its outputs."""
+        runtime = self.runtime
+        if runtime is None:
+            raise OptionError(
+                "submit() needs the model runtime: set enable_model_runtime_executor=True "
+                "(and is_training=False) before compile()"
+            )
+        return runtime.submit(feed)
 
     def fetch_index(self, fetch_list: Any) -> list[int] | None:
         """Positions of ``fetch_list`` among the compiled outputs (names, or the
@@ -215,8 +248,15 @@ def _prime_paddle_inference() -> None:
         logging.getLogger("paddle_ipu").debug("could not prime paddle.inference: %s", exc)
 
 
-def build_runtime_program(executor: Executor) -> Any:
-    """A PIR program: data ops -> one ipu_runtime op -> fetch ops."""
+def build_runtime_program(
+    executor: Executor,
+    run: Callable[[dict[str, Any]], list[np.ndarray]] | None = None,
+    shapes: tuple[list[list[int]], list[list[int]]] | None = None,
+) -> Any:
+    """A PIR program: data ops -> one ipu_runtime op -> fetch ops.
+
+    ``run`` runs the op (default: ``executor.run``); ``shapes``: the feed and fetch
+    shapes of one request (default: the step layout's), -1 for any size."""
     import paddle
     from paddle.static import MetaTensor, register_op
 
@@ -225,12 +265,15 @@ def build_runtime_program(executor: Executor) -> Any:
     model = executor.model
     layout = executor.layout
     config = executor.session_config()
+    run_graph = run if run is not None else executor.run
     feed_names = [spec.paddle_name or spec.name for spec in model.inputs]
     out_meta: list[tuple[list[int], str]] = []
     fetch_names: list[str] = []
-    for spec in model.outputs:
+    for k, spec in enumerate(model.outputs):
         art = config.anchors[spec.name]
         shape = list(layout.anchor_shape(spec.shape, art.kind, art.period))
+        if shapes is not None:
+            shape = shapes[1][k]
         out_meta.append((shape, spec.dtype))
         fetch_names.append(spec.paddle_name or spec.name)
 
@@ -249,7 +292,7 @@ def build_runtime_program(executor: Executor) -> Any:
         executor.last_error = None
         try:
             feed = {name: _host_array(t) for name, t in zip(feed_names, tensors)}
-            outs = executor.run(feed)
+            outs = run_graph(feed)
         except Exception as exc:
             # Paddle turns any exception of a Python op into a SystemError; keep
             # ours so that the executor hook can raise it as it was.
@@ -269,9 +312,11 @@ def build_runtime_program(executor: Executor) -> Any:
     with paddle.static.program_guard(prog, paddle.static.Program()):
         datas = [
             paddle.static.data(
-                name, list(layout.input_shape(spec.shape)), _paddle_dtype(spec.dtype)
+                name,
+                list(layout.input_shape(spec.shape)) if shapes is None else shapes[0][k],
+                _paddle_dtype(spec.dtype),
             )
-            for name, spec in zip(feed_names, model.inputs)
+            for k, (name, spec) in enumerate(zip(feed_names, model.inputs))
         ]
         outs = op(*datas)
         if len(fetch_names) == 1:

@@ -227,15 +227,13 @@ _add("lr", "double", 0.0, "honoured",
      "Learning rate set from dynamic mode (dy2static).", _N, minimum=0.0)
 _add("is_dynamic", "bool", False, "honoured",
      "The program comes from dynamic mode (dy2static): lr is read from here.", _N)
-_add("enable_model_runtime_executor", "bool", False, "unsupported",
-     "Serve inference through the model runtime (queues, auto-batching).", _N,
-     host_note="the model runtime (serving) is not implemented in this release")
-_add("num_buffers", "uint64", 10, "ignored",
-     "Ring-buffer slots per tensor of the model runtime.", _N, minimum=1,
-     host_note="used only by the model runtime")
-_add("timeout_ms", "double", 0.0, "ignored",
+_add("enable_model_runtime_executor", "bool", False, "honoured",
+     "Serve inference through the model runtime (queues, auto-batching).", _N)
+_add("num_buffers", "uint64", 10, "honoured",
+     "Model runtime: micro-batches in flight before a submit blocks.", _N, minimum=1)
+_add("timeout_ms", "double", 0.0, "honoured",
      "Model runtime: flush a partial micro-batch after this many ms; 0: no auto-batching.",
-     _N, minimum=0.0, host_note="used only by the model runtime")
+     _N, minimum=0.0)
 _add("custom_ops", "vector", (), "unsupported",
      'Paddle ops lowered to PopART custom ops (add_custom_op, {"custom_op": {...}}).', _N,
      host_note="PopART custom ops exist only on the IPU")

@@ -399,14 +399,20 @@ def test_paddle_inference_still_works_after_compile() -> None:
     assert "predictor ok" in proc.stdout
 
 
-def test_model_runtime_is_refused_clearly(models: dict[str, Built]) -> None:
+def test_model_runtime_serves_exe_run(models: dict[str, Built]) -> None:
     built = models["mlp"]
     s = paddle_ipu.IpuStrategy()
-    s.set_graph_config(is_training=False)
+    s.set_graph_config(is_training=False, micro_batch_size=4)
     s.set_options({"enable_model_runtime_executor": True, "timeout_ms": 5.0})
     cp = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=s)
-    with pytest.raises(NotSupportedError, match="model runtime"):
-        cp.compile(built.feeds, built.fetches)
+    prog = cp.compile(built.feeds, built.fetches)
+    assert cp.runtime is not None
+    feed = built.random_feed(3, np.random.default_rng(0))  # not a whole micro-batch
+    (out,) = paddle.static.Executor(IPU).run(prog, feed=feed, fetch_list=prog.fetch_names)
+    np.testing.assert_allclose(out, built.run_cpu(feed)[0], rtol=1e-5, atol=1e-6)
+    runtime = cp.runtime
+    cp.reset()
+    assert cp.runtime is None and runtime.closed
 
 
 def test_compile_reports_progress(models: dict[str, Built]) -> None:
