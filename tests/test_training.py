@@ -4,7 +4,8 @@ program from the same initial weights, or against a reference written out here."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,10 @@ def _attr(name: str) -> Any:
     return paddle.ParamAttr(name=name)
 
 
-def build_mlp(make_opt: Callable[[], Any] | None, seed: int = 7) -> Net:
-    """A two-layer MLP regression; the same seed gives the same names and weights."""
+@contextlib.contextmanager
+def _building(seed: int) -> Iterator[tuple[Any, Any, Any]]:
+    """Fresh programs, scope and names under ``seed``; the startup program runs on exit,
+    so the same seed gives the same names and initial weights."""
     paddle.enable_static()
     paddle.seed(seed)
     main, startup = paddle.static.Program(), paddle.static.Program()
@@ -63,6 +66,13 @@ def build_mlp(make_opt: Callable[[], Any] | None, seed: int = 7) -> Net:
         paddle.static.scope_guard(scope),
         paddle.static.program_guard(main, startup),
     ):
+        yield main, startup, scope
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+
+
+def build_mlp(make_opt: Callable[[], Any] | None, seed: int = 7) -> Net:
+    """A two-layer MLP regression; the same seed gives the same names and weights."""
+    with _building(seed) as (main, _, scope):
         x = paddle.static.data("x", [-1, IN], "float32")
         y = paddle.static.data("y", [-1, 1], "float32")
         h = paddle.tanh(paddle.static.nn.fc(x, 16, weight_attr=_attr("w1"), bias_attr=_attr("b1")))
@@ -70,21 +80,12 @@ def build_mlp(make_opt: Callable[[], Any] | None, seed: int = 7) -> Net:
         loss = paddle.mean((out - y) ** 2)
         if make_opt is not None:
             make_opt().minimize(loss)
-        paddle.static.Executor(paddle.CPUPlace()).run(startup)
     return Net(main, scope, loss, ["x", "y"])
 
 
 def build_cnn(make_opt: Callable[[], Any] | None, seed: int = 11) -> Net:
     """conv -> BatchNorm (training mode) -> relu -> pool -> fc, cross-entropy loss."""
-    paddle.enable_static()
-    paddle.seed(seed)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with _building(seed) as (main, _, scope):
         x = paddle.static.data("img", [-1, 1, 8, 8], "float32")
         label = paddle.static.data("label", [-1, 1], "int64")
         h = paddle.nn.Conv2D(1, 4, 3, padding=1, weight_attr=_attr("cw"), bias_attr=_attr("cb"))(x)
@@ -96,7 +97,6 @@ def build_cnn(make_opt: Callable[[], Any] | None, seed: int = 11) -> Net:
         loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, label, reduction="none"))
         if make_opt is not None:
             make_opt().minimize(loss)
-        paddle.static.Executor(paddle.CPUPlace()).run(startup)
     return Net(main, scope, loss, ["img", "label"])
 
 
