@@ -1,13 +1,21 @@
-"""Write docs/supported_ops.md: the Paddle operators that lower to ONNX here,
-set beside the operators Paddle 2.x's in-tree IPU support handled.
+"""Write docs/supported_ops.md from the operator conformance suite's results.
+
+Runs the table of tests/conformance (every supported operator, over its
+attributes, against Paddle's CPU kernel in fp32 and fp16), and writes the
+outcome of every case, the operators refused and why, and the operators of
+Paddle 2.x's in-tree IPU support set beside them.
 
 Usage: python tools/gen_supported_ops.py [output path]
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Operators with a handler in Paddle 2.x's popart_canonicalization (legacy IR
 # names), grouped by the source file that handled them.
@@ -108,6 +116,99 @@ LEGACY_TO_PIR: dict[str, str] = {
 }
 
 
+def _call_text(fn: Any, inputs: list[str]) -> str:
+    """The Paddle call a case makes, as written in the table."""
+    if getattr(fn, "__name__", "") != "<lambda>":
+        return f"{fn.__name__.lstrip('_')}({', '.join(inputs)})"
+    try:
+        text = " ".join(inspect.getsource(fn).split())
+    except (OSError, TypeError):
+        return "?"
+    body = text[text.index("lambda") :]
+    body = body[body.index(":") + 1 :].strip()
+    depth = 0
+    for k, ch in enumerate(body):  # cut at the parenthesis closing add(...)
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth < 0:
+            return body[:k].rstrip(", ")
+    return body
+
+
+def _conformance() -> tuple[list[str], dict[str, str]]:
+    """Run the table; return the markdown lines and op -> outcome."""
+    sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+    import paddle
+    from cases import CASES, FP16_HOST_FAILS, NOT_COVERED, REFUSED
+    from runner import FP16_TOL, FP32_TOL, build, run_case
+
+    from paddle_ipu.compiler import compile_program
+    from paddle_ipu.errors import UnsupportedOpError
+
+    paddle.enable_static()
+    lines = [
+        "## Conformance",
+        "",
+        "Each case builds a static program (`paddle.static.data` inputs, the operator through",
+        "its public Paddle API, fetches), runs it on Paddle's CPU executor and, compiled by",
+        "`compile_program`, on the host backend, and compares every output: fp32 at",
+        f"rtol = atol = {FP32_TOL:g}, fp16 (`enable_fp16=True`) at rtol = atol = {FP16_TOL:g}.",
+        "The table is `tests/conformance/cases.py`; `pytest tests/conformance` checks it.",
+        "",
+        "| operator | case | call | fp32 | fp16 |",
+        "|---|---|---|---|---|",
+    ]
+    per_op: dict[str, str] = {}
+    refused_rows: list[str] = []
+    for case in CASES:
+        call = _call_text(case.fn, list(case.inputs)).replace("|", "\\|")
+        if case.id in REFUSED:
+            built = build(case)
+            try:
+                compile_program(built.main, built.feeds, built.fetches, scope=paddle.static.Scope())
+                result = "**compiled, but listed as refused**"
+            except UnsupportedOpError as exc:
+                reason = str(exc).splitlines()[1].split(": ", 1)[-1] if "\n" in str(exc) else ""
+                result = f"refused: {reason}"
+            refused_rows.append(f"| `{case.op}` | {case.id} | `{call}` | {result} |")
+            continue
+        out = run_case(case)
+        fp32 = "matches" if not out.fp32 else f"**{out.fp32}**"
+        if case.id in FP16_HOST_FAILS and out.fp16.startswith("BackendError"):
+            fp16 = f"not run: {FP16_HOST_FAILS[case.id]}"
+        else:
+            fp16 = "matches" if not out.fp16 else f"**{out.fp16}**"
+        lines.append(f"| `{case.op}` | {case.id} | `{call}` | {fp32} | {fp16} |")
+        per_op.setdefault(case.op, "matches")
+        if out.fp32:
+            per_op[case.op] = "fails"
+    lines += [
+        "",
+        "## Refused at compile time",
+        "",
+        "These raise `UnsupportedOpError` from `compile_program`, naming the operator (and the",
+        "attribute value where only some values are refused), before anything is converted.",
+        "",
+        "| operator | case | call | outcome |",
+        "|---|---|---|---|",
+        *refused_rows,
+        "",
+        "Operators refused whatever their attributes (not listed by `supported_ops()`):",
+        "",
+    ]
+    from paddle_ipu.compiler.ops import DENIED
+
+    lines += [f"- `{op}`: {why}" for op, why in sorted(DENIED.items())]
+    lines += [
+        "",
+        "## Listed operators without a case",
+        "",
+        *[f"- `{op}`: {why}" for op, why in sorted(NOT_COVERED.items())],
+        "",
+    ]
+    return lines, per_op
+
+
 def render() -> str:
     from paddle_ipu.compiler.ops import is_supported, supported_ops
 
@@ -115,15 +216,19 @@ def render() -> str:
         pir = LEGACY_TO_PIR.get(legacy, legacy)
         return pir, is_supported("pd_op." + pir)
 
+    conformance, _ = _conformance()
     lines = [
         "# Supported operators",
         "",
-        "Generated by `python tools/gen_supported_ops.py`; do not edit by hand.",
+        "Generated by `python tools/gen_supported_ops.py` from the conformance suite's",
+        "results; do not edit by hand.",
         "",
         "`compile_program` lowers a program when every operator of its forward graph",
-        "is one that paddle2onnx converts; otherwise it raises one `UnsupportedOpError`",
-        "naming all the others. `paddle_ipu.compiler.supported_ops()` returns the list.",
+        "is listed by `paddle_ipu.compiler.supported_ops()` with attribute values that are",
+        "not refused below; otherwise it raises one `UnsupportedOpError` naming all the",
+        "others.",
         "",
+        *conformance,
         "## Against Paddle 2.x's IPU support",
         "",
         "The operators Paddle 2.x's in-tree IPU support handled (legacy IR names), the",
@@ -168,8 +273,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(__file__).resolve().parent.parent
-    out = Path(argv[1]) if len(argv) > 1 else root / "docs" / "supported_ops.md"
+    out = Path(argv[1]) if len(argv) > 1 else ROOT / "docs" / "supported_ops.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render())
     print(f"wrote {out}")

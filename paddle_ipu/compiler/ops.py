@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from paddle_ipu.errors import CompileError, UnsupportedOpError
 
@@ -26,6 +27,7 @@ _PIR_TO_CONVERTER: dict[str, str] = {
     "any": "reduce_any",
     "arange": "range",
     "argmax": "arg_max",
+    "argmin": "arg_min",
     "assign_value_": "assign_value",
     "batch_norm_": "batch_norm",
     "divide": "elementwise_div",
@@ -58,6 +60,49 @@ _PIR_TO_CONVERTER: dict[str, str] = {
 STRUCTURAL_OPS = frozenset(
     {"builtin.parameter", "pd_op.data", "pd_op.feed", "pd_op.fetch", "cf.yield"}
 )
+
+# Operators paddle2onnx converts but that do not compile or do not match
+# Paddle's CPU kernel (found by tests/conformance); refused up front.
+DENIED: dict[str, str] = {
+    "unique": "its output size depends on the data; the IPU needs static shapes",
+    "nonzero": "its output size depends on the data; the IPU needs static shapes",
+    "masked_select": "its output size depends on the data; the IPU needs static shapes",
+    "repeat_interleave_with_tensor_index": (
+        "its output size depends on the repeats tensor; the IPU needs static shapes"
+    ),
+    "tile": "the converter reads repeat_times as a tensor: the output shape is not static",
+    "pad3d": "the converter reads the paddings as a tensor: the output shape is not static",
+    "unfold": "the converted graph has no static output shape",
+    "set_value": "the converter emits an If node that ONNX Runtime rejects",
+    "set_value_": "the converter emits an If node that ONNX Runtime rejects",
+    "set_value_with_tensor": "the converter emits an If node that ONNX Runtime rejects",
+    "set_value_with_tensor_": "the converter emits an If node that ONNX Runtime rejects",
+}
+
+_CONVS = frozenset(
+    {
+        "pd_op.conv2d", "pd_op.depthwise_conv2d", "pd_op.conv2d_transpose",
+        "pd_op.depthwise_conv2d_transpose", "pd_op.conv3d", "pd_op.conv3d_transpose",
+    }
+)  # fmt: skip
+
+
+_MASK_POOLS = frozenset({"pd_op.max_pool2d_with_index", "pd_op.max_pool3d_with_index"})
+
+
+def attribute_problem(op: str, attrs: dict[str, Any], results_used: Sequence[bool] = ()) -> str:
+    """Why ``op`` with these attribute values cannot be lowered ("" when it can)."""
+    if op in _MASK_POOLS and len(results_used) > 1 and results_used[1]:
+        return "its mask (return_mask=True) has no static shape after conversion"
+    if op in _CONVS:
+        fmt = attrs.get("data_format", "NCHW")
+        if fmt in ("NHWC", "NDHWC"):
+            return f"data_format={fmt!r} (the converter handles channels-first only)"
+        dil = attrs.get("dilations", [1])
+        if attrs.get("padding_algorithm") == "SAME" and any(int(d) != 1 for d in dil):
+            return f"padding='SAME' with dilations={list(dil)} (the converter needs dilation 1)"
+    return ""
+
 
 # Converter names whose PIR spelling is not simply the name itself, for the
 # reverse direction (reports list PIR names).
@@ -101,13 +146,32 @@ def supported_ops() -> list[str]:
     for conv in converter_ops():
         names.add(conv)
         names.add(_pir_name(conv))
-    return sorted(n for n in names if not n.startswith("builtin."))
+    denied = set(DENIED) | {_PIR_TO_CONVERTER.get(n, n) for n in DENIED}
+    return sorted(n for n in names if not n.startswith("builtin.") and n not in denied)
+
+
+def _short(pir_op: str) -> str:
+    return pir_op[len("pd_op.") :] if pir_op.startswith("pd_op.") else pir_op
 
 
 def is_supported(pir_op: str) -> bool:
     if pir_op in STRUCTURAL_OPS:
         return True
+    if _short(pir_op) in DENIED:
+        return False
     return converter_name(pir_op) in converter_ops()
+
+
+def refusal(use: OpUse) -> str:
+    """Why this use of an operator is refused ("" when it lowers)."""
+    if use.op in STRUCTURAL_OPS:
+        return ""
+    reason = DENIED.get(_short(use.op))
+    if reason:
+        return reason
+    if converter_name(use.op) not in converter_ops():
+        return "paddle2onnx has no converter for it"
+    return attribute_problem(use.op, use.attrs, use.results_used)
 
 
 @dataclass
@@ -119,6 +183,19 @@ class OpUse:
     operands: list[str] = field(default_factory=list)
     results: list[str] = field(default_factory=list)
     feeds_fetches: list[str] = field(default_factory=list)
+    # The operator's attributes (plain Python values), for the attribute checks
+    # and the corrections made after lowering.
+    attrs: dict[str, Any] = field(default_factory=dict)
+    # Where each operand comes from: ``(producer index, result index)`` for the
+    # result of another forward operator, else the ONNX name (a feed or a
+    # parameter), or None for an optional operand left empty.
+    sources: list[tuple[int, int] | str | None] = field(default_factory=list)
+    # (numpy dtype, shape) of each operand and result; None where it is not a
+    # dense tensor (a list operand, an empty optional one).
+    operand_types: list[tuple[str, tuple[int, ...]] | None] = field(default_factory=list)
+    result_types: list[tuple[str, tuple[int, ...]] | None] = field(default_factory=list)
+    # Whether anything (another operator or a fetch) reads each result.
+    results_used: list[bool] = field(default_factory=list)
 
     def describe(self) -> str:
         text = f"op #{self.index} {self.op}({', '.join(self.operands)})"
@@ -131,19 +208,19 @@ class OpUse:
 
 def check_supported(uses: Iterable[OpUse]) -> None:
     """Raise one UnsupportedOpError naming every operator that does not lower."""
-    bad: dict[str, list[OpUse]] = {}
+    bad: dict[str, list[tuple[OpUse, str]]] = {}
     for use in uses:
-        if not is_supported(use.op):
-            bad.setdefault(use.op, []).append(use)
+        why = refusal(use)
+        if why:
+            bad.setdefault(use.op, []).append((use, why))
     if not bad:
         return
     lines = [
-        f"{len(bad)} Paddle operator type(s) cannot be lowered to ONNX by paddle2onnx "
-        f"({', '.join(sorted(bad))}):"
+        f"{len(bad)} Paddle operator type(s) cannot be lowered to ONNX ({', '.join(sorted(bad))}):"
     ]
     for name in sorted(bad):
-        for use in bad[name]:
-            lines.append("  " + use.describe())
+        for use, why in bad[name]:
+            lines.append(f"  {use.describe()}: {why}")
     lines.append(
         "Rewrite these parts of the model with supported operators "
         "(see paddle_ipu.compiler.supported_ops())."

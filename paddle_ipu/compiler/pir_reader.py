@@ -34,17 +34,77 @@ IPU_INDEX_ATTR = "ipu_index"
 IPU_STAGE_ATTR = "ipu_stage"
 
 
+def _is_dense(value: Any) -> bool:
+    """True for a value of a dense tensor type; False for the list values of
+    ``builtin.combine`` / ``builtin.split``, tensor arrays and null types, whose
+    ``dtype`` and ``shape`` Paddle refuses with a bare ValueError."""
+    try:
+        return bool(value.is_dense_tensor_type())
+    except Exception:
+        return False
+
+
+def _type_text(value: Any) -> str:
+    try:
+        return str(value.type())
+    except Exception:
+        return "?"
+
+
 def dtype_name(value: Any) -> str:
     """numpy spelling of a PIR value's dtype (``paddle.float32`` -> ``float32``)."""
+    if not _is_dense(value):
+        return _type_text(value)
     text = str(value.dtype)
     return text.split(".", 1)[1] if "." in text else text
 
 
 def _shape(value: Any) -> tuple[int, ...]:
+    if not _is_dense(value):
+        return ()
     try:
         return tuple(int(d) for d in value.shape)
-    except Exception:  # values without a dense tensor type (arrays, combines)
+    except Exception:
         return ()
+
+
+def _dense_type(value: Any) -> tuple[str, tuple[int, ...]] | None:
+    if not _is_real(value) or not _is_dense(value):
+        return None
+    return dtype_name(value), _shape(value)
+
+
+def _type_desc(value: Any) -> str:
+    """``float32[3, 4]`` for a dense tensor, Paddle's own type text otherwise."""
+    if not _is_dense(value):
+        return _type_text(value)
+    return f"{dtype_name(value)}{list(_shape(value))}"
+
+
+# Attribute values that are not plain data (places, dtypes, op call stacks)
+# are kept as their text; the checks and corrections only read numbers,
+# booleans and strings.
+_SKIPPED_ATTRS = frozenset({"op_callstack", "stop_gradient", "struct_name", "persistable"})
+
+
+def _plain_attrs(op: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        attrs = op.attrs()
+    except Exception:
+        return out
+    for key, value in attrs.items():
+        if key in _SKIPPED_ATTRS:
+            continue
+        if isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and all(
+            isinstance(v, (bool, int, float, str)) for v in value
+        ):
+            out[key] = list(value)
+        else:
+            out[key] = str(value)
+    return out
 
 
 def _has_name(value: Any) -> bool:
@@ -132,7 +192,7 @@ class PirReader:
         feed_names = [str(v.get_defining_op().attrs()["name"]) for v in feed_values]
         if len(set(feed_names)) != len(feed_names):
             raise FeedError(f"feed_list names a feed twice: {feed_names}")
-        fetch_values, fetch_names = zip(*(_resolve_fetch(block, f) for f in fetch_list))
+        fetch_values, fetch_names = zip(*(resolve_fetch(block, f) for f in fetch_list))
         own_ops = {op.id() for op in block.ops}
         for value, given in zip(fetch_values, fetch_list):
             if value.get_defining_op().id() not in own_ops:
@@ -147,6 +207,8 @@ class PirReader:
         _set_is_test(cblock)
         with _insertion_guard():
             _rewrite_empty_axis_reductions(cblock)
+            replaced = _rewrite_softplus(cblock)
+        cfetches = [replaced.get(v.id, v) for v in cfetches]
 
         kept_ids = {op.id() for op in cblock.ops}
         used = [v.get_defining_op().id() in kept_ids and not v.use_empty() for v in cfeeds]
@@ -232,7 +294,9 @@ def _resolve_feed(block: Any, feed: Any) -> Any:
     raise FeedError(f"feed_list holds {type(feed).__name__}; expected str or pir.Value")
 
 
-def _resolve_fetch(block: Any, fetch: Any) -> tuple[Any, str]:
+def resolve_fetch(block: Any, fetch: Any) -> tuple[Any, str]:
+    """A fetch (a Value, or the name of a fetch op, data op or parameter) as
+    (Value, name); the one resolver of the compiler."""
     if isinstance(fetch, paddle.pir.Value):
         return fetch, (str(fetch.name) if _has_name(fetch) else "")
     if not isinstance(fetch, str):
@@ -305,15 +369,89 @@ def _rewrite_empty_axis_reductions(block: Any) -> None:
             block.remove_op(axis_op)
 
 
+def _rewrite_softplus(block: Any) -> dict[int, Any]:
+    """``softplus(x, beta, threshold)`` -> the same formula in operators that lower.
+
+    paddle2onnx aborts on every PIR softplus (it checks beta and threshold
+    against attributes it cannot read).  Paddle's kernel computes
+    ``x if beta * x > threshold else log(1 + exp(beta * x)) / beta``; so does
+    this.  Returns old result id -> new value, for the fetches.
+    """
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.softplus":
+            continue
+        attrs = op.attrs()
+        beta = float(attrs.get("beta", 1.0))
+        threshold = float(attrs.get("threshold", 20.0))
+        x = op.operand_source(0)
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        xb = _PIR_OPS.scale(x, beta, 0.0, True)
+        soft = _PIR_OPS.scale(
+            _PIR_OPS.log(_PIR_OPS.scale(_PIR_OPS.exp(xb), 1.0, 1.0, True)), 1.0 / beta, 0.0, True
+        )
+        limit = _PIR_OPS.full_like(xb, threshold, x.dtype, paddle.CPUPlace())
+        out = _PIR_OPS.where(_PIR_OPS.greater_than(xb, limit), x, soft)
+        for new_op in block.ops:
+            if new_op.id() in before:
+                continue
+            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+                if op.has_attr(attr):
+                    new_op.set_int_attr(attr, _op_int_attr(op, attr))
+        old = op.result(0)
+        replaced[old.id] = out
+        old.replace_all_uses_with(out)
+        block.remove_op(op)
+    return replaced
+
+
 def _value_desc(value: Any, producers: dict[int, tuple[int, str]]) -> str:
-    shape = list(_shape(value))
     if _has_name(value):
         label = str(value.name)
     else:
         op = value.get_defining_op()
         idx, typ = producers.get(op.id(), (-1, op.name())) if op is not None else (-1, "?")
         label = f"{typ}#{idx}:{value.index()}" if idx >= 0 else f"{typ}:{value.index()}"
-    return f"{label} {dtype_name(value)}{shape}"
+    return f"{label} {_type_desc(value)}"
+
+
+def _source(value: Any, index_of: dict[int, int]) -> tuple[int, int] | str | None:
+    """Where an operand comes from, in the terms the ONNX corrections use."""
+    if not _is_real(value):
+        return None
+    op = value.get_defining_op()
+    if op is None:
+        return "?"
+    if op.name() in _DATA_OPS:
+        return str(op.attrs()["name"])
+    if op.name() == "builtin.parameter":
+        return str(op.attrs()["parameter_name"])
+    idx = index_of.get(op.id(), -1)
+    return (idx, int(value.index())) if idx >= 0 else "?"
+
+
+def _describe_op(
+    op: Any, idx: int, k: int, producers: dict[int, tuple[int, str]], index_of: dict[int, int]
+) -> OpInfo:
+    name = op.name()
+    operands = list(op.operands_source())
+    use = OpUse(
+        index=idx,
+        op=name,
+        operands=[_value_desc(v, producers) if _is_real(v) else "None" for v in operands],
+        results=[_type_desc(r) for r in op.results()],
+        attrs=_plain_attrs(op),
+        sources=[_source(v, index_of) for v in operands],
+        operand_types=[_dense_type(v) for v in operands],
+        result_types=[_dense_type(r) for r in op.results()],
+    )
+    return OpInfo(
+        use=use,
+        onnx_names=[f"p2o.{name}.{k}.{j}" for j in range(op.num_results())],
+        ipu_index=_op_int_attr(op, IPU_INDEX_ATTR),
+        ipu_stage=_op_int_attr(op, IPU_STAGE_ATTR),
+    )
 
 
 def _describe_ops(
@@ -331,24 +469,17 @@ def _describe_ops(
         k = counters.get(name, 0)
         counters[name] = k + 1
         idx = len(infos)
+        try:
+            info = _describe_op(op, idx, k, producers, index_of)
+        except Exception as exc:
+            # Paddle raises bare ValueErrors for values it cannot describe; the
+            # user needs to know which operator of their program it was.
+            raise CompileError(
+                f"could not read op #{idx} {name} of the program: {type(exc).__name__}: {exc}"
+            ) from exc
         index_of[op.id()] = idx
         producers[op.id()] = (idx, name)
-        use = OpUse(
-            index=idx,
-            op=name,
-            operands=[
-                _value_desc(v, producers) if _is_real(v) else "None" for v in op.operands_source()
-            ],
-            results=[f"{dtype_name(r)}{list(_shape(r))}" for r in op.results()],
-        )
-        infos.append(
-            OpInfo(
-                use=use,
-                onnx_names=[f"p2o.{name}.{k}.{j}" for j in range(op.num_results())],
-                ipu_index=_op_int_attr(op, IPU_INDEX_ATTR),
-                ipu_stage=_op_int_attr(op, IPU_STAGE_ATTR),
-            )
-        )
+        infos.append(info)
     # Which fetches each op contributes to, for error messages.
     reach: dict[int, set[str]] = {}
     for i, (value, name) in enumerate(zip(fetches, fetch_names)):
@@ -363,8 +494,12 @@ def _describe_ops(
             seen.add(op.id())
             reach.setdefault(op.id(), set()).add(label)
             stack.extend(v for v in op.operands_source() if _is_real(v))
+    fetched = {v.id for v in fetches}
     for op in block.ops:
         idx = index_of.get(op.id(), -1)
         if idx >= 0:
             infos[idx].use.feeds_fetches = sorted(reach.get(op.id(), set()))
+            infos[idx].use.results_used = [
+                r.id in fetched or not r.use_empty() for r in op.results()
+            ]
     return infos, index_of

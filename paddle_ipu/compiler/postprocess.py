@@ -444,6 +444,290 @@ def infer_outputs(
     return specs
 
 
+# -- corrections of the converter's lowering -----------------------------------
+#
+# paddle2onnx 2.1 misreads some PIR operators' attributes: it reads hardtanh's
+# bounds and leaky_relu's slope under their legacy names (and so gets the
+# defaults), always emits gelu's exact
+# (erf) formula, and lowers cross_entropy_with_softmax(use_softmax=False) as if
+# the softmax were still to be applied; it ignores thresholded_relu's value and
+# group_norm's epsilon.  For each of these the nodes the
+# converter made for the operator are replaced by a lowering of our own, built
+# from the attributes the reader recorded; the conformance suite
+# (tests/conformance) checks every one against Paddle's CPU kernels.
+
+_FLOAT_TYPES = frozenset({"float16", "float32", "float64", "bfloat16"})
+
+
+class _Rewriter:
+    """Replaces the nodes attributed to one operator by new ones."""
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        ops: Sequence[OpInfo],
+        owner: dict[str, int],
+        fetches: Sequence[FetchInfo],
+    ) -> None:
+        self.graph = graph
+        self.ops = ops
+        self.owner = owner
+        self.taken = {n.name for n in graph.node} | _all_names(graph)
+        # (operator index, result index) -> the ONNX tensor holding it.  A fetched
+        # result is named after the fetch (``fetch_name_N``), the others after
+        # the converter's ``p2o.<op>.<k>.<j>`` scheme.
+        self.results: dict[tuple[int, int], str] = {
+            (i, j): name for i, info in enumerate(ops) for j, name in enumerate(info.onnx_names)
+        }
+        for out, fetch in zip(graph.output, fetches):
+            if fetch.producer >= 0:
+                self.results[(fetch.producer, fetch.result)] = out.name
+
+    def fresh(self, base: str) -> str:
+        name = _unique(base, self.taken)
+        self.taken.add(name)
+        return name
+
+    def operand(self, idx: int, k: int) -> str:
+        info = self.ops[idx]
+        src = info.use.sources[k] if k < len(info.use.sources) else None
+        name = self.results.get(src, "") if isinstance(src, tuple) else src or ""
+        if not name or name == "?" or name not in self.taken:
+            raise CompileError(
+                f"cannot correct the lowering of {info.use.describe()}: operand {k} has no "
+                "tensor in the converted graph"
+            )
+        return name
+
+    def result(self, idx: int, j: int) -> str:
+        return self.results[(idx, j)]
+
+    def const(self, nodes: list[onnx.NodeProto], value: Any, dtype: str, base: str) -> str:
+        name = self.fresh(base)
+        array = np.asarray(value, dtype=np.dtype(dtype))
+        nodes.append(
+            helper.make_node(
+                "Constant", [], [name], name=name, value=numpy_helper.from_array(array, name)
+            )
+        )
+        return name
+
+    def node(
+        self,
+        nodes: list[onnx.NodeProto],
+        op_type: str,
+        inputs: list[str],
+        out: str = "",
+        **attrs: Any,
+    ) -> str:
+        out = out or self.fresh(f"{op_type}.fix")
+        nodes.append(
+            helper.make_node(op_type, inputs, [out], name=self.fresh(f"{op_type}.fix"), **attrs)
+        )
+        return out
+
+    def replace(self, idx: int, nodes: list[onnx.NodeProto]) -> None:
+        """Put ``nodes`` where operator ``idx``'s nodes were; they must produce
+        every tensor of those nodes that anything else still reads."""
+        graph = self.graph
+        mine = [i for i, n in enumerate(graph.node) if self.owner.get(n.name) == idx]
+        info = self.ops[idx]
+        if not mine:
+            raise CompileError(
+                f"cannot correct the lowering of {info.use.describe()}: the converter "
+                "emitted no node for it"
+            )
+        removed = {o for i in mine for o in graph.node[i].output}
+        produced = {o for n in nodes for o in n.output}
+        mine_set = set(mine)
+        read_elsewhere = {
+            name
+            for i, n in enumerate(graph.node)
+            if i not in mine_set
+            for name in n.input
+            if name in removed
+        } | {o.name for o in graph.output if o.name in removed}
+        missing = read_elsewhere - produced
+        if missing:
+            raise CompileError(
+                f"cannot correct the lowering of {info.use.describe()}: the converted graph "
+                f"reads {sorted(missing)} from it"
+            )
+        kept = [n for i, n in enumerate(graph.node) if i not in mine_set]
+        at = mine[0]
+        for n in nodes:
+            self.owner[n.name] = idx
+        new = kept[:at] + nodes + kept[at:]
+        del graph.node[:]
+        graph.node.extend(new)
+
+
+def _x_dtype(info: OpInfo, k: int = 0) -> str:
+    types = info.use.operand_types
+    t = types[k] if k < len(types) else None
+    if t is None:
+        raise CompileError(
+            f"cannot correct the lowering of {info.use.describe()}: operand {k} "
+            "is not a dense tensor"
+        )
+    return t[0]
+
+
+def _fix_hardtanh(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    dtype = _x_dtype(info)
+    a = info.use.attrs
+    nodes: list[onnx.NodeProto] = []
+    lo = rw.const(nodes, float(a.get("t_min", 0.0)), dtype, "hardtanh.fix.min")
+    hi = rw.const(nodes, float(a.get("t_max", 24.0)), dtype, "hardtanh.fix.max")
+    rw.node(nodes, "Clip", [rw.operand(idx, 0), lo, hi], rw.result(idx, 0))
+    rw.replace(idx, nodes)
+
+
+def _fix_leaky_relu(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    slope = float(info.use.attrs.get("negative_slope", 0.02))
+    nodes: list[onnx.NodeProto] = []
+    rw.node(nodes, "LeakyRelu", [rw.operand(idx, 0)], rw.result(idx, 0), alpha=slope)
+    rw.replace(idx, nodes)
+
+
+def _fix_gelu(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    if not info.use.attrs.get("approximate", False):
+        return
+    dtype = _x_dtype(info)
+    nodes: list[onnx.NodeProto] = []
+    x = rw.operand(idx, 0)
+    # Paddle's kernel: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
+    x3 = rw.node(nodes, "Mul", [rw.node(nodes, "Mul", [x, x]), x])
+    inner = rw.node(
+        nodes, "Add", [x, rw.node(nodes, "Mul", [x3, rw.const(nodes, 0.044715, dtype, "gelu.c")])]
+    )
+    k = rw.const(nodes, float(np.sqrt(2.0 / np.pi)), dtype, "gelu.k")
+    t = rw.node(nodes, "Tanh", [rw.node(nodes, "Mul", [inner, k])])
+    one_t = rw.node(nodes, "Add", [t, rw.const(nodes, 1.0, dtype, "gelu.one")])
+    half_x = rw.node(nodes, "Mul", [x, rw.const(nodes, 0.5, dtype, "gelu.half")])
+    rw.node(nodes, "Mul", [half_x, one_t], rw.result(idx, 0))
+    rw.replace(idx, nodes)
+
+
+def _fix_cross_entropy(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    a = info.use.attrs
+    if a.get("use_softmax", True):
+        return
+    dtype = _x_dtype(info)
+    xt = info.use.operand_types[0]
+    lt = info.use.operand_types[1] if len(info.use.operand_types) > 1 else None
+    if xt is None or lt is None or len(xt[1]) != len(lt[1]):
+        raise CompileError(
+            f"cannot lower {info.use.describe()}: use_softmax=False needs the label with "
+            "the rank of the input"
+        )
+    axis = int(a.get("axis", -1))
+    nodes: list[onnx.NodeProto] = []
+    x = rw.operand(idx, 0)
+    label = rw.operand(idx, 1)
+    # Without the softmax, Paddle's kernel passes the input through as the
+    # "softmax" result and takes the loss from it directly:
+    # hard labels: -log(x[label]) (0 where label == ignore_index);
+    # soft labels: -sum(label * log(x)) over the axis.
+    rw.node(nodes, "Identity", [x], rw.result(idx, 0))
+    logx = rw.node(nodes, "Log", [x])
+    if a.get("soft_label", False):
+        prod = rw.node(nodes, "Mul", [label, logx])
+        axes = rw.const(nodes, [axis], "int64", "ce.axes")
+        total = rw.node(nodes, "ReduceSum", [prod, axes], keepdims=1)
+        rw.node(nodes, "Neg", [total], rw.result(idx, 1))
+    else:
+        index = rw.node(nodes, "Cast", [label], to=onnx.TensorProto.INT64)
+        ignore = rw.const(nodes, int(a.get("ignore_index", -100)), "int64", "ce.ignore")
+        skip = rw.node(nodes, "Equal", [index, ignore])
+        safe = rw.node(nodes, "Where", [skip, rw.const(nodes, 0, "int64", "ce.zero_i"), index])
+        picked = rw.node(nodes, "GatherElements", [logx, safe], axis=axis)
+        loss = rw.node(nodes, "Neg", [picked])
+        zero = rw.const(nodes, 0.0, dtype, "ce.zero")
+        rw.node(nodes, "Where", [skip, zero, loss], rw.result(idx, 1))
+    rw.replace(idx, nodes)
+
+
+def _fix_thresholded_relu(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    dtype = _x_dtype(info)
+    a = info.use.attrs
+    nodes: list[onnx.NodeProto] = []
+    x = rw.operand(idx, 0)
+    # Paddle's kernel: x > threshold ? x : value
+    thr = rw.const(nodes, float(a.get("threshold", 1.0)), dtype, "thresholded_relu.threshold")
+    value = rw.const(nodes, float(a.get("value", 0.0)), dtype, "thresholded_relu.value")
+    above = rw.node(nodes, "Greater", [x, thr])
+    rw.node(nodes, "Where", [above, x, value], rw.result(idx, 0))
+    rw.replace(idx, nodes)
+
+
+def _fix_group_norm(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    # The converter normalises each group with an InstanceNormalization whose
+    # epsilon it leaves at 0.
+    eps = float(info.use.attrs.get("epsilon", 1e-5))
+    found = False
+    for node in rw.graph.node:
+        if rw.owner.get(node.name) == idx and node.op_type == "InstanceNormalization":
+            kept = [a for a in node.attribute if a.name != "epsilon"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            node.attribute.append(helper.make_attribute("epsilon", eps))
+            found = True
+    if not found:
+        raise CompileError(
+            f"cannot correct the lowering of {info.use.describe()}: no InstanceNormalization "
+            "node to carry its epsilon"
+        )
+
+
+_CORRECTIONS = {
+    "pd_op.thresholded_relu": _fix_thresholded_relu,
+    "pd_op.group_norm": _fix_group_norm,
+    "pd_op.hardtanh": _fix_hardtanh,
+    "pd_op.leaky_relu": _fix_leaky_relu,
+    "pd_op.gelu": _fix_gelu,
+    "pd_op.cross_entropy_with_softmax": _fix_cross_entropy,
+}
+
+
+def correct_lowerings(
+    graph: onnx.GraphProto,
+    ops: Sequence[OpInfo],
+    owner: dict[str, int],
+    fetches: Sequence[FetchInfo],
+) -> None:
+    """Replace the converter's lowering of the operators it gets wrong (see above)."""
+    rw: _Rewriter | None = None
+    for idx, info in enumerate(ops):
+        fix = _CORRECTIONS.get(info.type)
+        if fix is None:
+            continue
+        if rw is None:
+            rw = _Rewriter(graph, ops, owner, fetches)
+        fix(rw, idx, info)
+
+
+def repair_fetch_aliases(
+    graph: onnx.GraphProto, ops: Sequence[OpInfo], fetches: Sequence[FetchInfo]
+) -> None:
+    """Point each output back at the value the fetch asked for.
+
+    Paddle's ``save_inference_model`` fetches ``scale(v, 1.0, bias)`` as ``v``
+    itself when ``v`` has a name (a feed or a parameter): it takes such a scale
+    for the one it appends to fetches, whatever the bias, so the bias is lost.
+    The converter still lowers the scale, under its ``p2o`` name; a fetched
+    result keeps that name only when the fetch was redirected like this.
+    """
+    produced = {o for n in graph.node for o in n.output}
+    for out, fetch in zip(graph.output, fetches):
+        if fetch.producer < 0:
+            continue
+        names = ops[fetch.producer].onnx_names
+        own = names[fetch.result] if fetch.result < len(names) else ""
+        if own and own != out.name and own in produced:
+            out.name = own
+
+
 def finalize(
     model: onnx.ModelProto,
     fg: ForwardGraph,
@@ -455,12 +739,14 @@ def finalize(
     graph = model.graph
     name_nodes(graph)
     weights = constants_to_initializers(graph, fg.parameters)
+    repair_fetch_aliases(graph, fg.ops, fg.fetches)
     producers = {
         out.name: fetch.producer
         for out, fetch in zip(graph.output, fg.fetches)
         if fetch.producer >= 0
     }
     owner = attribute_nodes(graph, fg.ops, producers)
+    correct_lowerings(graph, fg.ops, owner, fg.fetches)
     shards = apply_shards(graph, fg.ops, owner, manual_shard=manual_shard, pipelining=pipelining)
     names = rename_outputs(graph, fg.fetches)
     drop_identities(graph)

@@ -1,0 +1,102 @@
+"""Every supported operator against Paddle's CPU kernel, fp32 (1e-5) and fp16 (1e-2).
+
+One table entry per operator and attribute setting (cases.py); each program is
+compiled once and run in both precisions on the host backend.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import paddle
+import pytest
+from cases import CASES, FP16_HOST_FAILS, NOT_COVERED, REFUSED
+from runner import FP32_TOL, Case, build, compare, run_compiled, run_paddle
+
+from paddle_ipu.compiler import compile_program, supported_ops
+from paddle_ipu.compiler.ops import converter_name
+from paddle_ipu.errors import BackendError, UnsupportedOpError
+
+paddle.enable_static()
+
+BY_ID = {c.id: c for c in CASES}
+MATCHING = [c for c in CASES if c.id not in REFUSED]
+
+
+@functools.cache
+def _compiled(case_id: str) -> tuple[Any, Any, list[np.ndarray]]:
+    case = BY_ID[case_id]
+    built = build(case)
+    ref = run_paddle(built)
+    model = compile_program(built.main, built.feeds, built.fetches, scope=paddle.static.Scope())
+    return built, model, ref
+
+
+@pytest.mark.parametrize("case", MATCHING, ids=lambda c: c.id)
+def test_fp32_matches_paddle_cpu(case: Case) -> None:
+    built, model, ref = _compiled(case.id)
+    assert compare(ref, run_compiled(built, model, fp16=False), FP32_TOL) == ""
+
+
+@pytest.mark.parametrize("case", MATCHING, ids=lambda c: c.id)
+def test_fp16_matches_paddle_cpu(case: Case) -> None:
+    built, model, ref = _compiled(case.id)
+    if case.id in FP16_HOST_FAILS:
+        with pytest.raises(BackendError):
+            run_compiled(built, model, fp16=True)
+        return
+    assert compare(ref, run_compiled(built, model, fp16=True), case.tol16) == ""
+
+
+@pytest.mark.parametrize("case_id", sorted(REFUSED))
+def test_refused_at_compile_time_naming_op_and_value(case_id: str) -> None:
+    case = BY_ID[case_id]
+    built = build(case)
+    with pytest.raises(UnsupportedOpError) as err:
+        compile_program(built.main, built.feeds, built.fetches, scope=paddle.static.Scope())
+    assert REFUSED[case_id] in str(err.value)
+    assert f"pd_op.{case.op}" in str(err.value)
+
+
+def _names(op: str) -> set[str]:
+    """Every spelling of an operator supported_ops() may use."""
+    short = op.split(".", 1)[1] if op.startswith("pd_op.") else op
+    pir = op if op.startswith(("pd_op.", "builtin.")) else "pd_op." + op
+    return {short, op, converter_name(pir)}
+
+
+def test_every_listed_operator_is_covered_or_explained() -> None:
+    covered: set[str] = set()
+    for case in MATCHING:  # the operators the programs really hold
+        for op in build(case).ops:
+            covered |= _names(op)
+    for op in NOT_COVERED:
+        covered |= _names(op)
+    missing = [n for n in supported_ops() if n not in covered]
+    assert missing == []
+
+
+def test_refused_operators_are_not_listed() -> None:
+    listed = set(supported_ops())
+    for case_id in REFUSED:
+        op = BY_ID[case_id].op
+        if op.startswith(("conv", "max_pool")):  # refused for some attribute values only
+            assert op in listed
+        else:
+            assert op not in listed
+
+
+def test_fetched_scale_of_a_feed_keeps_its_bias() -> None:
+    # save_inference_model fetches scale(x, 1.0, bias) as x itself: the bias
+    # must survive when such a value is fetched next to others.
+    case = Case(
+        "scale.fetched_twice",
+        "scale",
+        {"x": "f:3x4"},
+        lambda x: [paddle.scale(x, 1.0, 0.5), paddle.scale(x, 1.0, -2.0, False)],
+    )
+    built = build(case)
+    model = compile_program(built.main, built.feeds, built.fetches, scope=paddle.static.Scope())
+    assert compare(run_paddle(built), run_compiled(built, model, fp16=False), FP32_TOL) == ""
