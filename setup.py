@@ -15,6 +15,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 
@@ -47,6 +48,17 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "--build", ".", "--parallel", jobs], cwd=build_temp, check=True)
 
 
+class BuildPy(build_py):
+    """Also put the import hook (a top-level module and the .pth that loads it) at
+    the root of site-packages: see paddle_ipu_autoload/_paddle_ipu_autoload.py."""
+
+    def run(self) -> None:
+        super().run()
+        source = ROOT / "paddle_ipu_autoload"
+        for name in ("_paddle_ipu_autoload.py", "paddle_ipu_autoload.pth"):
+            self.copy_file(str(source / name), str(Path(self.build_lib) / name))
+
+
 def paddle_requirement() -> str:
     try:
         return f"paddlepaddle=={importlib.metadata.version('paddlepaddle')}"
@@ -62,7 +74,8 @@ setup(
         "onnxruntime>=1.20,<1.33",
         "paddle2onnx>=2.1,<2.2",
         "onnxconverter-common>=1.14,<1.17",
+        "safetensors>=0.4,<1",
     ],
     ext_modules=[CMakeExtension("paddle_ipu._core")],
-    cmdclass={"build_ext": CMakeBuild},
+    cmdclass={"build_ext": CMakeBuild, "build_py": BuildPy},
 )

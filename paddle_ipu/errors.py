@@ -77,3 +77,25 @@ class RuntimeClosedError(IpuError, RuntimeError):
 class RuntimeBusyError(IpuError, TimeoutError):
     """The model runtime's ``num_buffers`` micro-batches stayed in flight for longer than a
     submit's timeout (backpressure)."""
+
+
+class FetchError(IpuError, KeyError):
+    """A fetch that the compiled program does not produce."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class OutputFileError(IpuError, OSError):
+    """A file paddle-ipu writes (an exported executable, a model) cannot be written: the
+    message names the path and why."""
+
+
+class WorkDirError(OutputFileError):
+    """A directory paddle-ipu needs (the working directory, the directory for temporary
+    files) is missing or cannot be written: the message names it."""
+
+
+class CheckpointError(IpuError):
+    """A checkpoint that cannot be written, read or applied to the program: the message
+    names the file and, for a mismatch, the variable, the expected and the received value."""

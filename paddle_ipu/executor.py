@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
-from paddle_ipu.compiler.model import CompiledModel, TensorSpec
-from paddle_ipu.errors import BackendError, FeedError, IpuError
+from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
+from paddle_ipu.errors import BackendError, FeedError, IpuError, OutputFileError, RuntimeClosedError
 from paddle_ipu.layout import StepLayout
 from paddle_ipu.tensor_view import as_numpy
 
@@ -41,6 +43,11 @@ def _env_flag(name: str) -> bool:
 
 class Executor:
     """Runs one CompiledModel on one backend session.
+
+    Thread safety: runs, weight copies, prepare and reset of one executor are
+    serialised by a lock, so concurrent runs of a training program give exactly
+    the weights of some sequential order of those runs.  Feeds are validated
+    before the lock is taken.
 
     Args:
         model: the compiled graph.
@@ -69,6 +76,13 @@ class Executor:
         #: the exception of the last failed run (kept for Paddle's op path)
         self.last_error: BaseException | None = None
         self._optimizer_key: tuple[bool, float] | None = None
+        # Serialises everything that touches the session or the weight state.
+        # Re-entrant: prepare() calls reset(), save_model() weights_to_host().
+        self._lock = threading.RLock()
+        #: True after reset(): the device is released until prepare() runs again
+        self.released = False
+        #: the model runtime serving this executor, when one was started over it
+        self.serving: Any = None
         bps = int(strategy.batches_per_step)
         af = int(strategy.accumulation_factor) if strategy.is_training else 1
         rf = int(strategy.replication_factor)
@@ -76,13 +90,15 @@ class Executor:
         self._training = bool(strategy.is_training)
         self._output_names = [spec.name for spec in model.outputs]
         # Feeds that need no cast and already have the step layout's shape are
-        # passed through as they are (the common case, checked first).
+        # passed through as they are (the common case, checked first); index
+        # feeds are range-checked on this path too.
         self._feed_plan = [
             (
                 spec.paddle_name or spec.name,
                 spec.name,
                 spec.numpy_dtype,
                 self.layout.input_shape(spec.shape),
+                spec.ranges,
             )
             for spec in model.inputs
         ]
@@ -131,48 +147,89 @@ class Executor:
         """
         from paddle_ipu.backends import create_session
 
-        self.reset()
-        self._optimizer_key = None
-        self.compile_only = _env_flag("IPU_COMPILE_ONLY")
-        session = create_session(self.backend, self.model, self.session_config())
-        self.session = session
-        if self.compile_only:
-            session.compile_and_export(OFFLINE_CACHE)
-            log.warning(
-                "IPU_COMPILE_ONLY is set: compiled and exported %s; runs are skipped",
-                OFFLINE_CACHE,
-            )
-            return
-        session.prepare_device()
-        self.weights_from_host()
-        seed = self.strategy.get("random_seed")
-        if seed is not None:
-            session.set_random_seed(int(seed))
+        with self._lock:
+            self._close_session()
+            self.released = False
+            self._optimizer_key = None
+            self.compile_only = _env_flag("IPU_COMPILE_ONLY")
+            session = create_session(self.backend, self.model, self.session_config())
+            self.session = session
+            if self.compile_only:
+                path = export_atomically(session.compile_and_export, OFFLINE_CACHE)
+                log.warning(
+                    "IPU_COMPILE_ONLY is set: compiled and exported %s; runs are skipped", path
+                )
+                return
+            session.prepare_device()
+            self.weights_from_host()
+            seed = self.strategy.get("random_seed")
+            if seed is not None:
+                session.set_random_seed(int(seed))
 
     def reset(self) -> None:
-        """Release the session and its device (Paddle 2.x's Reset)."""
+        """Release the session and its device (Paddle 2.x's Reset).  Later runs
+        raise until the program is compiled (or the executor prepared) again."""
+        with self._lock:
+            self._close_session()
+            self.released = True
+
+    def _close_session(self) -> None:
         if self.session is not None:
             self.session.close()
         self.session = None
 
     def _require_session(self) -> Session:
-        if self.session is None:
-            raise BackendError("the executor is not prepared: call prepare() first")
-        return self.session
+        session = self.session
+        if session is None:
+            if self.released:
+                raise BackendError(
+                    "the program was reset (its device is released) and is not prepared: "
+                    "call compile() again"
+                )
+            raise BackendError("the executor is not prepared: compile the program first")
+        return session
 
     # -- run ------------------------------------------------------------------
     def run(self, feed: Mapping[str, Any]) -> list[np.ndarray]:
         """Run one step group: numpy (or array-like) feeds in, fetches out, in
-        the compiled fetch order and PopART's layout."""
-        session = self._require_session()
+        the compiled fetch order and PopART's layout.
+
+        A training run is all or nothing: every step's feed is validated before the
+        first update, and a failure inside the run restores the weights and the
+        optimizer state the run started from."""
+        self._require_session()
+        self._check_serving()
         if self.compile_only:
             log.info("IPU_COMPILE_ONLY is set: skipping the run")
             return [np.empty((0,), spec.numpy_dtype) for spec in self.model.outputs]
         inputs = self.check_feed(feed)
-        if self._training:
-            self._before_run(session)
-        outputs = session.run(inputs)
+        with self._lock:
+            session = self._require_session()  # a reset may have come in between
+            if not self._training:
+                outputs = session.run(inputs)
+            else:
+                self._before_run(session)
+                snapshot = session.snapshot()
+                try:
+                    outputs = session.run(inputs)
+                except BaseException:
+                    session.restore(snapshot)
+                    raise
         return [outputs[name] for name in self._output_names]
+
+    def _check_serving(self) -> None:
+        """A program that serves through the model runtime takes its requests
+        there; once that runtime is closed (by a recompile or reset()), a request
+        that reaches the executor directly gets this error instead of a feed check
+        made for the runtime's request shapes."""
+        runtime = self.serving
+        if runtime is None or not runtime.closed or runtime.is_worker_thread():
+            return
+        raise RuntimeClosedError(
+            "the model runtime serving this program is closed (the program is being "
+            "recompiled, or was reset or closed): wait for compile() to return and retry "
+            "on the new program"
+        )
 
     def _before_run(self, session: Session) -> None:
         """Training: send the optimizer the current lr, or the eval optimizer
@@ -219,18 +276,28 @@ class Executor:
         """
         if len(feed) == len(self._feed_plan):
             fast: dict[str, np.ndarray] = {}
-            for feed_name, onnx_name, dtype, shape in self._feed_plan:
+            for feed_name, onnx_name, dtype, shape, ranges in self._feed_plan:
                 value = feed.get(feed_name)
                 if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
                     break
+                if ranges:
+                    check_ranges(feed_name, value, ranges)
                 fast[onnx_name] = value
             else:
                 return fast
         expected = self.check_feed_names(feed)
         out: dict[str, np.ndarray] = {}
         for name, spec in expected.items():
-            array = self.coerce_feed(name, feed[name], spec)
-            out[spec.name] = self.layout.to_step_buffer(name, array, spec.shape)
+            # Dtype and shape are checked before anything is cast or copied: a
+            # wrong-shaped feed (a huge broadcast view, say) is refused as it is.
+            array = _as_array(name, feed[name])
+            cast = self.feed_cast(name, array, spec)
+            view = self.layout.to_step_buffer(name, array, spec.shape)
+            if spec.ranges:
+                if spec.numpy_dtype == np.int32:
+                    _check_int32(name, view)  # the overflow first: it says more
+                check_ranges(name, view, spec.ranges)
+            out[spec.name] = cast(view)
         return out
 
     def check_feed_names(self, feed: Mapping[str, Any]) -> dict[str, TensorSpec]:
@@ -251,26 +318,39 @@ class Executor:
         return expected
 
     @staticmethod
-    def coerce_feed(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
-        """``value`` as an array of the graph's dtype: the same dtype as is, a safe
-        cast (int64 -> int32 range-checked), or a FeedError naming both dtypes."""
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    def feed_cast(
+        name: str, array: np.ndarray, spec: TensorSpec
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """Check that ``array``'s dtype can be fed as the graph's; return the cast
+        to apply (after the shape check): none, a byte swap of a non-native byte
+        order, or a safe cast (int64 -> int32 range-checked).  FeedError names both
+        dtypes otherwise."""
         want = spec.numpy_dtype
-        if array.dtype == want:
-            return array
-        pair = (array.dtype.name, want.name)
-        if pair not in _SAFE_CASTS:
+        have = array.dtype
+        if have == want:
+            return _identity
+        native = have.newbyteorder("=") if have.byteorder not in ("=", "|") else have
+        pair = (native.name, want.name)
+        if native != want and pair not in _SAFE_CASTS:
+            order = "" if native is have else f" ({_byte_order(have)})"
             raise FeedError(
-                f"feed {name!r}: expected dtype {want.name}, received {array.dtype.name}"
+                f"feed {name!r}: expected dtype {want.name}, received {native.name}{order}"
             )
-        if pair == ("int64", "int32") and array.size:
-            lo, hi = int(array.min()), int(array.max())
-            info = np.iinfo(np.int32)
-            if lo < info.min or hi > info.max:
-                raise FeedError(
-                    f"feed {name!r}: int64 values in [{lo}, {hi}] do not fit the graph's int32"
-                )
-        return array.astype(want)
+
+        def cast(value: np.ndarray) -> np.ndarray:
+            if pair == ("int64", "int32"):
+                _check_int32(name, value)
+            return value.astype(want)  # also brings a big-endian feed to native order
+
+        return cast
+
+    @classmethod
+    def coerce_feed(cls, name: str, value: Any, spec: TensorSpec) -> np.ndarray:
+        """``value`` as an array of the graph's dtype: the same dtype as is, a safe
+        cast (int64 -> int32 range-checked), or a FeedError naming both dtypes.
+        Callers that reshape check the shape first (see :meth:`check_feed`)."""
+        array = _as_array(name, value)
+        return cls.feed_cast(name, array, spec)(array)
 
     # -- weights --------------------------------------------------------------
     def _weight_pairs(self) -> list[tuple[str, str]]:
@@ -298,6 +378,10 @@ class Executor:
     def weights_from_host(self) -> None:
         """Copy weights (and optimizer state) from the Paddle scope to the device,
         converting fp32 <-> fp16 to the device's dtype."""
+        with self._lock:
+            self._weights_from_host()
+
+    def _weights_from_host(self) -> None:
         session = self._require_session()
         batch: dict[str, np.ndarray] = {}
         for device_name, paddle_name in self._weight_pairs():
@@ -313,7 +397,12 @@ class Executor:
 
     def weights_to_host(self) -> None:
         """Copy weights and optimizer state from the device into the Paddle scope,
-        under Paddle's names, in the dtype each Paddle variable has."""
+        under Paddle's names, in the dtype each Paddle variable has, on the place
+        each variable lives on."""
+        with self._lock:
+            self._weights_to_host()
+
+    def _weights_to_host(self) -> None:
         session = self._require_session()
         if self.compile_only:
             return
@@ -322,23 +411,130 @@ class Executor:
             return
         pairs = self._weight_pairs()
         values = session.read_weights([d for d, _ in pairs])
-        import paddle
-
         for device_name, paddle_name in pairs:
             tensor = self._scope_tensor(paddle_name)
             if tensor is None:
                 continue
             current = np.array(tensor, copy=False)
             value = _convert(values[device_name], current.dtype, device_name, paddle_name)
-            tensor.set(np.ascontiguousarray(value), paddle.CPUPlace())
+            tensor.set(np.ascontiguousarray(value), _place_of(tensor, paddle_name))
 
     def save_model(self, path: str) -> None:
         """Copy the weights back to the scope, then write the model (ONNX on the
         host backend, PopART's model proto on IPUs) to ``path``."""
-        session = self._require_session()
-        if self.strategy.is_training:
-            self.weights_to_host()
-        session.model_to_host(path)
+        with self._lock:
+            session = self._require_session()
+            if self.strategy.is_training:
+                self._weights_to_host()
+            session.model_to_host(path)
+
+
+def _identity(value: np.ndarray) -> np.ndarray:
+    return value
+
+
+def _check_int32(name: str, value: np.ndarray) -> None:
+    """FeedError when integer values do not fit the graph's int32."""
+    if not value.size or value.dtype.itemsize <= 4:
+        return
+    lo, hi = int(value.min()), int(value.max())
+    info = np.iinfo(np.int32)
+    if lo < info.min or hi > info.max:
+        raise FeedError(
+            f"feed {name!r}: {value.dtype.name} values in [{lo}, {hi}] do not fit the graph's int32"
+        )
+
+
+def _byte_order(dtype: np.dtype) -> str:
+    return "big-endian" if dtype.byteorder == ">" else "little-endian"
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    """A feed as an ndarray, without copying one."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception as exc:
+        raise FeedError(
+            f"feed {name!r}: cannot read a {type(value).__name__} as an array: {exc}"
+        ) from exc
+
+
+def check_ranges(name: str, array: np.ndarray, ranges: Sequence[IndexRange]) -> None:
+    """FeedError when a value of the index feed ``name`` is outside one of its
+    ranges (see :mod:`paddle_ipu.compiler.ranges`): name, value, position and the
+    valid range."""
+    if not ranges or array.size == 0:
+        return
+    lo, hi = array.min(), array.max()
+    for bound in ranges:
+        if lo >= bound.low and hi < bound.high:
+            continue
+        bad = (array < bound.low) | (array >= bound.high)
+        if bound.allowed:
+            bad &= ~np.isin(array, bound.allowed)
+        count = int(np.count_nonzero(bad))
+        if not count:
+            continue
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = int(array[where])
+        raise FeedError(
+            f"feed {name!r}: value {value} at index {list(where)} is out of range; valid "
+            f"values are {bound.describe()}; {count} value(s) of the feed are outside it"
+        )
+
+
+def _place_of(tensor: Any, paddle_name: str) -> Any:
+    """The place a scope tensor lives on, as ``DenseTensor.set`` takes it."""
+    import paddle
+
+    if not tensor._is_initialized():
+        return paddle.CPUPlace()
+    place = tensor._place()
+    if place.is_cpu_place():
+        return paddle.CPUPlace()
+    if place.is_custom_place():
+        return paddle.CustomPlace(place.custom_device_type(), place.custom_device_id())
+    if place.is_gpu_place():
+        return paddle.CUDAPlace(place.gpu_device_id())
+    raise IpuError(f"weight {paddle_name!r} lives on {place}, which paddle-ipu cannot write to")
+
+
+def export_atomically(export: Callable[[str], None], path: str) -> str:
+    """Run ``export(tmp)`` on a new temporary file beside ``path``, then rename it
+    to ``path``: a reader never sees half a file, and a symlink (or anything else)
+    planted at ``path`` is replaced, never written through.  Returns the absolute
+    path; OutputFileError names it when the directory is missing or unwritable."""
+    try:
+        target = os.path.abspath(path)
+    except OSError as exc:  # the working directory was deleted
+        raise OutputFileError(
+            f"cannot write {path!r}: the working directory is not accessible ({exc}); "
+            "change to an existing, writable directory"
+        ) from exc
+    directory = os.path.dirname(target)
+    base = os.path.basename(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise OutputFileError(
+            f"cannot write {target!r}: its directory {directory!r} is missing or not "
+            f"writable ({exc.strerror or exc})"
+        ) from exc
+    try:
+        os.fchmod(fd, 0o644)  # what a plain open() would give, not mkstemp's 0600
+    finally:
+        os.close(fd)
+    try:
+        export(tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise OutputFileError(f"cannot write {target!r}: {exc}") from exc
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return target
 
 
 def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: str) -> np.ndarray:

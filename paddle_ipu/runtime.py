@@ -19,6 +19,8 @@ one run (``batches_per_step`` micro-batches of ``micro_batch_size`` rows) at a t
   would exceed it blocks until space frees up, or raises
   :class:`~paddle_ipu.errors.RuntimeBusyError` after its ``timeout``.  A request larger
   than the whole bound is admitted when nothing else is in flight.
+- ``max_request_rows`` caps one request (default: :data:`MAX_REQUEST_RUNS` runs' worth
+  of rows); a larger one is refused with a FeedError before anything is copied.
 
 This is the role of the Poplar SDK's model runtime (ring buffers, a timeout that flushes
 partial batches, a thread looping over the main program) in Paddle 2.x's executor, with
@@ -50,11 +52,15 @@ from paddle_ipu.errors import (
     RuntimeBusyError,
     RuntimeClosedError,
 )
-from paddle_ipu.executor import Executor
+from paddle_ipu.executor import Executor, check_ranges
 
 log = logging.getLogger("paddle_ipu")
 
-__all__ = ["ModelRuntime", "RuntimeStats"]
+__all__ = ["MAX_REQUEST_RUNS", "ModelRuntime", "RuntimeStats"]
+
+#: the default cap of one request, in runs: ``max_request_rows`` defaults to this many
+#: runs of ``batches_per_step x micro_batch_size`` rows
+MAX_REQUEST_RUNS = 64
 
 
 @dataclass
@@ -111,6 +117,9 @@ class ModelRuntime:
     Args:
         executor: a prepared inference :class:`~paddle_ipu.executor.Executor`.
         micro_batch_size, timeout_ms, num_buffers: override the executor's strategy.
+        max_request_rows: the most rows one request may have when auto-batching
+            (default: :data:`MAX_REQUEST_RUNS` runs' worth); a larger request is a
+            FeedError, raised before the feed is cast or copied.
         start: start the worker thread now (default).
 
     The runtime is thread-safe: any number of threads may call :meth:`run` and
@@ -124,6 +133,7 @@ class ModelRuntime:
         micro_batch_size: int | None = None,
         timeout_ms: float | None = None,
         num_buffers: int | None = None,
+        max_request_rows: int | None = None,
         start: bool = True,
     ) -> None:
         strategy = executor.strategy
@@ -139,8 +149,12 @@ class ModelRuntime:
         buffers = int(num_buffers if num_buffers is not None else strategy.get("num_buffers"))
         if mbs < 1:
             raise OptionError(f"micro_batch_size must be >= 1, got {mbs}")
-        if not timeout >= 0.0:
-            raise OptionError(f"timeout_ms must be >= 0, got {timeout}")
+        # threading's waits refuse longer timeouts (OverflowError in the worker).
+        longest_ms = threading.TIMEOUT_MAX * 1e3
+        if not 0.0 <= timeout <= longest_ms:
+            raise OptionError(
+                f"timeout_ms must be a finite number in [0, {longest_ms:g}], got {timeout}"
+            )
         if buffers < 1:
             raise OptionError(f"num_buffers must be >= 1, got {buffers}")
         self.executor = executor
@@ -157,6 +171,14 @@ class ModelRuntime:
         per_mb = mbs if self.auto_batch else 1
         self._capacity = self._micro_batches * per_mb  # units per run
         self._limit = buffers * per_mb  # units in flight
+        max_rows = (
+            MAX_REQUEST_RUNS * self._micro_batches * mbs
+            if max_request_rows is None
+            else max_request_rows
+        )
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise OptionError(f"max_request_rows must be an int >= 1, got {max_rows!r}")
+        self.max_request_rows = max_rows
         if self.auto_batch:
             self._in_units = [tuple(s.shape[1:]) for s in self._inputs]
             self._out_units = [tuple(s.shape[1:]) for s in self._outputs]
@@ -173,6 +195,9 @@ class ModelRuntime:
         self._stats = RuntimeStats()
         self._thread: threading.Thread | None = None
         self._current: list[_Piece] = []  # the run under way
+        # The executor refuses direct runs once this runtime is closed (see
+        # Executor._check_serving): they would be checked against the wrong shapes.
+        executor.serving = self
         if start:
             self.start()
 
@@ -239,6 +264,10 @@ class ModelRuntime:
     def closed(self) -> bool:
         return self._state.closed
 
+    def is_worker_thread(self) -> bool:
+        """Whether the caller is this runtime's worker thread."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def close(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop the runtime.  Requests already queued are run and answered; with
         ``cancel=True`` they fail with :class:`~paddle_ipu.errors.RuntimeClosedError`
@@ -300,8 +329,9 @@ class ModelRuntime:
         units = -1
         first = ""
         for name, spec in zip(self._feed_names, self._inputs):
-            value = feed[name]
-            array = Executor.coerce_feed(name, value, spec)
+            # Dtype and shape first, then the size cap; only then cast or copy.
+            array = np.asarray(feed[name])
+            cast = Executor.feed_cast(name, array, spec)
             if self.auto_batch:
                 trailing = tuple(spec.shape[1:])
                 if array.ndim != len(spec.shape) or tuple(array.shape[1:]) != trailing:
@@ -311,6 +341,12 @@ class ModelRuntime:
                         f"{self.micro_batch_size}), received {list(array.shape)}"
                     )
                 rows = int(array.shape[0])
+                if rows > self.max_request_rows:
+                    raise FeedError(
+                        f"feed {name!r}: a request may have at most {self.max_request_rows} "
+                        f"rows (max_request_rows), received {rows}; split it into smaller "
+                        f"requests"
+                    )
                 if units < 0:
                     units, first = rows, name
                 elif rows != units:
@@ -333,9 +369,12 @@ class ModelRuntime:
                     )
                 array = array.reshape((1, *spec.shape))
                 units = 1
-            if copy:  # the caller may reuse its arrays once submit returns
-                array = np.array(array, copy=True)
-            arrays.append(array)
+            if spec.ranges:
+                check_ranges(name, array, spec.ranges)
+            cast_array = cast(array)
+            if copy and cast_array is array:  # the caller may reuse its arrays
+                cast_array = np.array(array, copy=True)
+            arrays.append(cast_array)
         return arrays, max(units, 0)
 
     def _submit(

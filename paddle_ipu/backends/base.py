@@ -97,6 +97,16 @@ class Session(abc.ABC):
         """Run one step group.  ``inputs`` maps ONNX input names to buffers in the
         step layout; returns (or fills ``outputs``) the anchors in their layout."""
 
+    def snapshot(self) -> Any:
+        """The weight and optimizer state, for :meth:`restore` after a failed run
+        (the executor makes a training run all or nothing).  The default reads
+        every tensor back; a backend with a cheaper way overrides both."""
+        return self.read_weights()
+
+    def restore(self, snapshot: Any) -> None:
+        """Put back the state :meth:`snapshot` returned."""
+        self.write_weights(snapshot)
+
     def update_optimizer(self, optimizer: Any) -> None:
         """Replace the optimizer's hyper-parameters (updateOptimizerFromHost)."""
         raise OptionError(f"the {self.backend} session is not a training session")

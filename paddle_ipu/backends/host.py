@@ -89,6 +89,20 @@ def _to_fp16(array: np.ndarray) -> np.ndarray:
     return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
 
 
+# Where the graph's weights "live" as external data: nowhere on disk, the session
+# supplies them from memory.
+_IN_MEMORY = "paddle_ipu.in_memory_weights"
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality (keeps -0.0 apart from 0.0, and NaN payloads)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a8 = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    b8 = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return bool(np.array_equal(a8, b8))
+
+
 class HostSession(Session):
     backend = "host"
 
@@ -107,6 +121,8 @@ class HostSession(Session):
             self.layout.anchor_shape(spec.shape, art.kind, art.period)  # validates EVERYN
         self._weights: dict[str, np.ndarray] = {}
         self._weight_info: dict[str, TensorSpec] = {}
+        # weights the graph holds as external data (their values come from _weights)
+        self._external: set[str] = set()
         self._graph: bytes | None = None
         self._ort: Any = None
         self._dirty = True
@@ -120,22 +136,35 @@ class HostSession(Session):
     def prepare_device(self) -> None:
         import onnx
 
-        proto = onnx.load_from_string(self.model.onnx)
+        from paddle_ipu.compiler.weights import split_weights
+
+        views: dict[str, np.ndarray] = {}
+        if self.config.enable_fp16:
+            # The fp16 converter rewrites the initializers' data: it needs them all.
+            proto = onnx.load_from_string(self.model.onnx)
+        else:
+            # The weights come out as read-only views of the model's bytes (no
+            # copy); the graph marks them external, and the session hands ONNX
+            # Runtime the arrays (add_external_initializers).
+            proto, views = split_weights(self.model.onnx, self.model.weights, external=_IN_MEMORY)
+        self._external = set(views)
         _strip_device_attributes(proto)
         params = set(self.model.weights)
         for init in proto.graph.initializer:
             if init.name not in params:
                 continue
-            array = onnx.numpy_helper.to_array(init)
+            view = views.get(init.name)
+            array = view if view is not None else onnx.numpy_helper.to_array(init)
             device_dtype = array.dtype
             if self.config.enable_fp16 and array.dtype == np.float32:
                 device_dtype = np.dtype(np.float16)
             self._weight_info[init.name] = TensorSpec(
                 init.name, device_dtype.name, tuple(array.shape), self.model.weights[init.name]
             )
-            self._weights[init.name] = (
-                _to_fp16(array) if device_dtype == np.float16 else np.array(array, copy=True)
-            )
+            if device_dtype == np.float16:
+                self._weights[init.name] = _to_fp16(array)
+            else:
+                self._weights[init.name] = array if view is not None else array.copy()
         if self.config.enable_fp16:
             proto = self._convert_fp16(proto)
         self._graph = proto.SerializeToString()
@@ -173,10 +202,17 @@ class HostSession(Session):
             opts.inter_op_num_threads = 1
             opts.log_severity_level = 3
             keep = []
+            external: tuple[list[str], list[Any]] = ([], [])
             for name, array in self._weights.items():
                 value = ort.OrtValue.ortvalue_from_numpy(array)
                 keep.append(value)
-                opts.add_initializer(name, value)
+                if name in self._external:
+                    external[0].append(name)
+                    external[1].append(value)
+                else:
+                    opts.add_initializer(name, value)
+            if external[0]:
+                opts.add_external_initializers(*external)
             if self._seed is not None:
                 ort.set_seed(int(self._seed))
             try:
@@ -226,7 +262,10 @@ class HostSession(Session):
                     f"weight {name!r}: expected shape {list(current.shape)}, "
                     f"received {list(value.shape)}"
                 )
-            self._weights[name] = np.array(value, dtype=current.dtype, copy=True)
+            if current.flags.writeable or not _same_bytes(value, current):
+                # A read-only current value is the compiled model's: keep sharing it
+                # while the value written is the same (the first weights_from_host).
+                self._weights[name] = np.array(value, dtype=current.dtype, copy=True)
             if self._trainer is not None:
                 self._trainer.write({name: self._weights[name]})
         self._dirty = True
@@ -246,6 +285,17 @@ class HostSession(Session):
             else:
                 raise KeyError(f"the session holds no weight named {name!r}")
         return out
+
+    def snapshot(self) -> Any:
+        """O(number of tensors), no weight copies: the trainer replaces its arrays
+        on every update and never writes into them (see :class:`_Training`)."""
+        if self._trainer is None:
+            return None
+        return self._trainer.snapshot()
+
+    def restore(self, snapshot: Any) -> None:
+        if self._trainer is not None and snapshot is not None:
+            self._trainer.restore(snapshot)
 
     def set_random_seed(self, seed: int) -> None:
         self._seed = int(seed)
@@ -356,8 +406,13 @@ class HostSession(Session):
 
     # -- artefacts ------------------------------------------------------------
     def compile_and_export(self, path: str) -> None:
-        """The host's offline artefact is the ONNX graph it runs, with its weights."""
+        """The host's offline artefact is the ONNX graph it runs, with its weights
+        (those the program was compiled with: nothing is written to the device)."""
         self.prepare_device()
+        if self._trainer is not None:
+            # A training session holds its weights in the trainer, which nothing
+            # has written to yet: give it the compiled weights to export.
+            self._trainer.write(self._weights)
         self.model_to_host(path)
 
     def model_to_host(self, path: str) -> None:
@@ -370,9 +425,12 @@ class HostSession(Session):
         for init in proto.graph.initializer:
             if init.name in current:
                 init.CopyFrom(onnx.numpy_helper.from_array(current[init.name], init.name))
+        from paddle_ipu.executor import export_atomically
+
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        onnx.save(proto, path)
+        # A temporary file and a rename: never half a model, never through a symlink.
+        export_atomically(lambda tmp: onnx.save(proto, tmp), path)
 
     def close(self) -> None:
         self._ort = None
@@ -410,6 +468,12 @@ class _Training:
         self.names = {d: p for d, p in self.names.items() if p in known}
         self.fp16 = config.enable_fp16
         self.eval = False
+        params = set(model.weights.values())
+        self._fetched_params = [
+            spec.paddle_name
+            for spec in model.outputs
+            if spec.paddle_name in params and spec.paddle_name in known
+        ]
 
     def has_state(self, name: str) -> bool:
         return name in self.names
@@ -434,6 +498,38 @@ class _Training:
 
         paddle.seed(seed)
 
+    def snapshot(self) -> tuple[Any, ...]:
+        """The trainer's state at this point, for :meth:`restore`.
+
+        HostTrainer replaces arrays (weights, optimizer state, replica buffers) on
+        every update rather than writing into them, so copies of the dicts keep the
+        old arrays; buffers in the gradient program's scope (BatchNorm statistics)
+        are updated in place by Paddle's kernels and are copied."""
+        t = self.trainer
+        return (
+            dict(t.weights),
+            dict(t.state),
+            t.lr,
+            {name: t._get_scope(name) for name in t.buffer_names if self._in_scope(name)},
+            [dict(copy) for copy in t._replica_buffers],
+        )
+
+    def _in_scope(self, name: str) -> bool:
+        return self.trainer._scope.find_var(name) is not None
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        t = self.trainer
+        weights, state, lr, buffers, replicas = snapshot
+        t.weights = dict(weights)
+        t.state = dict(state)
+        t.lr = lr
+        # The gradient program reads weights and buffers from its scope.
+        for name, value in weights.items():
+            t._set_scope(name, value)
+        for name, value in buffers.items():
+            t._set_scope(name, value)
+        t._replica_buffers = [dict(copy) for copy in replicas]
+
     def update_optimizer(self, optimizer: Any) -> None:
         self.trainer.optimizer = optimizer
         self.trainer.set_lr(float(optimizer.lr))
@@ -450,7 +546,14 @@ class _Training:
             if self.eval:
                 per_step.append(self._evaluate(feeds))
             else:
-                per_step.append(self.trainer.step(feeds))
+                outputs = self.trainer.step(feeds)
+                # A fetched parameter is its value after the step's update, as
+                # Paddle's executor returns it (fetch ops run after the optimizer).
+                for name in self._fetched_params:
+                    if name in outputs:
+                        post = self.trainer.read([name])[name]
+                        outputs[name] = np.broadcast_to(post, outputs[name].shape).copy()
+                per_step.append(outputs)
         result: dict[str, np.ndarray] = {}
         for spec in self.model.outputs:
             name = spec.paddle_name or spec.name

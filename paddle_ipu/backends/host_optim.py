@@ -18,6 +18,7 @@ straight back into a Paddle scope.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -322,6 +323,14 @@ class HostTrainer:
         self._replica_buffers: list[dict[str, np.ndarray]] = [{} for _ in range(self.rf)]
         for slot in self.optimizer.params:
             self.state.update(initial_state(self.optimizer, slot))
+
+    def __del__(self) -> None:
+        # Paddle keeps every Scope made from Python in its scope pool until the process
+        # exits; erasing the variables frees their tensors when the trainer goes.
+        scope = getattr(self, "_scope", None)
+        if scope is not None:
+            with contextlib.suppress(Exception):
+                scope.erase(scope.local_var_names())
 
     # ------------------------------------------------------------------ names and I/O
     @property

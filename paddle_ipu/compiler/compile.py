@@ -1,27 +1,184 @@
-"""compile_program: a Paddle static program -> CompiledModel (forward ONNX + specs)."""
+"""compile_program: a Paddle static program -> CompiledModel (forward ONNX + specs).
+
+Memory and files: the program is saved for the converter into anonymous in-memory
+files (memfd) behind symlinks in a scratch folder named after this process, so a
+killed compile leaves no weights on any file system, and the next compile removes
+the folders of dead processes.  The converter's result comes back without the weight
+values (see :mod:`paddle_ipu.compiler.weights`); the graph passes and shape inference
+run on that small graph, and the weights are written into the model once, straight
+from the scope.  A compile's peak memory is about 1.25x the weights
+(``bench/compile_memory.py``).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import onnx
 
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.compiler.ops import check_supported
 from paddle_ipu.compiler.postprocess import finalize
+from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import reader_for
-from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
+from paddle_ipu.compiler.weights import serialize_with_weights
+from paddle_ipu.errors import CompileError, NotSupportedError, OptionError, WorkDirError
+
+# Scratch folders are named after the compiling process, so that a later compile can
+# tell the folders of a killed process from those of a live one.
+_SCRATCH_PREFIX = "paddle_ipu_"
+_SCRATCH_RE = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d+)_")
 
 
-def _scratch_dir() -> str | None:
+def _scratch_dir() -> str:
+    """Where a compile's scratch folder goes: $TMPDIR when it is set (and then it must
+    be usable), else /dev/shm, else Python's default temporary directory."""
+    chosen = os.environ.get("TMPDIR")
+    if chosen:
+        if not os.path.isdir(chosen):
+            raise WorkDirError(
+                f"TMPDIR={chosen!r} is not a directory (missing or deleted): paddle-ipu "
+                "writes a compile's scratch files there; point TMPDIR at a writable directory "
+                "or unset it"
+            )
+        if not os.access(chosen, os.W_OK | os.X_OK):
+            raise WorkDirError(
+                f"TMPDIR={chosen!r} is not writable: paddle-ipu writes a compile's scratch "
+                "files there; point TMPDIR at a writable directory or unset it"
+            )
+        return chosen
     # tmpfs keeps the save/convert round trip in memory.
     shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    try:
+        return tempfile.gettempdir()
+    except OSError as exc:
+        raise WorkDirError(f"no usable directory for temporary files: {exc}") from exc
+
+
+def _check_working_dir() -> None:
+    """A deleted working directory aborts Paddle's native code later on (its library
+    loader); say so while it is still a Python error."""
+    try:
+        os.getcwd()
+    except OSError as exc:
+        try:
+            where = os.readlink("/proc/self/cwd")
+        except OSError:
+            where = "?"
+        raise WorkDirError(
+            f"the working directory {where!r} is missing ({exc.strerror}): change to an "
+            "existing directory before compiling"
+        ) from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_scratch(directory: str) -> list[str]:
+    """Remove the scratch folders in ``directory`` that processes of this user left when
+    they were killed mid-compile (their pid is dead); return their paths."""
+    removed: list[str] = []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _SCRATCH_RE.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or (uid is not None and st.st_uid != uid):
+            continue
+        if _pid_alive(int(match.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+@dataclass
+class _Scratch:
+    """A compile's scratch folder.  The files the converter reads are symlinks to
+    anonymous in-memory files (memfd) of this process: the weights never have a name
+    on any file system, and vanish with the process however it ends."""
+
+    directory: str
+    log_path: str
+    _fds: dict[str, int]
+
+    def size(self, path: str) -> int:
+        fd = self._fds.get(os.path.basename(path))
+        return os.fstat(fd).st_size if fd is not None else os.path.getsize(path)
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[_Scratch]:
+    base = _scratch_dir()
+    remove_stale_scratch(base)
+    try:
+        directory = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}_", dir=base)
+    except OSError as exc:
+        raise WorkDirError(
+            f"cannot create a scratch folder in {base!r} ({exc.strerror or exc}): "
+            "point TMPDIR at a writable directory"
+        ) from None
+    fds: dict[str, int] = {}
+    try:
+        log_path = os.path.join(directory, "convert.log")
+        if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+            for name in ("model.json", "model.pdiparams", "convert.log"):
+                fd = os.memfd_create(f"paddle_ipu_{name}")
+                fds[name] = fd
+                os.symlink(f"/proc/self/fd/{fd}", os.path.join(directory, name))
+            # The converter's forked child inherits the descriptors: /proc/self
+            # resolves in either process.
+            log_path = f"/proc/self/fd/{fds['convert.log']}"
+        yield _Scratch(directory, log_path, fds)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _weight_arrays(weights: Mapping[str, str], scope: Any) -> dict[str, np.ndarray]:
+    """ONNX initializer name -> the parameter's value in the scope, without a copy."""
+    import paddle
+
+    from paddle_ipu.tensor_view import as_numpy
+
+    scope = scope if scope is not None else paddle.static.global_scope()
+    arrays: dict[str, np.ndarray] = {}
+    for onnx_name, paddle_name in weights.items():
+        var = scope.find_var(paddle_name)
+        if var is None or not var.get_tensor()._is_initialized():
+            raise CompileError(
+                f"parameter {paddle_name!r} has no value in the scope (run the startup "
+                "program first)"
+            )
+        arrays[onnx_name] = as_numpy(var.get_tensor(), readonly=True)
+    return arrays
 
 
 def compile_program(
@@ -66,6 +223,8 @@ def compile_program(
             the message names all of them and where they are used.
         CompileError: anything else that stops the lowering, including a crash
             of the converter (which never takes the calling process down).
+        WorkDirError: the working directory is gone, or $TMPDIR (when set) is not
+            a writable directory.
     """
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int):
         raise OptionError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
@@ -79,6 +238,7 @@ def compile_program(
             "the fp16 conversion is done after compiling"
         )
     requested = check_opset(opset)
+    _check_working_dir()
     with _static_mode():
         return _compile(
             program,
@@ -129,20 +289,26 @@ def _compile(
     fg = reader.read(program, list(feed_list), list(fetch_list), scope)
     check_supported(info.use for info in fg.ops)
 
-    with tempfile.TemporaryDirectory(prefix="paddle_ipu_", dir=_scratch_dir()) as tmp:
-        model_path, params_path = fg.write_inference_model(tmp)
+    # The converter gets the weights (it reads the saved parameters) but hands back
+    # the graph only; the weights go into the model once, from the scope, at the end.
+    with _scratch() as scratch:
+        model_path, params_path = fg.write_inference_model(scratch.directory)
+        if params_path and scratch.size(params_path) == 0:
+            params_path = ""  # a program without parameters writes none
         raw = export_onnx(
             model_path,
             params_path,
             requested,
             auto_upgrade=auto_upgrade,
-            log_path=os.path.join(tmp, "convert.log"),
+            log_path=scratch.log_path,
             isolate=isolate,
+            strip=frozenset(fg.parameters),
         )
     try:
         model = onnx.load_from_string(raw)
     except Exception as exc:
         raise CompileError(f"the converter returned an unreadable ONNX model: {exc}") from exc
+    del raw
 
     inputs, outputs, weights, shards = finalize(
         model,
@@ -151,11 +317,22 @@ def _compile(
         manual_shard=enable_manual_shard,
         pipelining=enable_pipelining,
     )
+    emptied = [
+        node.output[0]
+        for node in model.graph.node
+        if node.op_type == "Constant" and node.output and node.output[0] in fg.parameters
+    ]
+    if emptied:
+        raise CompileError(
+            f"parameters {emptied} stayed Constant nodes in the converted graph; "
+            "their values cannot be filled in"
+        )
+    inputs = attach_ranges(program, inputs)  # valid ranges of index feeds (compiler/ranges.py)
     actual_opset = next(
         (int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), requested
     )
     compiled = CompiledModel(
-        onnx=model.SerializeToString(),
+        onnx=serialize_with_weights(model, _weight_arrays(weights, scope)),
         inputs=inputs,
         outputs=outputs,
         weights=weights,

@@ -18,6 +18,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Collection
 from typing import Any
 
 from paddle_ipu.errors import CompileError
@@ -80,23 +81,36 @@ def export_onnx(
     auto_upgrade: bool,
     log_path: str,
     isolate: bool = True,
+    strip: Collection[str] = (),
 ) -> bytes:
     """Convert a saved inference model to ONNX bytes.
 
     ``log_path`` receives the converter's console output; its error lines go into
-    the CompileError when conversion fails.
+    the CompileError when conversion fails.  The values of the parameters named in
+    ``strip`` are left out of the result (see :func:`weights.strip_constants`): the
+    weights stay in the converter's process instead of crossing into this one.
     """
     p2o = _converter()
     args = _export_args(model, params, opset, auto_upgrade)
     if not isolate or not hasattr(os, "fork"):
         try:
-            return bytes(p2o.export(*args))
+            return _stripped(bytes(p2o.export(*args)), strip)
         except BaseException as exc:
             raise CompileError(f"paddle2onnx failed: {exc!r}") from None
-    return _export_in_child(p2o, args, log_path)
+    return _export_in_child(p2o, args, log_path, strip)
 
 
-def _export_in_child(p2o: Any, args: tuple[Any, ...], log_path: str) -> bytes:
+def _stripped(raw: bytes, strip: Collection[str]) -> bytes:
+    if not strip:
+        return raw
+    from paddle_ipu.compiler.weights import strip_constants
+
+    return strip_constants(raw, strip)
+
+
+def _export_in_child(
+    p2o: Any, args: tuple[Any, ...], log_path: str, strip: Collection[str] = ()
+) -> bytes:
     read_fd, write_fd = os.pipe()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -113,7 +127,7 @@ def _export_in_child(p2o: Any, args: tuple[Any, ...], log_path: str) -> bytes:
             # is all the parent needs to see.
             signal.signal(signal.SIGABRT, signal.SIG_DFL)
             try:
-                payload = _OK + bytes(p2o.export(*args))
+                payload = _OK + _stripped(bytes(p2o.export(*args)), strip)
             except BaseException as exc:
                 payload = _ERR + repr(exc).encode("utf-8", "replace")
             _write_all(write_fd, struct.pack("<Q", len(payload)) + payload)

@@ -15,18 +15,40 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class IndexRange:
+    """The values an integer feed may take because an operator indexes with it.
+
+    Valid values are ``low <= v < high``, plus the single values in ``allowed``
+    (an ``ignore_index`` or ``padding_idx`` outside that range).  ``use`` says
+    which operator and operand, for the error message.
+    """
+
+    low: int
+    high: int
+    use: str
+    allowed: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        extra = "".join(f" or {v}" for v in self.allowed)
+        return f"[{self.low}, {self.high}){extra} ({self.use})"
+
+
+@dataclass(frozen=True)
 class TensorSpec:
     """One graph input or output, for one micro-batch on one replica.
 
     ``name`` is the tensor's name in the ONNX graph; ``paddle_name`` is the name
     the user knows it by (the feed name, or the fetch name).  ``shape`` is fully
     static: a ``-1`` batch dimension has been set to ``micro_batch_size``.
+    ``ranges``: for an integer feed that operators index with (labels, ids,
+    gather indices), the ranges its values must lie in; every one must hold.
     """
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     paddle_name: str = ""
+    ranges: tuple[IndexRange, ...] = ()
 
     @property
     def numpy_dtype(self) -> np.dtype:

@@ -1,0 +1,312 @@
+"""Checkpoints: a program's weights and optimizer state in one safetensors file.
+
+``save(compiled_or_program, path)`` writes every persistable variable of the program
+that has a value in the scope -- parameters, optimizer moments, beta powers, the
+learning-rate variable, BatchNorm statistics -- and ``load(program, path)`` puts them
+back.  Unlike ``paddle.static.save`` / ``load``:
+
+- the write is atomic: a temporary file in the same folder, fsync, rename, fsync of
+  the folder.  A process killed at any point leaves the previous checkpoint or the
+  new one at ``path``, never a mixture (nor a file half written);
+- the format is safetensors (a JSON header and raw little-endian arrays): loading
+  runs no code from the file, unlike the pickle inside Paddle's format;
+- ``load`` checks the file against the program before it changes anything: every
+  name, shape and dtype, with a :class:`CheckpointError` naming the variable, what the
+  program expects and what the file holds;
+- the file reads back into any program with the same variables: the IPU-compiled one,
+  or the plain program on Paddle's CPU executor.
+
+Given an :class:`IpuCompiledProgram` (or the program its ``compile()`` returned),
+``save`` first copies the device's weights and optimizer state into the scope
+(``weights_to_host``) and ``load`` sends the loaded values to the device
+(``weights_from_host``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paddle_ipu.errors import CheckpointError
+
+FORMAT = "paddle_ipu.checkpoint"
+FORMAT_VERSION = "1"
+
+# Paddle dtypes whose numpy view has another dtype (bfloat16 reads as uint16).
+_NUMPY_OF = {"bfloat16": "uint16"}
+
+
+@dataclass(frozen=True)
+class _Var:
+    name: str
+    shape: tuple[int, ...]  # -1: any size
+    dtype: str  # Paddle's name: float32, int64, bfloat16, ...
+
+
+def _paddle_dtype_name(dtype: Any) -> str:
+    text = str(dtype)
+    return text.split(".", 1)[1] if text.startswith("paddle.") else text
+
+
+def _resolve(target: Any, scope: Any) -> tuple[Any, Any, Any]:
+    """(program, scope, compiled program or None) from what the caller passed."""
+    import paddle
+
+    from paddle_ipu.program import IpuCompiledProgram
+
+    compiled = None
+    if isinstance(target, IpuCompiledProgram):
+        compiled = target
+    elif isinstance(getattr(target, "ipu_compiled_program", None), IpuCompiledProgram):
+        compiled = target.ipu_compiled_program
+    if compiled is not None:
+        program = compiled._program
+        scope = scope if scope is not None else compiled._scope
+    else:
+        program = target
+        if not isinstance(program, paddle.static.Program):
+            raise CheckpointError(
+                "expected a paddle.static.Program or an IpuCompiledProgram, got "
+                f"{type(target).__name__}"
+            )
+        scope = scope if scope is not None else paddle.static.global_scope()
+    return program, scope, compiled
+
+
+def _persistables(program: Any) -> dict[str, _Var]:
+    out: dict[str, _Var] = {}
+    for value in program.list_vars():
+        if not getattr(value, "persistable", False):
+            continue
+        try:
+            name = str(value.name)
+        except Exception:  # a value without a name cannot be checkpointed by name
+            continue
+        shape = tuple(int(d) for d in value.shape)
+        out[name] = _Var(name, shape, _paddle_dtype_name(value.dtype))
+    return out
+
+
+def _tensor(scope: Any, name: str) -> Any:
+    var = scope.find_var(name)
+    if var is None:
+        return None
+    try:
+        tensor = var.get_tensor()
+    except Exception:  # not a dense tensor (readers, tensor arrays)
+        return None
+    return tensor if tensor._is_initialized() else None
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns a 0-D array (the lr variable) into 1-D.
+    return array if array.flags.c_contiguous else array.copy()
+
+
+def _host_array(tensor: Any) -> np.ndarray:
+    return _contiguous(np.array(tensor))
+
+
+def save(compiled_or_program: Any, path: str | os.PathLike[str], scope: Any = None) -> str:
+    """Write the program's persistable variables that have a value in ``scope``
+    (default: the compiled program's scope, else the global scope) to ``path``,
+    atomically.  Returns the path written."""
+    import paddle_ipu
+
+    program, scope, compiled = _resolve(compiled_or_program, scope)
+    if compiled is not None:
+        compiled.weights_to_host()
+    target = os.fspath(path)
+    arrays: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    for name in sorted(_persistables(program)):
+        tensor = _tensor(scope, name)
+        if tensor is None:
+            continue
+        arrays[name] = _host_array(tensor)
+        dtypes[name] = _paddle_dtype_name(tensor._dtype())
+    if not arrays:
+        raise CheckpointError(
+            f"nothing to save to {target!r}: no persistable variable of the program has a "
+            "value in the scope (run the startup program first)"
+        )
+    metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "paddle_ipu_version": str(getattr(paddle_ipu, "__version__", "")),
+        "dtypes": json.dumps(dtypes, sort_keys=True),
+    }
+    _write_atomically(target, arrays, metadata)
+    return target
+
+
+def _write_atomically(path: str, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    from safetensors.numpy import save as st_save
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        data = st_save(arrays, metadata=metadata)
+    except Exception as exc:
+        raise CheckpointError(f"cannot encode the checkpoint for {path!r}: {exc}") from exc
+    try:
+        # Like paddle.static.save, a missing folder is created.
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
+        )
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot write checkpoint {path!r}: {exc.strerror or exc} ({directory})"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        # The rename replaces a symlink at ``path``, never writes through it.
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CheckpointError(
+                f"cannot write checkpoint {path!r}: {exc.strerror or exc}"
+            ) from None
+        raise
+    with contextlib.suppress(OSError):  # not every file system syncs folders
+        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[Any]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            yield f
+    except CheckpointError:
+        raise
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path!r} does not exist") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path!r}: {exc.strerror or exc}") from None
+    except Exception as exc:  # SafetensorError and friends: a damaged file
+        raise CheckpointError(
+            f"checkpoint {path!r} is not a readable safetensors file ({exc}); it may be "
+            "truncated or corrupt"
+        ) from None
+
+
+def read(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The arrays of a checkpoint and their Paddle dtypes, without a program."""
+    target = os.fspath(path)
+    with _reading(target) as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(
+                f"{target!r} is a safetensors file but not a paddle-ipu checkpoint "
+                f"(format {meta.get('format')!r}, expected {FORMAT!r})"
+            )
+        try:
+            dtypes = dict(json.loads(meta.get("dtypes", "{}")))
+        except ValueError as exc:
+            raise CheckpointError(f"checkpoint {target!r} has a damaged header: {exc}") from None
+        try:
+            names = list(f.keys())  # a safetensors handle, not a dict
+            arrays = {name: f.get_tensor(name) for name in names}
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {target!r} is truncated or corrupt: {exc}") from None
+    if set(dtypes) != set(arrays):
+        raise CheckpointError(
+            f"checkpoint {target!r} is inconsistent: its header lists dtypes for "
+            f"{sorted(set(dtypes) ^ set(arrays))} but not their values (or the reverse)"
+        )
+    return arrays, dtypes
+
+
+def load(
+    compiled_or_program: Any,
+    path: str | os.PathLike[str],
+    scope: Any = None,
+    *,
+    strict: bool = True,
+) -> list[str]:
+    """Load a checkpoint written by :func:`save` into ``scope`` (default: the compiled
+    program's scope, else the global scope).  Returns the names loaded.
+
+    Every variable in the file must be a persistable of the program with the same
+    shape and dtype, and (``strict``) every persistable of the program that already
+    has a value in the scope must be in the file; nothing is written unless all of
+    them check out.  Each tensor keeps its place (CPU or ipu)."""
+    program, scope, compiled = _resolve(compiled_or_program, scope)
+    target = os.fspath(path)
+    arrays, dtypes = read(target)
+    expected = _persistables(program)
+    for name in sorted(arrays):
+        var = expected.get(name)
+        if var is None:
+            if strict:
+                raise CheckpointError(
+                    f"checkpoint {target!r}: variable {name!r} is not a persistable variable "
+                    "of the program (load with strict=False to skip such variables)"
+                )
+            continue
+        got = tuple(arrays[name].shape)
+        if len(got) != len(var.shape) or any(e >= 0 and e != g for e, g in zip(var.shape, got)):
+            raise CheckpointError(
+                f"checkpoint {target!r}: variable {name!r} has shape {list(got)}, the "
+                f"program expects {list(var.shape)}"
+            )
+        if dtypes[name] != var.dtype:
+            raise CheckpointError(
+                f"checkpoint {target!r}: variable {name!r} has dtype {dtypes[name]}, the "
+                f"program expects {var.dtype}"
+            )
+        numpy_dtype = np.dtype(_NUMPY_OF.get(var.dtype, var.dtype))
+        if arrays[name].dtype != numpy_dtype:
+            raise CheckpointError(
+                f"checkpoint {target!r}: variable {name!r} holds {arrays[name].dtype} data "
+                f"for dtype {dtypes[name]}"
+            )
+    if strict:
+        missing = sorted(
+            name for name in expected if name not in arrays and _tensor(scope, name) is not None
+        )
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {target!r} lacks variables of the program: {missing} (load "
+                "with strict=False to keep their current values)"
+            )
+    loaded = [name for name in sorted(arrays) if name in expected]
+    for name in loaded:
+        _set(scope, name, arrays[name])
+    if compiled is not None:
+        compiled.weights_from_host()
+    return loaded
+
+
+def _set(scope: Any, name: str, array: np.ndarray) -> None:
+    import paddle
+
+    tensor = _tensor(scope, name)
+    place: Any = paddle.CPUPlace()
+    if tensor is not None:
+        current = tensor._place()
+        if current.is_custom_place():
+            place = paddle.CustomPlace(current.custom_device_type(), current.custom_device_id())
+        elif not current.is_cpu_place():
+            place = current
+    else:
+        tensor = scope.var(name).get_tensor()
+    tensor.set(_contiguous(array), place)
