@@ -26,6 +26,7 @@ import difflib
 import importlib.util
 import math
 import numbers
+import threading
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -52,6 +53,11 @@ OptionType = Literal["bool", "uint64", "double", "string", "vector", "map", "cal
 HostSupport = Literal["honoured", "ignored", "unsupported"]
 
 _UINT64_MAX = 2**64 - 1
+# Limits of the APIs some options end in: ONNX Runtime's seed is an int64 and its thread
+# count a C int; the serving worker waits with threading, which refuses longer waits.
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+_TIMEOUT_MAX_MS = float(threading.TIMEOUT_MAX) * 1000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,13 +207,15 @@ _add("tiles_per_ipu", "uint64", 4, "ignored",
      host_note="no tiles to simulate")
 _add("random_seed", "uint64", None, "honoured",
      "Seed of the device's random ops (dropout, random_*); None leaves it unset.", _N,
-     nullable=True)
+     nullable=True, maximum=_INT64_MAX)
 _add("available_memory_proportion", "double", 0.0, "ignored",
      "Share of tile memory for matmul/conv temporaries, in [0, 1]; 0 keeps the default.",
      _N, minimum=0.0, maximum=1.0, host_note="memory planning only")
-_add("loss_scaling", "double", 1.0, "honoured",
+_add("loss_scaling", "double", 1.0, "ignored",
      "Static loss scaling: the loss is multiplied and the gradients divided by it.", _N,
-     minimum=0.0, minimum_exclusive=True)
+     minimum=0.0, minimum_exclusive=True,
+     host_note="the host computes gradients in float32, where the scaling cancels out; "
+     "it is not applied")
 _add("max_weight_norm", "double", 65504.0, "unsupported",
      "Upper bound of the weight norm in Lamb's trust ratio.", _N, minimum=0.0,
      host_note="the host's Lamb follows Paddle's kernel, which has no such bound")
@@ -233,7 +241,7 @@ _add("num_buffers", "uint64", 10, "honoured",
      "Model runtime: micro-batches in flight before a submit blocks.", _N, minimum=1)
 _add("timeout_ms", "double", 0.0, "honoured",
      "Model runtime: flush a partial micro-batch after this many ms; 0: no auto-batching.",
-     _N, minimum=0.0)
+     _N, minimum=0.0, maximum=_TIMEOUT_MAX_MS)
 _add("custom_ops", "vector", (), "unsupported",
      'Paddle ops lowered to PopART custom ops (add_custom_op, {"custom_op": {...}}).', _N,
      host_note="PopART custom ops exist only on the IPU")
@@ -254,7 +262,7 @@ _add("backend", "string", "auto", "honoured",
      '"popart" (Poplar SDK), "host" (emulated IPU on the CPU) or "auto" (popart when '
      "the SDK is importable, else host).", _P, choices=("auto", "host", "popart"))
 _add("host_num_threads", "uint64", 0, "honoured",
-     "Threads of the host backend; 0 uses all cores.", _P)
+     "Threads of the host backend; 0 uses all cores.", _P, maximum=_INT32_MAX)
 _add("anchor_return_type", "string", "ALL", "honoured",
      "What a run returns per fetch: ALL (every step), FINAL (last step), SUM (sum over "
      "steps) or EVERYN (every anchor_return_period-th step).", _P,
@@ -578,16 +586,32 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not _is_bool(value)
 
 
+def _bound(value: float) -> str:
+    # Integer bounds exactly (2**63 - 1 must not read as 9.22337e+18).
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _range_text(spec: OptionSpec, prefix: str = "") -> str:
+    """The valid range of ``spec`` as text ("in [0, 1]", ">= 1"), or "" without one."""
+    low, high = spec.minimum, spec.maximum
+    if low is not None and high is not None:
+        opening = "(" if spec.minimum_exclusive else "["
+        return f"{prefix}in {opening}{_bound(low)}, {_bound(high)}]"
+    if low is not None:
+        return f"{prefix}{'>' if spec.minimum_exclusive else '>='} {_bound(low)}"
+    if high is not None:
+        return f"{prefix}<= {_bound(high)}"
+    return ""
+
+
 def _check_range(spec: OptionSpec, value: float) -> None:
     low, high = spec.minimum, spec.maximum
     too_low = low is not None and (value <= low if spec.minimum_exclusive else value < low)
     if too_low or (high is not None and value > high):
-        if low is not None and high is not None:
-            valid = f"in [{low:g}, {high:g}]"
-        elif low is not None:
-            valid = f"{'>' if spec.minimum_exclusive else '>='} {low:g}"
-        else:
-            valid = f"<= {high:g}"
+        valid = _range_text(spec)
+        if too_low and low is not None and high is not None:
+            # Name the bound that was crossed first, then the whole range.
+            valid = f"{'>' if spec.minimum_exclusive else '>='} {_bound(low)}, i.e. {valid}"
         raise OptionError(f"IpuStrategy option {spec.name!r} must be {valid}, got {value!r}")
 
 
@@ -628,8 +652,14 @@ def _coerce_double(spec: OptionSpec, value: Any) -> float:
     if not isinstance(value, numbers.Real) or _is_bool(value):
         raise _type_error(spec.name, "a float", value)
     number = float(value)
-    if math.isnan(number):
-        raise OptionError(f"IpuStrategy option {spec.name!r} got NaN")
+    if not math.isfinite(number):
+        # No double option has a meaning for NaN or an infinity: an infinite timeout_ms
+        # or lr would only fail later, inside a run or the serving worker.
+        received = "NaN" if math.isnan(number) else repr(number)
+        raise OptionError(
+            f"IpuStrategy option {spec.name!r} expects a finite float"
+            f"{_range_text(spec, prefix=' ')}, got {received}"
+        )
     _check_range(spec, number)
     return number
 

@@ -110,6 +110,10 @@ def next_power_of_two(n: int) -> int:
 # --------------------------------------------------------------------------- optimizer
 
 
+# The largest float32: a weight-norm bound that never applies.
+_NO_WEIGHT_NORM_BOUND = 3.4028234663852886e38
+
+
 def _accl_type(popart: Any, value: Any, default: Any) -> Any:
     if value is None or value == "":
         return default
@@ -192,17 +196,34 @@ def to_popart_optimizer(
             raise NotSupportedError(
                 f"decoupled weight decay with {kind} has no PopART SGD equivalent"
             )
+        # Paddle's sgd and momentum kernels have neither dampening nor velocity scaling;
+        # PopART's dampening scales the gradient even without momentum (its SGD0
+        # update is w -= lr * (1 - dm) * (g + wd * w)), so it is set in both cases.
+        values["defaultDampening"] = (0.0, True)
+        values["defaultVelocityScaling"] = (1.0, True)
+        # PopART's SGD adds the decay to the gradient, as Paddle's L2 regularizer does.
         if kind == "momentum" and cfg.momentum:
             values["defaultMomentum"] = (float(cfg.momentum), True)
-            # Paddle's momentum has neither dampening nor velocity scaling.
-            values["defaultDampening"] = (0.0, True)
-            values["defaultVelocityScaling"] = (1.0, True)
-        # PopART's SGD adds the decay to the gradient, as Paddle's L2 regularizer does.
-        opt = popart.SGD(values, clip)
+            # Separate keeps Paddle's velocity as it is in Accl1___<w>.  The default,
+            # Combined, stores in Accl___<w> the next step's precomputed
+            # "v * mm / rf + wd * vs * w" (PopART's sgd.hpp), which is not Paddle's
+            # velocity: weights_to_host and a resumed checkpoint would be wrong.
+            opt = popart.SGD(
+                values,
+                clip,
+                accumulatorAndMomentum=popart.SGDAccumulatorAndMomentum.Separate,
+                accl1Type=_accl_type(popart, cfg.accl1_type, popart.DataType.UNDEFINED),
+            )
+        else:
+            opt = popart.SGD(values, clip)
     elif kind in ("adam", "adamw", "adamax", "lamb"):
         values["defaultBeta1"] = (float(cfg.beta1), True)
         values["defaultBeta2"] = (float(cfg.beta2), True)
         values["defaultEps"] = (float(cfg.epsilon), True)
+        if kind == "lamb":
+            # Paddle's lamb kernel does not bound the weight norm of its trust ratio;
+            # PopART's Lamb bounds it by maxWeightNorm, 10 when unset (adam.hpp).
+            values["maxWeightNorm"] = (_NO_WEIGHT_NORM_BOUND, True)
         mode = {
             "adam": popart.AdamMode.Adam,
             "adamw": popart.AdamMode.Adam,

@@ -107,7 +107,10 @@ class StateName:
 
 _STATE_TABLE: dict[str, tuple[StateName, ...]] = {
     "sgd": (),
-    "momentum": (StateName("velocity", "_velocity", "Accl___"),),
+    # PopART's SGD with SGDAccumulatorAndMomentum.Separate (what the popart backend
+    # builds) keeps the velocity in Accl1___; Accl___ is the Combined form's tensor,
+    # which holds a precomputed mix of velocity and weight instead.
+    "momentum": (StateName("velocity", "_velocity", "Accl1___"),),
     "adam": (
         StateName("moment1", "_moment1", "Accl1___"),
         StateName("moment2", "_moment2", "Accl2___"),

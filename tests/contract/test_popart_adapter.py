@@ -92,6 +92,10 @@ def make_fake_popart(sdk: FakeSDK) -> types.ModuleType:
         LambNoBias = 3
         AdaMax = 4
 
+    class SGDAccumulatorAndMomentum(enum.Enum):
+        Combined = 0
+        Separate = 1
+
     class AdaptiveMode(enum.Enum):
         AdaGrad = 0
         RMSProp = 1
@@ -334,7 +338,8 @@ def make_fake_popart(sdk: FakeSDK) -> types.ModuleType:
 
     for obj in (
         ReductionType, MeanReductionStrategy, VirtualGraphMode, DataType, AdamMode,
-        AdaptiveMode, WeightDecayMode, AnchorReturnType, DataFlow, SessionOptions,
+        AdaptiveMode, SGDAccumulatorAndMomentum, WeightDecayMode, AnchorReturnType, DataFlow,
+        SessionOptions,
         DeviceManager, PyStepIO, PyWeightsIO, Optimizer, SGD, Adam, Adaptive,
         ClipNormSettings, Patterns, InferenceSession, TrainingSession,
     ):  # fmt: skip
