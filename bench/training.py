@@ -10,6 +10,10 @@ For an MLP and a small CNN (with BatchNorm), both trained with Adam, the median 
 Rows: af=1 rf=1 (ratio = ipu step / cpu step, target <= 1.3), and af=4 and rf=2, where the
 ratio is per micro-batch (ipu step / (af * rf)) against one CPU step of one micro-batch.
 
+A second table times the plain program (no IpuCompiledProgram) run by ``exe.run`` on the
+"ipu" place, which compiles it implicitly and keeps the scope's weights current after
+every step, against the same program on the CPU (target: ratio <= 1.0).
+
     python bench/training.py [--repeat 200] [--batch 16] [--threads 1]
 """
 
@@ -129,6 +133,31 @@ def bench_model(kind: str, batch: int, repeat: int, configs: list[tuple[int, int
     return rows
 
 
+def bench_implicit(kind: str, batch: int, repeat: int) -> str:
+    """One step of the plain program on the ipu place against the CPU."""
+    import paddle
+
+    import paddle_ipu  # noqa: F401 - routes exe.run on the ipu place
+
+    rng = np.random.default_rng(0)
+    cpu_main, cpu_scope, cpu_loss, feeds = build(kind)
+    main, scope, loss, _ = build(kind)
+    feed = make_feed(feeds, (batch,), rng)
+    cpu = paddle.static.Executor(paddle.CPUPlace())
+    ipu = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
+
+    def cpu_step() -> object:
+        with paddle.static.scope_guard(cpu_scope):
+            return cpu.run(cpu_main, feed=feed, fetch_list=[cpu_loss])
+
+    def ipu_step() -> object:
+        with paddle.static.scope_guard(scope):
+            return ipu.run(main, feed=feed, fetch_list=[loss])
+
+    ipu_ms, cpu_ms = paired_median_ms(ipu_step, cpu_step, repeat)
+    return f"| {kind} | {batch} | {ipu_ms:.3f} | {cpu_ms:.3f} | {ipu_ms / cpu_ms:.2f}x |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200)
@@ -150,6 +179,12 @@ def main() -> None:
         for row in bench_model(kind, args.batch, args.repeat, [(1, 1), (4, 1), (1, 2)]):
             print(row, flush=True)
     print("ratio: ipu ms per micro-batch / cpu ms per step (target <= 1.3 at af=1 rf=1)")
+    print()
+    print("| model (plain program) | batch | ipu-place exe.run ms | cpu exe.run ms | ratio |")
+    print("|---|---|---|---|---|")
+    for kind in args.models.split(","):
+        print(bench_implicit(kind, args.batch, args.repeat), flush=True)
+    print("ratio: plain program on the ipu place / on the CPU (target <= 1.0)")
 
 
 if __name__ == "__main__":

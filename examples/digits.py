@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import paddle
@@ -56,6 +57,14 @@ def build() -> tuple[object, object, object, object, object]:
     return main, startup, x, prob, loss
 
 
+def copy_scope(source: Any, target: Any) -> None:
+    """Copy every initialised tensor of ``source`` into ``target`` on the CPU."""
+    for name in source.local_var_names():
+        tensor = source.find_var(name).get_tensor()
+        if tensor._is_initialized():
+            target.var(name).get_tensor().set(np.array(tensor), paddle.CPUPlace())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
@@ -79,10 +88,7 @@ def main() -> None:
     ipu_scope, cpu_scope = paddle.static.Scope(), paddle.static.Scope()
     with paddle.static.scope_guard(ipu_scope):
         ipu.run(startup)
-    for name in ipu_scope.local_var_names():
-        tensor = ipu_scope.find_var(name).get_tensor()
-        if tensor._is_initialized():
-            cpu_scope.var(name).get_tensor().set(np.array(tensor), paddle.CPUPlace())
+    copy_scope(ipu_scope, cpu_scope)
 
     bps = args.steps_per_run
     strategy = paddle_ipu.IpuStrategy()
@@ -129,8 +135,11 @@ def main() -> None:
         f"the first 20 steps, {diff.max():.1e} over all"
     )
 
-    # Weights back from the device into the scope, then serve the trained model.
+    # Weights back from the device into the scope (they stay on the ipu place), then
+    # serve the trained model.  Paddle's CPU executor, the reference, reads a CPU copy.
     trainer.weights_to_host()
+    reference_scope = paddle.static.Scope()
+    copy_scope(ipu_scope, reference_scope)
     with paddle.static.scope_guard(ipu_scope):
         # The inference program for the CPU: pruned to the prediction, batch norm
         # in test mode.  The IPU compiler does the same from the training program.
@@ -157,7 +166,8 @@ def main() -> None:
         ipu_probs, ipu_s = timed(
             lambda b: ipu.run(compiled, feed={"image": b}, fetch_list=compiled.fetch_names)[0]
         )
-        cpu_probs, cpu_s = timed(lambda b: cpu.run(infer_prog, feed={"image": b})[0])
+        with paddle.static.scope_guard(reference_scope):
+            cpu_probs, cpu_s = timed(lambda b: cpu.run(infer_prog, feed={"image": b})[0])
 
     labels = y_test[:n]
     acc_ipu = float((ipu_probs.argmax(1) == labels).mean())

@@ -22,6 +22,7 @@ from paddle_ipu.errors import (
     CompileError,
     DeviceError,
     FeedError,
+    FetchError,
     IpuError,
     NotSupportedError,
     OptionError,
@@ -32,6 +33,11 @@ from paddle_ipu.errors import (
 # The compiled core (a module mypy cannot see into) records the Paddle it was built with.
 _core = importlib.import_module("paddle_ipu._core")
 check_paddle_version(_paddle.__version__, _core.paddle_version)
+
+# exe.run of compiled programs, and of plain programs on the ipu place (see
+# paddle_ipu._patch; paddle_ipu._patch.uninstall() undoes it).
+_patch = importlib.import_module("paddle_ipu._patch")
+_patch.install()
 
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.
@@ -63,6 +69,7 @@ __all__ = [
     "CompileError",
     "DeviceError",
     "FeedError",
+    "FetchError",
     "IpuError",
     "NotSupportedError",
     "OptionError",

@@ -8,6 +8,8 @@ works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the 
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from paddle_ipu.compiler.model import CompiledModel
-from paddle_ipu.errors import CompileError, OptionError
+from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClosedError
 from paddle_ipu.executor import Executor
 
 if TYPE_CHECKING:
@@ -54,6 +56,8 @@ class IpuCompiledProgram:
         #: the model runtime (serving), when enable_model_runtime_executor is set
         self.runtime: ModelRuntime | None = None
         self._fetch_ids: dict[Any, int] = {}
+        #: serialises runs that go through Paddle's executor (PADDLE_IPU_DIRECT_RUN=0)
+        self.paddle_run_lock = threading.Lock()
 
     @property
     def strategy(self) -> Any:
@@ -64,10 +68,18 @@ class IpuCompiledProgram:
 
         ``feed_list``: feed names or data Values; ``fetch_list``: Values or names.
         The returned program has attributes ``org_program``, ``fetch_names`` and
-        ``ipu_compiled_program`` (this object).
+        ``ipu_compiled_program`` (this object).  Compiles are serialised process-wide
+        (Paddle's static-graph state is not thread-safe); compiling again closes the
+        previous executor and releases its device.
         """
-        from paddle_ipu.compiler import compile_program
+        from paddle_ipu.compiler.compile import _static_mode
 
+        # A program can be compiled from dygraph mode too (Paddle's static-graph
+        # APIs, which building the runnable program uses, assert otherwise).
+        with _compile_lock, _static_mode():
+            return self._compile(feed_list, fetch_list)
+
+    def _compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:
         s = self._strategy
         s.validate()
         serving = bool(s.get("enable_model_runtime_executor"))
@@ -77,57 +89,35 @@ class IpuCompiledProgram:
                 "is_training=False, or unset enable_model_runtime_executor to train"
             )
         self.close_runtime()
+        if self.executor is not None:
+            self.executor.reset()
+            self.executor = None
+            self.model = None
         progress = _progress_reporter(
             s.get("compilation_progress_logger"), int(s.get("compilation_progress_total"))
         )
-        progress(0)
         if isinstance(feed_list, (str, bytes)) or not isinstance(feed_list, Sequence):
             feed_list = [feed_list]
         if not isinstance(fetch_list, Sequence) or isinstance(fetch_list, (str, bytes)):
             fetch_list = [fetch_list]
-        model = compile_program(
-            self._program,
-            list(feed_list),
-            list(fetch_list),
-            scope=self._scope,
-            micro_batch_size=int(s.micro_batch_size),
-            enable_manual_shard=bool(s.enable_manual_shard),
-            enable_pipelining=bool(s.enable_pipelining),
-            onnx_dump_path=str(s.get("onnx_dump_path") or ""),
+        executor = compile_executor(
+            self._program, self._scope, s, list(feed_list), list(fetch_list), progress
         )
-        progress(40)
-        if s.is_training:
-            from paddle_ipu.compiler.training import attach_training
-
-            model = attach_training(
-                model,
-                self._program,
-                list(fetch_list),
-                scope=self._scope,
-                loss_scaling=float(s.get("loss_scaling")),
-            )
         # Fetches given as Values of the original program can be fetched by that
         # Value from the compiled one too.
         self._fetch_ids = {
             _value_id(item): i for i, item in enumerate(fetch_list) if not isinstance(item, str)
         }
-        executor = Executor(
-            model, s, self._scope, lr_scheduler=getattr(self._program, "lr_scheduler", None)
-        )
-        progress(60)
-        executor.prepare()
-        progress(90)
-        self.model = model
+        self.model = executor.model
         self.executor = executor
         if serving and not executor.compile_only:
             from paddle_ipu.runtime import ModelRuntime
 
             self.runtime = ModelRuntime(executor)
         shapes = self.runtime.request_shapes() if self.runtime is not None else None
-        prog = build_runtime_program(executor, run=self.run, shapes=shapes)
+        prog = build_runtime_program(self, shapes=shapes)
         prog.org_program = self._program
         prog.ipu_compiled_program = self
-        install_executor_hook()
         progress(100)
         return prog
 
@@ -152,11 +142,48 @@ class IpuCompiledProgram:
         """Write the compiled ONNX model."""
         self._require().model.save_model_proto(path)
 
+    def save(self, path: str) -> str:
+        """Checkpoint weights and optimizer state: copied from the device to the
+        scope, then written atomically as safetensors (see :mod:`paddle_ipu.checkpoint`).
+        Returns the path written."""
+        from paddle_ipu import checkpoint
+
+        return checkpoint.save(self, path)
+
+    def load(self, path: str) -> None:
+        """Load a checkpoint written by :meth:`save` (or :func:`paddle_ipu.checkpoint.save`)
+        into the scope, checking every name, shape and dtype first, then copy it to the
+        device."""
+        from paddle_ipu import checkpoint
+
+        checkpoint.load(self, path)
+
     def reset(self) -> None:
         """Release the device (after the model runtime answered its queued requests)."""
         self.close_runtime()
         if self.executor is not None:
             self.executor.reset()
+
+    def _request_runtime(self) -> ModelRuntime | None:
+        """The model runtime a request goes to.  While a compile() is under way (it
+        holds the compile lock, and has closed the old runtime) a request waits for
+        it and goes to the new runtime, instead of reaching an executor that checks
+        it against other shapes.  RuntimeClosedError after close_runtime()."""
+        runtime = self.runtime
+        if runtime is not None and not runtime.closed:
+            return runtime
+        if not self._strategy.get("enable_model_runtime_executor"):
+            return runtime
+        with _compile_lock:
+            runtime, executor = self.runtime, self.executor
+        if runtime is not None or executor is None or executor.released:
+            return runtime  # None: the executor's own error (not compiled, reset)
+        if executor.compile_only:
+            return None
+        raise RuntimeClosedError(
+            "the model runtime of this program was closed (close_runtime()): call "
+            "compile() again to serve requests"
+        )
 
     def close_runtime(self, cancel: bool = False) -> None:
         """Stop the model runtime, if any (see :meth:`ModelRuntime.close`)."""
@@ -167,14 +194,26 @@ class IpuCompiledProgram:
     def run(self, feed: dict[str, Any]) -> list[np.ndarray]:
         """The executor's own numpy-in / numpy-out API (no Paddle executor); through
         the model runtime when it is on."""
-        runtime = self.runtime
-        if runtime is not None:
+        runtime = self._request_runtime()
+        if runtime is None:
+            return self._require().run(feed)
+        try:
             return runtime.run(feed)
-        return self._require().run(feed)
+        except RuntimeClosedError:
+            # Closed before the request was admitted (a recompile began): the
+            # request never ran; take it to the runtime of the new compile.
+            runtime = self._request_runtime()
+            if runtime is None:
+                return self._require().run(feed)
+            return runtime.run(feed)
 
     def submit(self, feed: dict[str, Any]) -> Future[list[np.ndarray]]:
         """Queue one request on the model runtime; a future of its outputs."""
-        runtime = self.runtime
+        runtime = self._request_runtime()
+        if runtime is not None and runtime.closed:  # closed after the check: once more
+            runtime = self._request_runtime()
+        if runtime is None and self.executor is not None and self.executor.released:
+            self.executor._require_session()  # raises: reset, compile again
         if runtime is None:
             raise OptionError(
                 "submit() needs the model runtime: set enable_model_runtime_executor=True "
@@ -182,27 +221,106 @@ class IpuCompiledProgram:
             )
         return runtime.submit(feed)
 
-    def fetch_index(self, fetch_list: Any) -> list[int] | None:
+    def fetchable(self) -> list[str]:
+        """The names the compiled program can be fetched by (its outputs)."""
+        outputs = self._require().model.outputs
+        return [spec.paddle_name or spec.name for spec in outputs]
+
+    def fetch_index(self, fetch_list: Any) -> list[int]:
         """Positions of ``fetch_list`` among the compiled outputs (names, or the
-        original program's Values), or None when an item is not one of them."""
+        original program's Values); FetchError for an item that is not one of them.
+        ``None`` (or nothing) fetches every output."""
         executor = self._require()
         outputs = executor.model.outputs
         if fetch_list is None:
             return list(range(len(outputs)))
-        items = fetch_list if isinstance(fetch_list, (list, tuple)) else [fetch_list]
-        names = [spec.paddle_name or spec.name for spec in outputs]
+        items = list(fetch_list) if isinstance(fetch_list, (list, tuple)) else [fetch_list]
+        if not items:
+            return list(range(len(outputs)))
+        names = self.fetchable()
         index = []
         for item in items:
             if isinstance(item, str):
                 if item not in names:
-                    return None
+                    raise FetchError(
+                        f"fetch {item!r} is not an output of the compiled program; it can "
+                        f"fetch {names} (compile with the value in fetch_list to fetch it)"
+                    )
                 index.append(names.index(item))
-            else:
-                position = self._fetch_ids.get(_value_id(item))
-                if position is None:
-                    return None
-                index.append(position)
+                continue
+            position = self._fetch_ids.get(_value_id(item))
+            if position is None:
+                raise FetchError(
+                    f"fetch {_describe_value(item)} was not compiled: the compiled program "
+                    f"can fetch {names} (by these names, or by the Values given to "
+                    "compile()); add it to compile()'s fetch_list to fetch it"
+                )
+            index.append(position)
         return index
+
+    def fetch_names_for(self, index: Sequence[int]) -> list[str]:
+        names = self.fetchable()
+        return [names[i] for i in index]
+
+
+def _describe_value(value: Any) -> str:
+    try:
+        if value.has_name:
+            return repr(str(value.name))
+    except Exception:
+        pass
+    try:
+        op = value.get_defining_op()
+        return f"<{op.name()} output {value.index()}, shape {list(value.shape)}>"
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+_compile_lock = threading.RLock()
+
+
+def compile_executor(
+    program: Any,
+    scope: Any,
+    strategy: Any,
+    feed_list: list[Any],
+    fetch_list: list[Any],
+    progress: Callable[[int], None] | None = None,
+) -> Executor:
+    """Compile ``program`` for ``strategy`` and prepare an executor over it (the
+    part of a compile that IpuCompiledProgram and implicit compiles share)."""
+    from paddle_ipu.compiler import compile_program
+
+    report = progress or (lambda _percent: None)
+    s = strategy
+    with _compile_lock:
+        report(0)
+        model = compile_program(
+            program,
+            feed_list,
+            fetch_list,
+            scope=scope,
+            micro_batch_size=int(s.micro_batch_size),
+            enable_manual_shard=bool(s.enable_manual_shard),
+            enable_pipelining=bool(s.enable_pipelining),
+            onnx_dump_path=str(s.get("onnx_dump_path") or ""),
+        )
+        report(40)
+        if s.is_training:
+            from paddle_ipu.compiler.training import attach_training
+
+            model = attach_training(
+                model,
+                program,
+                fetch_list,
+                scope=scope,
+                loss_scaling=float(s.get("loss_scaling")),
+            )
+        executor = Executor(model, s, scope, lr_scheduler=getattr(program, "lr_scheduler", None))
+        report(60)
+        executor.prepare()
+        report(90)
+        return executor
 
 
 _inference_primed = False
@@ -231,7 +349,8 @@ def _prime_paddle_inference() -> None:
         import paddle.inference as pi
 
         scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        with tempfile.TemporaryDirectory(prefix="paddle_ipu_", dir=scratch) as tmp:
+        # The pid in the name lets a later compile remove it if this process is killed.
+        with tempfile.TemporaryDirectory(prefix=f"paddle_ipu_{os.getpid()}_", dir=scratch) as tmp:
             prog, startup = paddle.static.Program(), paddle.static.Program()
             with paddle.static.program_guard(prog, startup):
                 x = paddle.static.data("x", [1], "float32")
@@ -249,23 +368,26 @@ def _prime_paddle_inference() -> None:
 
 
 def build_runtime_program(
-    executor: Executor,
-    run: Callable[[dict[str, Any]], list[np.ndarray]] | None = None,
+    compiled: IpuCompiledProgram,
     shapes: tuple[list[list[int]], list[list[int]]] | None = None,
 ) -> Any:
     """A PIR program: data ops -> one ipu_runtime op -> fetch ops.
 
-    ``run`` runs the op (default: ``executor.run``); ``shapes``: the feed and fetch
-    shapes of one request (default: the step layout's), -1 for any size."""
+    The op runs ``compiled.run``; ``shapes``: the feed and fetch shapes of one
+    request (default: the step layout's), -1 for any size.  Paddle keeps a
+    registered op's function for the life of the process, so the function holds
+    the compiled program only weakly: the returned program holds it strongly (its
+    ``ipu_compiled_program``), and dropping both releases the executor."""
     import paddle
     from paddle.static import MetaTensor, register_op
 
     _prime_paddle_inference()
 
+    executor = compiled._require()
     model = executor.model
     layout = executor.layout
     config = executor.session_config()
-    run_graph = run if run is not None else executor.run
+    compiled_ref = weakref.ref(compiled)
     feed_names = [spec.paddle_name or spec.name for spec in model.inputs]
     out_meta: list[tuple[list[int], str]] = []
     fetch_names: list[str] = []
@@ -289,14 +411,20 @@ def build_runtime_program(
         return metas[0] if len(metas) == 1 else tuple(metas)
 
     def ipu_runtime(*tensors: Any) -> Any:
-        executor.last_error = None
+        owner = compiled_ref()
+        if owner is None or owner.executor is None:
+            raise CompileError(
+                "this ipu_runtime op's IpuCompiledProgram was released or reset: compile again"
+            )
+        current = owner.executor
+        current.last_error = None
         try:
             feed = {name: _host_array(t) for name, t in zip(feed_names, tensors)}
-            outs = run_graph(feed)
+            outs = owner.run(feed)
         except Exception as exc:
             # Paddle turns any exception of a Python op into a SystemError; keep
             # ours so that the executor hook can raise it as it was.
-            executor.last_error = exc
+            current.last_error = exc
             raise
         result = [paddle.to_tensor(o) for o in outs]
         return result[0] if len(result) == 1 else tuple(result)
@@ -376,73 +504,3 @@ def _positional(fn: Any, n: int) -> Any:
     namespace: dict[str, Any] = {"_fn": fn}
     exec(f"def ipu_runtime({params}):\n    return _fn({params})\n", namespace)
     return namespace["ipu_runtime"]
-
-
-# -- exe.run of a compiled program ---------------------------------------------
-#
-# Paddle's executor runs the ipu_runtime op like any Python op: it adds a fixed
-# cost of about 0.3 ms per call (more on the ipu place), and it turns every
-# exception the op raises into a bare SystemError.  The hook below sends
-# exe.run of a program compiled here straight to its IPU executor -- the same
-# code the op runs -- and, when the program does go through Paddle's executor
-# (PADDLE_IPU_DIRECT_RUN=0, or arguments only Paddle understands), re-raises the
-# op's own exception.
-
-_hook_installed = False
-
-
-def _direct_run_enabled() -> bool:
-    import os
-
-    return os.environ.get("PADDLE_IPU_DIRECT_RUN", "1").strip().lower() not in (
-        "0",
-        "false",
-        "no",
-        "off",
-    )
-
-
-def install_executor_hook() -> None:
-    """Route ``paddle.static.Executor.run`` of compiled IPU programs (idempotent)."""
-    global _hook_installed
-    if _hook_installed:
-        return
-    import functools
-
-    import paddle
-
-    original = paddle.static.Executor.run
-
-    @functools.wraps(original)
-    def run(
-        self: Any,
-        program: Any = None,
-        feed: Any = None,
-        fetch_list: Any = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        compiled = getattr(program, "ipu_compiled_program", None) if program is not None else None
-        if compiled is None:
-            return original(self, program, feed, fetch_list, *args, **kwargs)
-        simple = not args and kwargs.get("return_numpy", True) and kwargs.get("scope") is None
-        if simple and _direct_run_enabled():
-            index = compiled.fetch_index(fetch_list)
-            if index is not None:
-                outs = compiled.run(dict(feed or {}))
-                return [outs[i] for i in index]
-        executor = compiled.executor
-        # Paddle's executor fails on unknown or missing feeds with its own
-        # errors before the op runs: check the names first.
-        executor.check_feed_names(feed or {})
-        try:
-            return original(self, program, feed, fetch_list, *args, **kwargs)
-        except SystemError as exc:
-            error = getattr(executor, "last_error", None)
-            if error is not None:
-                executor.last_error = None
-                raise error from exc
-            raise
-
-    paddle.static.Executor.run = run  # type: ignore[method-assign]
-    _hook_installed = True

@@ -12,11 +12,13 @@ from paddle_ipu import device
 
 
 def test_plugin_registered_without_importing_paddle_ipu() -> None:
+    # The import hook (which loads paddle_ipu after paddle) is off: the plugin alone.
     proc = run_python(
         "import sys, paddle\n"
         "assert 'paddle_ipu' not in sys.modules\n"
         "print(paddle.device.get_all_custom_device_type())\n"
-        "paddle.set_device('ipu'); print(paddle.get_device())\n"
+        "paddle.set_device('ipu'); print(paddle.get_device())\n",
+        env={"PADDLE_IPU_AUTOLOAD": "0"},
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -127,10 +129,29 @@ def test_import_refuses_other_paddle_version() -> None:
         "try:\n"
         "    import paddle_ipu\n"
         "except ImportError as e:\n"
-        "    print(type(e).__name__, e)\n"
+        "    print(type(e).__name__, e)\n",
+        # The import hook would load paddle_ipu with the real version first.
+        env={"PADDLE_IPU_AUTOLOAD": "0"},
     )
     assert "PaddleVersionError" in proc.stdout
     assert "9.9.9" in proc.stdout
+
+
+def test_import_hook_never_breaks_import_paddle(tmp_path) -> None:
+    """A paddle_ipu that fails to import (here a stand-in that raises) costs a warning
+    at ``import paddle``, never the import itself."""
+    fake = tmp_path / "paddle_ipu"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('stand-in failure')\n")
+    proc = run_python(
+        "import warnings; warnings.simplefilter('always')\n"
+        "import paddle\n"
+        "print('IMPORTED', paddle.__version__)\n",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "IMPORTED" in proc.stdout
+    assert "paddle-ipu could not be loaded (stand-in failure)" in proc.stderr
 
 
 def test_plugin_disabled_gives_clear_error() -> None:

@@ -41,18 +41,13 @@ def find_loss(program: Any) -> Any:
 
 
 def _resolve(program: Any, item: Any) -> Any:
-    """A fetch given by name: the Value of that data op, parameter or fetch op."""
+    """A fetch given by name: the same resolution as the forward compile's (one
+    resolver for both, so a name that compiles for inference compiles for training)."""
     if not isinstance(item, str):
         return item
-    for op in program.global_block().ops:
-        name = op.attrs().get("name")
-        if name != item:
-            continue
-        if op.name() in ("pd_op.data", "builtin.parameter"):
-            return op.result(0)
-        if op.name() == "pd_op.fetch":
-            return op.operands_source()[0]
-    raise CompileError(f"fetch {item!r} names no data op, parameter or fetch op of the program")
+    from paddle_ipu.compiler.pir_reader import resolve_fetch
+
+    return resolve_fetch(program.global_block(), item)[0]
 
 
 def attach_training(

@@ -1,0 +1,136 @@
+"""The one patch of a Paddle entry point: ``paddle.static.Executor.run``.
+
+``import paddle_ipu`` installs it; :func:`uninstall` puts Paddle's own method back.
+It changes what ``exe.run`` does in two cases only, and passes every other call to
+Paddle unchanged:
+
+- a program returned by ``IpuCompiledProgram.compile`` runs straight on its IPU
+  executor (``PADDLE_IPU_DIRECT_RUN=0`` sends it through Paddle's executor, which
+  adds about 0.3 ms a call and turns the op's exceptions into a bare
+  ``SystemError``: the op's own exception is raised instead);
+- a plain static program run on the ``ipu`` place is compiled implicitly as one
+  whole graph (see :mod:`paddle_ipu.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
+  turns that off).
+
+Checked on Paddle 3.3.0 and 3.3.1, whose ``Executor.run`` has the signature
+``run(program, feed, fetch_list, feed_var_name, fetch_var_name, scope,
+return_numpy, use_program_cache, use_prune)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from paddle_ipu._env import env_flag
+
+_lock = threading.Lock()
+_original: Any = None
+
+# Executor.run's parameters after fetch_list, in order.
+_RUN_PARAMS = (
+    "feed_var_name",
+    "fetch_var_name",
+    "scope",
+    "return_numpy",
+    "use_program_cache",
+    "use_prune",
+)
+
+
+def installed() -> bool:
+    return _original is not None
+
+
+def install() -> None:
+    """Route ``paddle.static.Executor.run`` through paddle_ipu (idempotent)."""
+    global _original
+    with _lock:
+        if _original is not None:
+            return
+        import paddle
+
+        original = paddle.static.Executor.run
+
+        @functools.wraps(original)
+        def run(
+            self: Any,
+            program: Any = None,
+            feed: Any = None,
+            fetch_list: Any = None,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            options = dict(zip(_RUN_PARAMS, args))
+            options.update(kwargs)
+            compiled = (
+                getattr(program, "ipu_compiled_program", None) if program is not None else None
+            )
+            if compiled is not None:
+                return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
+            from paddle_ipu import implicit
+
+            if implicit.targets(self, program):
+                return implicit.run(
+                    original, self, program, feed, fetch_list, options, args, kwargs
+                )
+            return original(self, program, feed, fetch_list, *args, **kwargs)
+
+        run.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
+        paddle.static.Executor.run = run  # type: ignore[method-assign]
+        _original = original
+
+
+def uninstall() -> None:
+    """Give ``paddle.static.Executor.run`` back its own method."""
+    global _original
+    with _lock:
+        if _original is None:
+            return
+        import paddle
+
+        paddle.static.Executor.run = _original  # type: ignore[method-assign]
+        _original = None
+
+
+def _run_compiled(
+    original: Any,
+    exe: Any,
+    program: Any,
+    feed: Any,
+    fetch_list: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    compiled = program.ipu_compiled_program
+    # Every fetch is resolved before anything runs: an item that was not compiled
+    # raises FetchError listing what can be fetched (Paddle would return another
+    # tensor, or fail with a message about fetch ops).
+    index = compiled.fetch_index(fetch_list)
+    options = dict(zip(_RUN_PARAMS, args))
+    options.update(kwargs)
+    simple = set(options) <= {
+        "return_numpy",
+        "use_program_cache",
+        "feed_var_name",
+        "fetch_var_name",
+    } and options.get("return_numpy", True)
+    if simple and env_flag("PADDLE_IPU_DIRECT_RUN", True):
+        outs = compiled.run(dict(feed or {}))
+        return [outs[i] for i in index]
+    executor = compiled._require()
+    # Paddle's executor fails on unknown or missing feeds with its own errors
+    # before the op runs: check the names first.
+    executor.check_feed_names(feed or {})
+    names = compiled.fetch_names_for(index)
+    try:
+        # Paddle's executor crashes when threads run one program at once: one at a time.
+        with compiled.paddle_run_lock:
+            return original(exe, program, feed, names, *args, **kwargs)
+    except SystemError as exc:
+        error = getattr(executor, "last_error", None)
+        if error is not None:
+            executor.last_error = None
+            raise error from exc
+        raise
