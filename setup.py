@@ -8,9 +8,11 @@ against (the plugin's C ABI depends on it).
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -34,7 +36,10 @@ class CMakeBuild(build_ext):
         import pybind11
 
         config = os.environ.get("PADDLE_IPU_BUILD_TYPE", "Release")
+        include_dir, version = paddle_headers(build_temp)
         args = [
+            f"-DPADDLE_INCLUDE_DIR={include_dir}",
+            f"-DPADDLE_VERSION={version}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
             f"-DPADDLE_IPU_PACKAGE_DIR={package_dir}",
@@ -59,11 +64,55 @@ class BuildPy(build_py):
             self.copy_file(str(source / name), str(Path(self.build_lib) / name))
 
 
+#: the PaddlePaddle releases this source builds against
+PADDLE_RANGE = "paddlepaddle>=3.3,<3.4"
+_DEVICE_HEADER = "paddle/phi/backends/device_ext.h"
+_headers: tuple[str, str] | None = None
+
+
+def paddle_headers(build_temp: Path) -> tuple[str, str]:
+    """(include dir holding paddle/phi/backends/device_ext.h, Paddle version).
+
+    From the paddlepaddle installed for this interpreter when there is one (a build
+    without isolation); otherwise the one header is read out of the paddlepaddle
+    wheel, which pip fetches (from its cache when the install already downloaded it),
+    instead of installing a second 700 MB Paddle into the build environment."""
+    global _headers
+    if _headers is not None:
+        return _headers
+    spec = importlib.util.find_spec("paddle")
+    if spec is not None and spec.origin is not None:
+        root = Path(spec.origin).resolve().parent
+        _headers = (str(root / "include"), importlib.metadata.version("paddlepaddle"))
+        return _headers
+    wheels = build_temp / "paddle-wheel"
+    wheels.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+         "--only-binary=:all:", "--dest", str(wheels), PADDLE_RANGE],
+        check=True,
+    )  # fmt: skip
+    found = sorted(wheels.glob("paddlepaddle-*.whl"))
+    if not found:
+        raise RuntimeError(f"pip download {PADDLE_RANGE!r} gave no wheel in {wheels}")
+    wheel = found[-1]
+    version = wheel.name.split("-")[1]
+    include = build_temp / "paddle-include"
+    with zipfile.ZipFile(wheel) as archive:
+        member = f"paddle/include/{_DEVICE_HEADER}"
+        target = include / _DEVICE_HEADER
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(archive.read(member))
+    _headers = (str(include), version)
+    return _headers
+
+
 def paddle_requirement() -> str:
+    """The runtime pin: exactly the Paddle whose headers the plugin was built with."""
     try:
-        return f"paddlepaddle=={importlib.metadata.version('paddlepaddle')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "paddlepaddle>=3.3,<3.4"
+        return f"paddlepaddle=={paddle_headers(ROOT / 'build' / 'paddle')[1]}"
+    except Exception:
+        return PADDLE_RANGE
 
 
 setup(

@@ -16,14 +16,21 @@ The digits data ships inside scikit-learn, so nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import paddle
+# Paddle's own start-up log lines (glog) and Python warnings are not this demo's
+# output; GLOG_minloglevel=0 brings the log lines back.
+os.environ.setdefault("GLOG_minloglevel", "2")
+warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle(\.|$)")
 
-import paddle_ipu
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+import paddle_ipu  # noqa: E402
 
 
 def load_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

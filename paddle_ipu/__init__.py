@@ -19,6 +19,7 @@ from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
     BackendError,
     BackendUnavailableError,
+    CheckpointError,
     CompileError,
     DeviceError,
     FeedError,
@@ -31,7 +32,17 @@ from paddle_ipu.errors import (
 )
 
 # The compiled core (a module mypy cannot see into) records the Paddle it was built with.
-_core = importlib.import_module("paddle_ipu._core")
+try:
+    _core = importlib.import_module("paddle_ipu._core")
+except ImportError as _exc:
+    import os as _os
+
+    raise ImportError(
+        f"paddle_ipu's compiled core is missing ({_exc}). This happens when paddle_ipu is "
+        f"imported from its source tree ({_os.path.dirname(_os.path.dirname(__file__))}) "
+        "instead of the installed package: install it with `pip install .` and run Python "
+        "from another directory."
+    ) from None
 check_paddle_version(_paddle.__version__, _core.paddle_version)
 
 # exe.run of compiled programs, and of plain programs on the ipu place (see
@@ -66,6 +77,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
+    "CheckpointError",
     "CompileError",
     "DeviceError",
     "FeedError",
@@ -78,3 +90,8 @@ __all__ = [
     "__version__",
     *_LAZY,
 ]
+
+
+def __dir__() -> list[str]:
+    # The lazily imported public names are listed before their first use too.
+    return sorted(set(globals()) | set(__all__))

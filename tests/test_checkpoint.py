@@ -256,12 +256,16 @@ def test_kill_during_save_leaves_the_old_or_the_new_checkpoint(tmp_path: Path) -
     main, scope = namespace["build_big"]()
     env = dict(os.environ, GLOG_minloglevel="2")
     for _ in range(8):
-        child = subprocess.Popen(
-            [sys.executable, "-c", _SAVER.replace("{path!r}", repr(str(path)))],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
-        )  # fmt: skip
+        # Run outside the checkout, so the installed package is the one imported.
+        errors = tmp_path.parent / "saver.err"
+        with open(errors, "w") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-c", _SAVER.replace("{path!r}", repr(str(path)))],
+                stdout=subprocess.PIPE, stderr=err, env=env, text=True, cwd=tmp_path.parent,
+            )  # fmt: skip
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
+        ready = child.stdout.readline().strip()
+        assert ready == "ready", errors.read_text()[-2000:]
         time.sleep(float(rng.uniform(0.05, 0.4)))
         os.kill(child.pid, signal.SIGKILL)
         child.wait()

@@ -1,6 +1,13 @@
 #include "fp16.h"
 
+// The vector kernels are x86 only; other architectures (aarch64, ...) build the
+// scalar path alone, chosen at compile time.
+#if defined(__x86_64__) || defined(__i386__)
+#define PADDLE_IPU_X86 1
 #include <immintrin.h>
+#else
+#define PADDLE_IPU_X86 0
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -13,8 +20,10 @@ namespace paddle_ipu {
 namespace fp16 {
 namespace {
 
+#if PADDLE_IPU_X86
 // Explicit rounding so a caller's MXCSR rounding mode cannot change results.
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#endif
 
 // Bytes (read + written) each thread should have before a second one starts.
 // The kernels run at memory bandwidth, which the cores share: on the 2-core
@@ -57,6 +66,7 @@ void HalfToFloatScalar(const void* src, void* dst, size_t n) {
   for (size_t i = 0; i < n; ++i) StoreU32(d + 4 * i, HalfBitsToFloatBits(LoadU16(s + 2 * i)));
 }
 
+#if PADDLE_IPU_X86
 // vcvtps2ph sets the quiet bit of a signalling NaN where numpy keeps the
 // payload as is; the rare block holding one goes through the scalar code.
 __attribute__((target("avx,f16c"))) void FloatToHalfF16c(const void* src, void* dst, size_t n) {
@@ -134,6 +144,8 @@ __attribute__((target("avx512f"))) void HalfToFloatAvx512(const void* src, void*
   HalfToFloatScalar(s + 2 * i, d + i, n - i);
 }
 
+#endif  // PADDLE_IPU_X86
+
 using Kernel = void (*)(const void*, void*, size_t);
 
 struct KernelPair {
@@ -142,6 +154,7 @@ struct KernelPair {
 };
 
 KernelPair KernelsFor(Isa isa) {
+#if PADDLE_IPU_X86
   switch (isa) {
     case Isa::kAvx512:
       return {FloatToHalfAvx512, HalfToFloatAvx512};
@@ -150,14 +163,19 @@ KernelPair KernelsFor(Isa isa) {
     case Isa::kScalar:
       break;
   }
+#else
+  (void)isa;
+#endif
   return {FloatToHalfScalar, HalfToFloatScalar};
 }
 
 Isa DetectBestIsa() {
+#if PADDLE_IPU_X86
   __builtin_cpu_init();
   // __builtin_cpu_supports also checks that the OS saves the wide registers.
   if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
   if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")) return Isa::kF16c;
+#endif
   return Isa::kScalar;
 }
 

