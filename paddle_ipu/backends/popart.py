@@ -732,8 +732,11 @@ class PopartSession(Session):
         """IpuStrategy.enable_pattern / disable_pattern, then options["patterns"]."""
         wanted: dict[str, bool] = {}
         strategy = self.config.strategy
-        if strategy is not None and callable(getattr(strategy, "patterns", None)):
-            wanted.update(strategy.patterns())
+        chosen = getattr(strategy, "patterns", None) if strategy is not None else None
+        if callable(chosen):
+            chosen = chosen()
+        if isinstance(chosen, Mapping):
+            wanted.update(chosen)
         wanted.update(dict(self._options.get("patterns") or {}))
         if not wanted:
             return None

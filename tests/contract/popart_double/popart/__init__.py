@@ -8,11 +8,11 @@ directly as ``popart`` when onnx is already imported).
 import sys
 
 # python/popart/__init__.py.in (sdk/poplar/3.0.0-3.4.0)
-if "onnx" in sys.modules.keys():
+if "onnx" in sys.modules:
     raise ImportError(
         "It looks like onnx has already been imported. Due to an ongoing issue, "
         "popart must be imported before onnx."
     )
 
-from popart._core import *  # noqa: E402,F403
-from popart._core import __all__  # noqa: E402,F401
+from popart._core import *  # noqa: F403
+from popart._core import __all__  # noqa: F401

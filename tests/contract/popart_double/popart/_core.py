@@ -35,11 +35,11 @@ import numpy as np
 __version__ = "3.4.0-double"
 
 
-def versionString() -> str:  # noqa: N802 - popart.cpp binds it so
+def versionString() -> str:
     return __version__
 
 
-class popart_exception(RuntimeError):  # noqa: N801 - popart.cpp's name
+class popart_exception(RuntimeError):
     pass
 
 
@@ -180,6 +180,9 @@ class _Bound:
         return copy.copy(value) if isinstance(value, (set, list, dict)) else value
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(getattr(type(self), name, None), property):
+            object.__setattr__(self, name, value)  # the __init__.py.in properties
+            return
         if name not in self._FIELDS:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         object.__setattr__(self, "_v_" + name, _cast(self._FIELDS[name], value, name))
@@ -250,7 +253,7 @@ class CommGroup(_Bound):
     # popart._internal.ir bindings/commgroup.cpp
     _FIELDS: ClassVar[dict[str, Any]] = {"type": CommGroupType.All, "replicaGroupSize": 0}
 
-    def __init__(self, type: Any = None, replicaGroupSize: int = 0) -> None:  # noqa: A002
+    def __init__(self, type: Any = None, replicaGroupSize: int = 0) -> None:
         super().__init__()
         if type is not None:
             self.type = type
@@ -306,7 +309,9 @@ class AutomaticLossScalingSettings(_Bound):
         "thresholdUpperCountProportion": 1e-7,
         "toTrackTensors": [],
         "updatePeriod": 1,
-        "gradientTensorTrackingMethod": GradientTensorTrackingMethod.AllNonViewChangingGradientTensors,
+        "gradientTensorTrackingMethod": (
+            GradientTensorTrackingMethod.AllNonViewChangingGradientTensors
+        ),
     }
 
 
@@ -432,8 +437,13 @@ for _public, _bound in (
 
 
 class AnchorReturnType:
-    def __init__(self, anchorReturnTypeString: str, returnPeriod: int | None = None,  # noqa: N803
-                 tileSet: Any = None, exchangeStrategy: Any = None) -> None:  # noqa: N803
+    def __init__(
+        self,
+        anchorReturnTypeString: str,
+        returnPeriod: int | None = None,
+        tileSet: Any = None,
+        exchangeStrategy: Any = None,
+    ) -> None:
         key = anchorReturnTypeString.upper()
         ids = {"FINAL": AnchorReturnTypeId.Final, "EVERYN": AnchorReturnTypeId.EveryN,
                "ALL": AnchorReturnTypeId.All, "SUM": AnchorReturnTypeId.Sum}  # fmt: skip
@@ -451,12 +461,12 @@ class AnchorReturnType:
 
 
 class DataFlow:
-    def __init__(self, batchesPerStep: int, anchorTensors: dict[str, AnchorReturnType]) -> None:  # noqa: N803
+    def __init__(self, batchesPerStep: int, anchorTensors: dict[str, AnchorReturnType]) -> None:
         if not isinstance(batchesPerStep, int) or not isinstance(anchorTensors, dict):
             raise _incompatible("DataFlow", anchorTensors)
         self._bps, self._anchors = batchesPerStep, dict(anchorTensors)
 
-    def batchesPerStep(self) -> int:  # noqa: N802
+    def batchesPerStep(self) -> int:
         return self._bps
 
     def anchors(self) -> list[str]:
@@ -479,7 +489,7 @@ class DeviceInfo:
         self._attached = kind == DeviceType.Ipu
 
     @property
-    def isAttached(self) -> bool:  # noqa: N802
+    def isAttached(self) -> bool:
         return self._attached
 
     def detach(self) -> None:
@@ -501,25 +511,30 @@ class DeviceManager:
     #: IPUs the double pretends are free (none: acquireAvailableDevice throws).
     free_ipus: ClassVar[int] = 0
 
-    def acquireAvailableDevice(self, numIpus: int = 1, tilesPerIpu: int = 0,  # noqa: N802,N803
-                               pattern: Any = None, connectionType: Any = None,  # noqa: N803
-                               selectionCriterion: Any = None) -> DeviceInfo:  # noqa: N803
+    def acquireAvailableDevice(
+        self,
+        numIpus: int = 1,
+        tilesPerIpu: int = 0,
+        pattern: Any = None,
+        connectionType: Any = None,
+        selectionCriterion: Any = None,
+    ) -> DeviceInfo:
         # devicemanager.cpp: throws when no device of that size can be attached.
         if numIpus > DeviceManager.free_ipus or numIpus & (numIpus - 1):
             raise popart_exception(f"Failed to acquire device with {numIpus} IPUs")
         return DeviceInfo(DeviceType.Ipu, numIpus, tilesPerIpu or 1472)
 
-    def createIpuModelDevice(self, opts: dict[str, str]) -> DeviceInfo:  # noqa: N802
+    def createIpuModelDevice(self, opts: dict[str, str]) -> DeviceInfo:
         o = _device_dict(opts)
         return DeviceInfo(DeviceType.IpuModel, int(o.get("numIPUs", "1")),
                           int(o.get("tilesPerIPU", "1216")))  # fmt: skip
 
-    def createOfflineIPUDevice(self, opts: dict[str, str]) -> DeviceInfo:  # noqa: N802
+    def createOfflineIPUDevice(self, opts: dict[str, str]) -> DeviceInfo:
         o = _device_dict(opts)
         return DeviceInfo(DeviceType.OfflineIpu, int(o.get("numIPUs", "1")),
                           int(o.get("tilesPerIPU", "1472")))  # fmt: skip
 
-    def createCpuDevice(self) -> DeviceInfo:  # noqa: N802
+    def createCpuDevice(self) -> DeviceInfo:
         return DeviceInfo(DeviceType.Cpu, 1, 1)
 
 
@@ -551,12 +566,12 @@ class Patterns:
     def __init__(self, *args: Any) -> None:
         self.enabled: dict[str, bool] = {}
 
-    def enablePattern(self, pattern: str, enable: bool) -> None:  # noqa: N802
+    def enablePattern(self, pattern: str, enable: bool) -> None:
         if not isinstance(pattern, str) or not isinstance(enable, bool):
             raise _incompatible("enablePattern", pattern)
         self.enabled[pattern] = enable
 
-    def isPatternEnabled(self, pattern: str) -> bool:  # noqa: N802
+    def isPatternEnabled(self, pattern: str) -> bool:
         return self.enabled.get(pattern, False)
 
 
@@ -585,15 +600,15 @@ def _check_enum(value: Any, enum: type, name: str) -> Any:
 
 
 class ClipNormSettings:
-    def __init__(self, weightIds: list[str], maxNorm: float) -> None:  # noqa: N803
+    def __init__(self, weightIds: list[str], maxNorm: float) -> None:
         self.weightIds, self.maxNorm = list(weightIds), float(maxNorm)
 
     @staticmethod
-    def clipWeights(weightIds: list[str], maxNorm: float) -> ClipNormSettings:  # noqa: N802,N803
+    def clipWeights(weightIds: list[str], maxNorm: float) -> ClipNormSettings:
         return ClipNormSettings(weightIds, maxNorm)
 
     @staticmethod
-    def clipAllWeights(maxNorm: float) -> ClipNormSettings:  # noqa: N802,N803
+    def clipAllWeights(maxNorm: float) -> ClipNormSettings:
         return ClipNormSettings([], maxNorm)
 
 
@@ -608,7 +623,7 @@ class Optimizer:
         self.clip = clip
         self.specific: dict[str, dict[str, tuple[float, bool]]] = {}
 
-    def insertSpecific(self, id: str, pyd: dict[str, tuple[float, bool]]) -> None:  # noqa: A002,N802
+    def insertSpecific(self, id: str, pyd: dict[str, tuple[float, bool]]) -> None:
         self.specific[id] = _values(pyd, self._SPECIFIC, type(self).__name__ + " specific")
 
 
@@ -619,10 +634,15 @@ class SGD(Optimizer):
     _SPECIFIC = ("learningRate", "weightDecay", "momentum", "dampening", "velocityScaling",
                  "nesterov")  # fmt: skip
 
-    def __init__(self, pyd: Any, clip_norm_settings: Any = None,
-                 accumulatorAndMomentum: Any = SGDAccumulatorAndMomentum.Combined,  # noqa: N803
-                 accumType: Any = DataType.UNDEFINED, accl1Type: Any = DataType.UNDEFINED,  # noqa: N803
-                 debugContext: str = "sgd") -> None:  # noqa: N803
+    def __init__(
+        self,
+        pyd: Any,
+        clip_norm_settings: Any = None,
+        accumulatorAndMomentum: Any = SGDAccumulatorAndMomentum.Combined,
+        accumType: Any = DataType.UNDEFINED,
+        accl1Type: Any = DataType.UNDEFINED,
+        debugContext: str = "sgd",
+    ) -> None:
         self._init(pyd, [] if clip_norm_settings is None else clip_norm_settings)
         self.accumulatorAndMomentum = _check_enum(
             accumulatorAndMomentum, SGDAccumulatorAndMomentum, "accumulatorAndMomentum"
@@ -637,11 +657,18 @@ class Adam(Optimizer):
              "defaultEps", "lossScaling", "defaultMaxWeightNorm", "maxWeightNorm")  # fmt: skip
     _SPECIFIC = ("learningRate", "weightDecay", "beta1", "beta2", "eps", "maxWeightNorm")
 
-    def __init__(self, values: Any, mode: Any = AdamMode.Adam,
-                 weight_decay_mode: Any = WeightDecayMode.Decay,
-                 accum_type: Any = DataType.UNDEFINED, accl1_type: Any = DataType.FLOAT,
-                 accl2_type: Any = DataType.FLOAT, clip_norm_settings: Any = None,
-                 scaled_optimizer_state: bool = False, debugContext: str = "adam") -> None:  # noqa: N803
+    def __init__(
+        self,
+        values: Any,
+        mode: Any = AdamMode.Adam,
+        weight_decay_mode: Any = WeightDecayMode.Decay,
+        accum_type: Any = DataType.UNDEFINED,
+        accl1_type: Any = DataType.FLOAT,
+        accl2_type: Any = DataType.FLOAT,
+        clip_norm_settings: Any = None,
+        scaled_optimizer_state: bool = False,
+        debugContext: str = "adam",
+    ) -> None:
         self._init(values, [] if clip_norm_settings is None else clip_norm_settings)
         self.mode = _check_enum(mode, AdamMode, "mode")
         self.weight_decay_mode = _check_enum(weight_decay_mode, WeightDecayMode, "wd mode")
@@ -662,11 +689,18 @@ class Adaptive(Optimizer):
              "defaultEps", "lossScaling")  # fmt: skip
     _SPECIFIC = ("learningRate", "weightDecay", "alpha", "momentum", "eps")
 
-    def __init__(self, values: Any, mode: Any = AdaptiveMode.RMSProp,
-                 weight_decay_mode: Any = WeightDecayMode.Decay,
-                 accum_type: Any = DataType.UNDEFINED, accl1_type: Any = DataType.FLOAT,
-                 accl2_type: Any = DataType.FLOAT, accl3_type: Any = DataType.UNDEFINED,
-                 rmsprop_tf_variant: bool = False, debugContext: str = "adaptive") -> None:  # noqa: N803
+    def __init__(
+        self,
+        values: Any,
+        mode: Any = AdaptiveMode.RMSProp,
+        weight_decay_mode: Any = WeightDecayMode.Decay,
+        accum_type: Any = DataType.UNDEFINED,
+        accl1_type: Any = DataType.FLOAT,
+        accl2_type: Any = DataType.FLOAT,
+        accl3_type: Any = DataType.UNDEFINED,
+        rmsprop_tf_variant: bool = False,
+        debugContext: str = "adaptive",
+    ) -> None:
         self._init(values, [])
         self.mode = _check_enum(mode, AdaptiveMode, "mode")
         self.weight_decay_mode = _check_enum(weight_decay_mode, WeightDecayMode, "wd mode")
@@ -697,8 +731,14 @@ def _makedirs_and_check_writable(path: str) -> None:
 class _Session:
     _training = False
 
-    def __init__(self, fnModel: bytes, dataFlow: DataFlow, deviceInfo: DeviceInfo,  # noqa: N803
-                 patterns: Any, userOptions: SessionOptions) -> None:  # noqa: N803
+    def __init__(
+        self,
+        fnModel: bytes,
+        dataFlow: DataFlow,
+        deviceInfo: DeviceInfo,
+        patterns: Any,
+        userOptions: SessionOptions,
+    ) -> None:
         import onnx
 
         if not isinstance(dataFlow, DataFlow) or not isinstance(deviceInfo, DeviceInfo):
@@ -718,23 +758,23 @@ class _Session:
 
     # session.py properties
     @property
-    def dataFlow(self) -> DataFlow:  # noqa: N802
+    def dataFlow(self) -> DataFlow:
         return self._flow
 
     @property
-    def replicationFactor(self) -> int:  # noqa: N802
+    def replicationFactor(self) -> int:
         o = self._opts
         return o.replicatedGraphCount if o.enableReplicatedGraphs else 1
 
     @property
-    def accumulationFactor(self) -> int:  # noqa: N802
+    def accumulationFactor(self) -> int:
         o = self._opts
         return o.accumulationFactor if o.enableGradientAccumulation else 1
 
     def _state_tensors(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {}
 
-    def prepareDevice(self, loadEngine: bool = True, err: Any = None) -> None:  # noqa: N802,N803
+    def prepareDevice(self, loadEngine: bool = True, err: Any = None) -> None:
         import onnx
         from onnx import numpy_helper, shape_inference
 
@@ -761,7 +801,7 @@ class _Session:
                 "There is no executatable. Try calling Session::prepareDevice first."
             )
 
-    def getInfo(self, id: str) -> _TensorInfo:  # noqa: A002,N802
+    def getInfo(self, id: str) -> _TensorInfo:
         self._assert_executable()
         if id not in self._infos:
             raise popart_exception(f"No Ir::Tensor with TensorId '{id}' in Ir::getTensor(..)")
@@ -771,7 +811,7 @@ class _Session:
         self._assert_executable()
         return list(self._infos)
 
-    def initAnchorArrays(self) -> dict[str, np.ndarray]:  # noqa: N802
+    def initAnchorArrays(self) -> dict[str, np.ndarray]:
         # session.py _initAnchorArrays
         arrays = {}
         for anchor in self._flow.anchors():
@@ -788,7 +828,7 @@ class _Session:
             arrays[anchor] = np.empty(shape, dtype=info.data_type_lcase())
         return arrays
 
-    def writeWeights(self, weightsIo: PyWeightsIO) -> None:  # noqa: N802,N803
+    def writeWeights(self, weightsIo: PyWeightsIO) -> None:
         self._assert_executable()
         # willow/src/session.cpp (3.1+)
         if self._opts.constantWeights and not self._training:
@@ -808,15 +848,15 @@ class _Session:
                 )
             self._host[name] = arr.copy()
 
-    def weightsFromHost(self) -> None:  # noqa: N802
+    def weightsFromHost(self) -> None:
         self._assert_executable()
         self._weights = {k: v.copy() for k, v in self._host.items()}
 
-    def weightsToHost(self) -> None:  # noqa: N802
+    def weightsToHost(self) -> None:
         self._assert_executable()
         self._host = {k: v.copy() for k, v in self._weights.items()}
 
-    def readWeights(self, weightsIo: PyWeightsIO) -> None:  # noqa: N802,N803
+    def readWeights(self, weightsIo: PyWeightsIO) -> None:
         self._assert_executable()
         for name, buf in weightsIo.weights.items():
             if name not in self._host:
@@ -826,7 +866,7 @@ class _Session:
                 raise popart_exception(f"readWeights {name}: wrong buffer {buf.dtype}{buf.shape}")
             buf[...] = self._host[name]
 
-    def setRandomSeed(self, seedValue: int) -> None:  # noqa: N802,N803
+    def setRandomSeed(self, seedValue: int) -> None:
         self._assert_executable()
         self._seed = int(seedValue)
 
@@ -863,7 +903,7 @@ class _Session:
         weights = {k: v for k, v in self._weights.items() if k in graph_inputs}
         return dict(zip(names, self._ort.run(names, {**feeds, **weights}), strict=True))
 
-    def run(self, stepio: PyStepIO, debugName: str = "") -> None:  # noqa: N803
+    def run(self, stepio: PyStepIO, debugName: str = "") -> None:
         self._assert_executable()
         if self._device.type not in (DeviceType.Ipu, DeviceType.IpuModel):
             raise popart_exception("Cannot run on a device of this type")
@@ -884,8 +924,9 @@ class _Session:
                 for r in range(rf):
                     out = self._forward({k: v[b, a, r] for k, v in steps.items()})
                     for name in self._flow.anchors():
-                        results.setdefault(name, np.empty((bps, af, rf, *out[name].shape),
-                                                          out[name].dtype))
+                        results.setdefault(
+                            name, np.empty((bps, af, rf, *out[name].shape), out[name].dtype)
+                        )
                         results[name][b, a, r] = out[name]
             self._after_step()
         for name, buf in stepio.outputs.items():
@@ -904,7 +945,7 @@ class _Session:
     def _after_step(self) -> None:
         pass
 
-    def modelToHost(self, fn: str) -> None:  # noqa: N802
+    def modelToHost(self, fn: str) -> None:
         import onnx
         from onnx import numpy_helper
 
@@ -915,7 +956,7 @@ class _Session:
                 init.CopyFrom(numpy_helper.from_array(self._weights[init.name], init.name))
         onnx.save(proto, fn)
 
-    def compileAndExport(self, filename: str, err: Any = None) -> None:  # noqa: N802
+    def compileAndExport(self, filename: str, err: Any = None) -> None:
         # session.py: make the directory (of the file), then the C++ side
         filename = os.path.expanduser(filename)
         if os.path.isdir(filename):
@@ -933,29 +974,45 @@ class _Session:
 
 
 class InferenceSession(_Session):
-    def __init__(self, fnModel: bytes, dataFlow: DataFlow, deviceInfo: DeviceInfo,  # noqa: N803
-                 inputShapeInfo: Any = None, patterns: Any = None,  # noqa: N803
-                 userOptions: Any = None, name: str = "inference") -> None:  # noqa: N803
+    def __init__(
+        self,
+        fnModel: bytes,
+        dataFlow: DataFlow,
+        deviceInfo: DeviceInfo,
+        inputShapeInfo: Any = None,
+        patterns: Any = None,
+        userOptions: Any = None,
+        name: str = "inference",
+    ) -> None:
         super().__init__(fnModel, dataFlow, deviceInfo, patterns,
                          userOptions if userOptions is not None else SessionOptions())  # fmt: skip
 
-    def getAllTensorIds(self) -> list[str]:  # noqa: N802 - popart.cpp InferenceSession
+    def getAllTensorIds(self) -> list[str]:
         return self._all_ids()
 
 
 class TrainingSession(_Session):
     _training = True
 
-    def __init__(self, fnModel: bytes, dataFlow: DataFlow, loss: str, optimizer: Optimizer,  # noqa: N803
-                 deviceInfo: DeviceInfo, inputShapeInfo: Any = None,  # noqa: N803
-                 patterns: Any = None, userOptions: Any = None, name: str = "training") -> None:  # noqa: N803
+    def __init__(
+        self,
+        fnModel: bytes,
+        dataFlow: DataFlow,
+        loss: str,
+        optimizer: Optimizer,
+        deviceInfo: DeviceInfo,
+        inputShapeInfo: Any = None,
+        patterns: Any = None,
+        userOptions: Any = None,
+        name: str = "training",
+    ) -> None:
         if not isinstance(optimizer, Optimizer):
             raise _incompatible("optimizer", optimizer)
         super().__init__(fnModel, dataFlow, deviceInfo, patterns,
                          userOptions if userOptions is not None else SessionOptions())  # fmt: skip
         self.loss, self.optimizer = loss, optimizer
 
-    def getTensorIds(self) -> list[str]:  # noqa: N802 - popart.cpp TrainingSession
+    def getTensorIds(self) -> list[str]:
         return self._all_ids()
 
     def _state_tensors(self, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -983,7 +1040,7 @@ class TrainingSession(_Session):
             if name.startswith("Step___"):
                 self._weights[name] = self._weights[name] + np.float32(1)
 
-    def updateOptimizerFromHost(self, optimizer: Optimizer) -> None:  # noqa: N802
+    def updateOptimizerFromHost(self, optimizer: Optimizer) -> None:
         if type(optimizer) is not type(self.optimizer):
             raise popart_exception("updateOptimizerFromHost: the optimizer type changed")
         if set(optimizer.specific) != set(self.optimizer.specific):
