@@ -236,3 +236,34 @@ def test_fp16_pass_reaches_popart(popart_double: ModuleType) -> None:
     session.prepare_device()
     assert session.get_info("w").dtype == "float16"
     assert session.get_info("x").dtype == "float32"  # inputs stay float32 (keep_io_types)
+
+
+# The whole stack (compiler, executor, adapter) over the double ---------------------------
+
+
+@pytest.mark.slow
+def test_executor_on_the_double_keeps_paddles_beta1_pow(popart_double: ModuleType) -> None:
+    """Adam through IpuCompiledProgram on the popart backend: the first loss is the
+    forward pass Paddle's CPU executor computes, and after weights_to_host the scope's
+    beta1_pow is what Paddle's own kernel leaves after as many steps (the double counts
+    steps on Step___; it does not update weights, so only the first loss compares)."""
+    from test_training import MBS, P, build_mlp, mlp_batches, run_ipu, train_cpu
+
+    steps = 3
+    batches = mlp_batches(steps, seed=4)
+    net = build_mlp(lambda: P.Adam(0.01))
+    st = paddle_ipu.IpuStrategy()
+    st.set_graph_config(num_ipus=1, is_training=True, micro_batch_size=MBS)
+    st.set_options({"backend": "popart"})
+    cp = paddle_ipu.IpuCompiledProgram(net.main, scope=net.scope, ipu_strategy=st)
+    prog = cp.compile(net.feeds, [net.loss])
+    losses = [float(run_ipu(net, prog, b)) for b in batches]
+    cp.weights_to_host()
+
+    cpu = build_mlp(lambda: P.Adam(0.01))
+    cpu_losses = train_cpu(cpu, batches)
+    assert losses[0] == pytest.approx(float(cpu_losses[0]), rel=1e-5)
+    pows = [n for n in net.persistable_names() if "beta1_pow" in n]
+    assert pows
+    for name in pows:
+        np.testing.assert_allclose(net.array(name), cpu.array(name), rtol=1e-6, err_msg=name)
