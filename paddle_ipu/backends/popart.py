@@ -1143,10 +1143,12 @@ class PopartSession(Session):
 __all__ = [
     "ADAPTER_OPTIONS",
     "NAME",
+    "UNBOUND_OPTIONS",
     "PopartSession",
     "available",
     "create_session",
     "next_power_of_two",
+    "set_session_option",
     "specific_decay_weights",
     "to_popart_optimizer",
 ]
