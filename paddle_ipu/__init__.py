@@ -31,6 +31,24 @@ from paddle_ipu.errors import (
     UnsupportedOpError,
 )
 
+
+def _preload_poplar_sdk() -> None:
+    # popart refuses to import once onnx is imported (popart/__init__.py.in), and
+    # the compiler imports onnx: where the Poplar SDK is installed, load it first.
+    import importlib.util
+    import sys
+
+    if "popart" in sys.modules or "onnx" in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec("popart") is not None:
+            importlib.import_module("popart")
+    except Exception:  # the popart backend's available() reports why
+        return
+
+
+_preload_poplar_sdk()
+
 # The compiled core (a module mypy cannot see into) records the Paddle it was built with.
 try:
     _core = importlib.import_module("paddle_ipu._core")

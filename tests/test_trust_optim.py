@@ -271,7 +271,10 @@ def test_popart_lamb_has_no_weight_norm_bound_as_paddle() -> None:
     popart = _fake_popart()
     opt = popart_adapter.to_popart_optimizer(cfg, popart)
     assert opt.kw["mode"] == popart.AdamMode.Lamb
-    bound, const = opt.values.get("maxWeightNorm", (10.0, True))
+    # "defaultMaxWeightNorm" (willow/src/adam.cpp; "maxWeightNorm" is its deprecated alias)
+    bound, const = opt.values.get(
+        "defaultMaxWeightNorm", opt.values.get("maxWeightNorm", (10.0, True))
+    )
     assert const and bound >= float(np.finfo(np.float32).max)
 
 

@@ -173,14 +173,10 @@ class HostSession(Session):
         self._dirty = True
 
     def _convert_fp16(self, proto: Any) -> Any:
-        from onnxconverter_common import float16
+        # The same compiler pass every backend receives for enable_fp16.
+        from paddle_ipu.compiler.fp16 import convert_proto
 
-        try:
-            return float16.convert_float_to_float16(
-                proto, keep_io_types=True, disable_shape_infer=False
-            )
-        except Exception as exc:  # the converter raises plain exceptions
-            raise BackendError(f"converting the graph to fp16 failed: {exc}") from exc
+        return convert_proto(proto)
 
     def _make_trainer(self) -> _Training:
         if self.model.training is None or self.model.optimizer is None:

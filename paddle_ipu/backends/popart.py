@@ -1,19 +1,28 @@
 """The ``popart`` backend: a thin adapter from :class:`~paddle_ipu.backends.base.Session`
 to Graphcore's PopART Python API (Poplar SDK 3.x).
 
-Nothing here imports the SDK at module import time: :func:`available` and the session
-import ``popart`` when they are called, so ``import paddle_ipu`` works on machines
-without the SDK.
+Checked against the PopART sources of tags ``sdk/poplar/3.0.0`` to ``sdk/poplar/3.4.0``
+(python/popart/popart_core/popart.cpp, python/popart/__init__.py.in,
+python/popart/python_files/session.py, willow/include/popart/sessionoptions.hpp,
+adam.hpp, sgd.hpp, willow/src/session.cpp); docs/backends.md lists every call with
+the file it was checked against.  It is tested against a double of that API
+(tests/contract/popart_double); it has not run against the real SDK or on IPUs.
 
-The adapter is written against PopART's documented Python API.  It has been checked
-only against a fake ``popart`` module that records calls (tests/contract); it has not
-run against the real SDK or on IPUs.
+Import order.  ``import popart`` raises ImportError when ``onnx`` is already imported
+(popart/__init__.py.in).  This module imports the SDK, when it is installed, before
+anything of its own that imports onnx, and ``import paddle_ipu`` imports this module
+first on machines where ``popart`` can be found.
 
 Options.  ``SessionConfig.options`` holds PopART ``SessionOptions`` attributes under
 their own camelCase names (``enableStochasticRounding``, ``virtualGraphMode`` ...),
-set as given; a string is turned into the enum member of that name when the option is
-an enum.  A few snake_case keys are read by the adapter itself and never reach
-``SessionOptions`` (see :data:`ADAPTER_OPTIONS`).
+nested settings dotted (``batchSerializationSettings.factor``).  Each value is
+translated to the type the binding takes (pybind11 refuses anything else): an int or
+a name to the enum member, a list to a set where the field is a ``std::set``, a dict
+to the settings object (``TensorLocationSettings`` ...).  An option this SDK has no
+binding for raises, naming it (see :data:`UNBOUND_OPTIONS`).  A few snake_case keys
+are read by the adapter itself (see :data:`ADAPTER_OPTIONS`); the IpuStrategy the
+model was compiled with supplies the rest (``num_ipus``, ``tiles_per_ipu``, patterns,
+``enable_distribution``, the optimizer settings).
 
 Environment (the names Paddle 2.x used):
 
@@ -26,6 +35,28 @@ Environment (the names Paddle 2.x used):
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import logging
+import math
+import sys
+
+
+def _preload_sdk() -> None:
+    """Import popart before anything imports onnx: popart/__init__.py.in raises
+    ImportError("popart must be imported before onnx") otherwise."""
+    if "popart" in sys.modules or "onnx" in sys.modules:
+        return
+    try:
+        if importlib.util.find_spec("popart") is None:
+            return
+        importlib.import_module("popart")
+    except Exception:  # available() reports the reason when it is asked
+        return
+
+
+_preload_sdk()
+
+# ruff: noqa: E402 - the SDK must be imported before these (they import onnx)
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,6 +78,8 @@ from paddle_ipu.errors import (
     UnknownOptionError,
 )
 from paddle_ipu.layout import StepLayout
+
+log = logging.getLogger(__name__)
 
 NAME = "popart"
 
@@ -74,7 +107,15 @@ _sleep = time.sleep
 
 
 def _import_popart() -> Any:
-    return importlib.import_module("popart")
+    try:
+        return importlib.import_module("popart")
+    except ImportError as exc:
+        if "popart" not in sys.modules and "onnx" in sys.modules and "onnx" in str(exc):
+            raise ImportError(
+                f"{exc} (popart/__init__.py.in refuses to load after onnx: import "
+                "paddle_ipu, or popart, before onnx and paddle2onnx)"
+            ) from exc
+        raise
 
 
 def available() -> tuple[bool, str]:
@@ -82,6 +123,9 @@ def available() -> tuple[bool, str]:
     try:
         popart = _import_popart()
     except Exception as exc:  # ImportError, or a broken SDK install raising anything
+        if _sdk_installed():
+            # The SDK is installed but unusable: "auto" falls back to host, say why.
+            log.warning("the Poplar SDK is installed but popart cannot be imported: %s", exc)
         return False, f"popart is not importable: {exc}"
     version = getattr(popart, "versionString", None)
     detail = f" {version()}" if callable(version) else ""
@@ -105,6 +149,171 @@ def next_power_of_two(n: int) -> int:
     if n < 1:
         raise OptionError(f"the number of IPUs must be >= 1, got {n}")
     return 1 << (n - 1).bit_length()
+
+
+def _sdk_installed() -> bool:
+    """Whether a ``popart`` package can be found, without importing it."""
+    try:
+        return importlib.util.find_spec("popart") is not None
+    except (ImportError, ValueError):  # a module in sys.modules without a spec
+        return "popart" in sys.modules
+
+
+# --------------------------------------------------------------------------- options
+
+#: SessionOptions fields IpuStrategy knows (Paddle 2.x set them through the C++ API)
+#: that no Python binding of PopART 3.0-3.4 has (popart.cpp), with the value that
+#: means "the SDK's own behaviour": that value is skipped, any other raises.
+UNBOUND_OPTIONS: dict[str, Any] = {
+    "compilationProgressLogger": None,
+    "compilationProgressTotal": 100,
+    "enableSerializedMatmuls": True,
+    "looseThresholdAtPeak": 8000,
+    "autodiffSettings.stitchStrategy": 1,
+}
+
+# The C++ enumerator ``None`` is bound under another name (popart.cpp):
+# RecomputationType::None as "NoRecompute", MergeVarUpdateType::None as "Off".
+_ENUM_ALIASES = {"None": ("NoRecompute", "Off")}
+
+# std::set fields whose elements are enums (sessionoptions.hpp).
+_SET_ENUM_FIELDS = {"hardwareInstrumentations": "Instrumentation"}
+
+# std::map<std::string, std::string> fields (popart/__init__.py.in wraps them).
+_STRING_MAPS = frozenset(
+    {"engineOptions", "convolutionOptions", "lstmOptions", "matmulOptions",
+     "reportOptions", "gclOptions"}
+)  # fmt: skip
+
+
+def _refused(name: str, value: Any, why: str) -> OptionError:
+    return OptionError(f"SessionOptions.{name} = {value!r} was refused: {why}")
+
+
+def _enum_member(enum_type: Any, value: Any, name: str) -> Any:
+    """A pybind11 enum member from a member, its name, or its C++ value (pybind11
+    enums refuse plain ints on assignment)."""
+    members: Mapping[str, Any] = enum_type.__members__
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str):
+        for candidate in (value, *_ENUM_ALIASES.get(value, ())):
+            if candidate in members:
+                return members[candidate]
+        raise _refused(name, value, f"not one of {', '.join(members)}")
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        for member in members.values():
+            if int(member) == int(value):
+                return member
+        raise _refused(name, value, f"no member of {enum_type.__name__} has the value {int(value)}")
+    raise _refused(name, value, f"expected a {enum_type.__name__} member or its name")
+
+
+def _option_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # Poplar's option parser spells them so
+    return str(value)
+
+
+def _coerce(popart: Any, current: Any, value: Any, name: str, field: str) -> Any:
+    """``value`` in the type the binding of the field holding ``current`` takes."""
+    if hasattr(type(current), "__members__"):
+        return _enum_member(type(current), value, name)
+    if isinstance(current, bool):
+        if isinstance(value, (bool, np.bool_)) or (
+            isinstance(value, (int, np.integer)) and int(value) in (0, 1)
+        ):
+            return bool(value)
+        raise _refused(name, value, "expected a bool")
+    if isinstance(current, int):
+        if isinstance(value, (int, np.integer)) or (
+            isinstance(value, float) and value.is_integer()
+        ):
+            return int(value)
+        raise _refused(name, value, "expected an integer")
+    if isinstance(current, float):
+        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+            return float(value)
+        raise _refused(name, value, "expected a number")
+    if isinstance(current, str):
+        if isinstance(value, str):
+            return value
+        raise _refused(name, value, "expected a string")
+    if isinstance(current, (set, frozenset)):
+        if isinstance(value, (str, Mapping)) or not hasattr(value, "__iter__"):
+            raise _refused(name, value, "expected a set")
+        enum_name = _SET_ENUM_FIELDS.get(field)
+        if enum_name is not None:
+            enum_type = getattr(popart, enum_name)
+            return {_enum_member(enum_type, item, name) for item in value}
+        return set(value)
+    if isinstance(current, list):
+        if isinstance(value, (str, Mapping)) or not hasattr(value, "__iter__"):
+            raise _refused(name, value, "expected a list")
+        return list(value)
+    if isinstance(current, Mapping):
+        if not isinstance(value, Mapping):
+            raise _refused(name, value, "expected a dict")
+        if field in _STRING_MAPS:
+            return {str(k): _option_string(v) for k, v in value.items()}
+        return dict(value)
+    if type(current).__name__ == "NumIOTiles":  # bound with an int constructor only
+        if isinstance(value, type(current)):
+            return value
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            return type(current)(int(value))
+        raise _refused(name, value, "expected an integer")
+    if isinstance(value, type(current)):
+        return value
+    raise _refused(name, value, f"expected a {type(current).__name__}")
+
+
+def _assign(popart: Any, obj: Any, path: Sequence[str], value: Any, name: str) -> None:
+    head, rest = path[0], path[1:]
+    if not hasattr(obj, head):
+        where = "SessionOptions" if name == ".".join(path) else name[: -len(".".join(path))]
+        raise UnknownOptionError(
+            f"{name!r} is not a PopART SessionOptions attribute ({head!r} is not an "
+            f"attribute of {where.rstrip('.')} in this SDK; the adapter's own options "
+            f"are {', '.join(sorted(ADAPTER_OPTIONS))})"
+        )
+    current = getattr(obj, head)
+    if rest:
+        # pybind11's def_readwrite hands out the nested struct by reference; setting
+        # it back afterwards also covers a binding that hands out a copy.
+        _assign(popart, current, rest, value, name)
+        new = current
+    elif head == "shardingDomain" and isinstance(value, Mapping):
+        # TensorLocation.shardingDomain is a CommGroup(type, replicaGroupSize)
+        # (popart._internal.ir bindings/commgroup.cpp).
+        kind = _enum_member(popart.CommGroupType, value.get("type", "All"), name)
+        new = popart.CommGroup(kind, int(value.get("size", 0)))
+    elif isinstance(value, Mapping) and not isinstance(current, Mapping):
+        for key, item in value.items():
+            _assign(popart, current, str(key).split("."), item, f"{name}.{key}")
+        new = current
+    else:
+        new = _coerce(popart, current, value, name, head)
+    try:
+        setattr(obj, head, new)
+    except (TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise _refused(name, value, str(exc) or type(exc).__name__) from exc
+
+
+def set_session_option(popart: Any, opts: Any, name: str, value: Any) -> None:
+    """Set one ``SessionOptions`` field, dotted name or not, translated to its bound
+    type.  Raises UnknownOptionError for a field this SDK does not bind,
+    NotSupportedError for a bound-nowhere field set to a non-default value, and
+    OptionError for a value the field cannot take."""
+    if name in UNBOUND_OPTIONS:
+        default = UNBOUND_OPTIONS[name]
+        if value is default or (default is not None and value == default):
+            return  # the SDK's behaviour already
+        raise NotSupportedError(
+            f"SessionOptions.{name} = {value!r}: PopART's Python API (3.0-3.4) has no "
+            f"binding for {name!r}; leave it at {default!r}"
+        )
+    _assign(popart, opts, name.split("."), value, name)
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -143,6 +352,10 @@ def to_popart_optimizer(
     popart: Any,
     device_names: Mapping[str, str] | None = None,
     specific: Sequence[str] | None = None,
+    *,
+    max_weight_norm: float | None = None,
+    scaled_optimizer_state: bool = False,
+    no_bias: bool = False,
 ) -> Any:
     """Translate an :class:`~paddle_ipu.compiler.optimizer.OptimizerConfig` into a
     ``popart.SGD``, ``popart.Adam`` or ``popart.Adaptive``.
@@ -157,6 +370,11 @@ def to_popart_optimizer(
     ``specific`` (default: :func:`specific_decay_weights`).  A replacement optimizer
     must carry the same specific weights as the one the session was built with, so
     the session passes the list it started with on every update.
+
+    From the IpuStrategy: ``max_weight_norm`` bounds Lamb's trust ratio (PopART's
+    ``defaultMaxWeightNorm``, 10 when unset, adam.hpp; ``None``: no bound, as Paddle's
+    kernel), ``scaled_optimizer_state`` is Adam's ``scaled_optimizer_state``, and
+    ``no_bias`` picks ``AdamNoBias`` / ``LambNoBias`` (adam.hpp).
 
     The learning rate and the weight decay are non-const (``(value, False)``) so that
     lr schedules and eval mode (lr 0, decay 0) can change them through
@@ -222,13 +440,17 @@ def to_popart_optimizer(
         values["defaultEps"] = (float(cfg.epsilon), True)
         if kind == "lamb":
             # Paddle's lamb kernel does not bound the weight norm of its trust ratio;
-            # PopART's Lamb bounds it by maxWeightNorm, 10 when unset (adam.hpp).
-            values["maxWeightNorm"] = (_NO_WEIGHT_NORM_BOUND, True)
+            # PopART's Lamb bounds it by defaultMaxWeightNorm, 10 when unset
+            # (adam.hpp getUnsetMaxWeightNorm; "maxWeightNorm" is its deprecated key
+            # in willow/src/adam.cpp).
+            bound = _NO_WEIGHT_NORM_BOUND if max_weight_norm is None else max_weight_norm
+            values["defaultMaxWeightNorm"] = (float(bound), True)
         mode = {
-            "adam": popart.AdamMode.Adam,
-            "adamw": popart.AdamMode.Adam,
+            "adam": popart.AdamMode.AdamNoBias if no_bias else popart.AdamMode.Adam,
+            "adamw": popart.AdamMode.AdamNoBias if no_bias else popart.AdamMode.Adam,
+            # AdaMax has no bias-free variant in PopART (AdamMode, adam.hpp).
             "adamax": popart.AdamMode.AdaMax,
-            "lamb": popart.AdamMode.Lamb,
+            "lamb": popart.AdamMode.LambNoBias if no_bias else popart.AdamMode.Lamb,
         }[kind]
         opt = popart.Adam(
             values,
@@ -240,6 +462,7 @@ def to_popart_optimizer(
             accl1_type=_accl_type(popart, cfg.accl1_type, popart.DataType.FLOAT),
             accl2_type=_accl_type(popart, cfg.accl2_type, popart.DataType.FLOAT),
             clip_norm_settings=clip,
+            scaled_optimizer_state=bool(scaled_optimizer_state),
         )
     elif kind in ("adagrad", "rmsprop", "centered_rmsprop", "adadelta"):
         mode = {
@@ -299,6 +522,14 @@ class PopartSession(Session):
         self._prepared = False
         self._pending_seed: int | None = config.random_seed
         self._specific: list[str] | None = None  # weights with their own decay
+        self._eval = False
+        self._optimizer_cfg: OptimizerConfig | None = (
+            model.optimizer if isinstance(model.optimizer, OptimizerConfig) else None
+        )
+        # InferenceSession's constantWeights (True by default, sessionoptions.hpp)
+        # makes writeWeights raise (willow/src/session.cpp, 3.1+): the executor loads
+        # the scope's weights after prepare, so it is off unless asked for.
+        self._constant_weights = bool(config.options.get("constantWeights", False))
         self.compile_only = _env_flag("IPU_COMPILE_ONLY")
         self.export_path: str | None = None
         if config.is_training and not model.loss:
@@ -330,11 +561,38 @@ class PopartSession(Session):
                 )
         return anchors
 
+    def _strategy_value(self, name: str, default: Any) -> Any:
+        """An adapter option from ``options``, else from the IpuStrategy, else default."""
+        if name in self._options:
+            return self._options[name]
+        strategy = self.config.strategy
+        if strategy is not None:
+            with suppress(Exception):
+                return strategy.get(name)
+        return default
+
+    def _strategy_changed(self, name: str) -> bool:
+        """Whether ``options`` or the IpuStrategy sets ``name`` away from its default."""
+        if name in self._options:
+            return True
+        strategy = self.config.strategy
+        if strategy is None:
+            return False
+        with suppress(Exception):
+            return name in strategy.changed_options()
+        return False
+
     def _num_ipus(self) -> int:
-        explicit = self._options.get("num_ipus")
-        if explicit is not None:
-            return int(explicit)
-        return self._ipus_per_replica() * max(1, self.config.replication_factor)
+        needed = self._ipus_per_replica() * max(1, self.config.replication_factor)
+        asked = self._strategy_value("num_ipus", None)
+        if asked is None:
+            return needed
+        if int(asked) < needed:
+            raise OptionError(
+                f"num_ipus is {int(asked)}, but {self._ipus_per_replica()} IPU(s) per "
+                f"replica x {max(1, self.config.replication_factor)} replica(s) need {needed}"
+            )
+        return int(asked)
 
     def _ipus_per_replica(self) -> int:
         indices = [s.ipu_index for s in self.model.shards.values() if s.ipu_index >= 0]
@@ -342,21 +600,26 @@ class PopartSession(Session):
 
     def _device_opts(self, for_offline: bool) -> dict[str, str]:
         version = str(self._options.get("ipu_version", "ipu2"))
-        tiles = self._options.get("tiles_per_ipu")
+        tiles: Any = None
+        if not for_offline or self._strategy_changed("tiles_per_ipu"):
+            tiles = self._strategy_value("tiles_per_ipu", None)
         if tiles is None:
-            # Paddle 2.x used 4 tiles everywhere; an offline executable meant for real
-            # IPUs must be compiled for the whole chip.
+            # Paddle 2.x used 4 tiles for the IPU Model; an offline executable meant
+            # for real IPUs is compiled for the whole chip unless told otherwise.
             tiles = _TILES_PER_IPU.get(version, 1472) if for_offline else 4
         return {"numIPUs": str(self._num_ipus()), "tilesPerIPU": str(tiles), "ipuVersion": version}
 
     def _acquire_device(self) -> Any:
         popart = self._popart
         manager = popart.DeviceManager()
+        if self.compile_only:
+            # Before POPLAR_IPUMODEL: compileAndExport refuses an IPU Model device
+            # ("Executables for device type ... cannot be saved", session.cpp
+            # assertDeviceCanCompileOffline; only Ipu and OfflineIpu devices can).
+            return manager.createOfflineIPUDevice(self._device_opts(for_offline=True))
         if _env_flag("POPLAR_IPUMODEL"):
             return manager.createIpuModelDevice(self._device_opts(for_offline=False))
-        if self.compile_only:
-            return manager.createOfflineIPUDevice(self._device_opts(for_offline=True))
-        if self._options.get("enable_distribution"):
+        if self._distributed():
             popdist_popart = self._import_popdist()
             device = popdist_popart.getDevice(self._ipus_per_replica())
             if device is None:
@@ -396,6 +659,9 @@ class PopartSession(Session):
             "to use the simulated IPU Model."
         )
 
+    def _distributed(self) -> bool:
+        return bool(self._strategy_value("enable_distribution", False))
+
     def _import_popdist(self) -> Any:
         try:
             importlib.import_module("popdist")
@@ -432,6 +698,8 @@ class PopartSession(Session):
                 )
         if any(s.ipu_index >= 0 for s in self.model.shards.values()):
             opts.virtualGraphMode = popart.VirtualGraphMode.Manual
+        if not cfg.is_training:
+            opts.constantWeights = self._constant_weights
         cache = os.environ.get("IPU_CACHE_PATH", "").strip()
         if cache:
             opts.enableEngineCaching = True
@@ -440,32 +708,14 @@ class PopartSession(Session):
             if name in ADAPTER_OPTIONS:
                 continue
             self._set_option(opts, name, value)
-        if self._options.get("enable_distribution"):
+        if self._distributed():
             self._import_popdist().configureSessionOptions(opts)
         if getattr(opts, "enableEngineCaching", False):
             self._check_cache_dir(str(opts.cachePath))
         return opts
 
-    @staticmethod
-    def _set_option(opts: Any, name: str, value: Any) -> None:
-        if not hasattr(opts, name):
-            raise UnknownOptionError(
-                f"{name!r} is not a PopART SessionOptions attribute (nor one of the "
-                f"adapter's options: {', '.join(sorted(ADAPTER_OPTIONS))})"
-            )
-        current = getattr(opts, name)
-        enum_type = type(current)
-        if isinstance(value, str) and hasattr(enum_type, "__members__"):
-            members = enum_type.__members__
-            if value not in members:
-                raise OptionError(
-                    f"SessionOptions.{name}: {value!r} is not one of {', '.join(members)}"
-                )
-            value = members[value]
-        try:
-            setattr(opts, name, value)
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise OptionError(f"SessionOptions.{name} = {value!r} was refused: {exc}") from exc
+    def _set_option(self, opts: Any, name: str, value: Any) -> None:
+        set_session_option(self._popart, opts, name, value)
 
     @staticmethod
     def _check_cache_dir(path: str) -> None:
@@ -479,13 +729,31 @@ class PopartSession(Session):
             raise BackendError(f"the engine cache directory {path!r} is not writable")
 
     def _patterns(self) -> Any:
-        wanted = self._options.get("patterns")
+        """IpuStrategy.enable_pattern / disable_pattern, then options["patterns"]."""
+        wanted: dict[str, bool] = {}
+        strategy = self.config.strategy
+        chosen = getattr(strategy, "patterns", None) if strategy is not None else None
+        if callable(chosen):
+            chosen = chosen()
+        if isinstance(chosen, Mapping):
+            wanted.update(chosen)
+        wanted.update(dict(self._options.get("patterns") or {}))
         if not wanted:
             return None
         patterns = self._popart.Patterns()
-        for name, enabled in dict(wanted).items():
-            patterns.enablePattern(str(name), bool(enabled))
+        for name, enabled in wanted.items():
+            with self._sdk(f"setting pattern {name!r}"):
+                patterns.enablePattern(str(name), bool(enabled))
         return patterns
+
+    def _graph(self) -> bytes:
+        """The model's ONNX, through the fp16 compiler pass when enable_fp16 is on
+        (the same pass the host backend runs)."""
+        if not self.config.enable_fp16:
+            return self.model.onnx
+        from paddle_ipu.compiler.fp16 import convert_model
+
+        return convert_model(self.model.onnx)
 
     def _build(self) -> Any:
         """Create the device, the DataFlow, the options and the PopART session."""
@@ -506,7 +774,7 @@ class PopartSession(Session):
         with self._sdk("acquiring the device"):
             self._device = self._acquire_device()
         kwargs: dict[str, Any] = {
-            "fnModel": self.model.onnx,
+            "fnModel": self._graph(),
             "dataFlow": dataflow,
             "deviceInfo": self._device,
             "userOptions": opts,
@@ -538,10 +806,34 @@ class PopartSession(Session):
             raise OptionError(
                 f"expected an OptimizerConfig or a popart.Optimizer, got {type(optimizer).__name__}"
             )
+        optimizer = self._with_strategy(optimizer)
+        self._optimizer_cfg = optimizer
         device_names = {paddle: onnx for onnx, paddle in self.model.weights.items()}
         if self._specific is None:
             self._specific = specific_decay_weights(optimizer, device_names)
-        return to_popart_optimizer(optimizer, self._popart, device_names, self._specific)
+        bound = self._strategy_value("max_weight_norm", None)
+        return to_popart_optimizer(
+            optimizer,
+            self._popart,
+            device_names,
+            self._specific,
+            max_weight_norm=None if bound is None else float(bound),
+            scaled_optimizer_state=bool(self._strategy_value("scaled_optimizer_state", False)),
+            no_bias=bool(self._strategy_value("use_no_bias_optimizer", False)),
+        )
+
+    def _with_strategy(self, cfg: OptimizerConfig) -> OptimizerConfig:
+        """The IpuStrategy's weight_decay_mode and accl*_type override the program's."""
+        import dataclasses
+
+        changes: dict[str, Any] = {}
+        mode = self._strategy_value("weight_decay_mode", "")
+        if mode:
+            changes["weight_decay_mode"] = str(mode)
+        for field in ("accl1_type", "accl2_type", "accl3_type"):
+            if self._strategy_changed(field):
+                changes[field] = str(self._strategy_value(field, "FLOAT"))
+        return dataclasses.replace(cfg, **changes) if changes else cfg
 
     @contextmanager
     def _sdk(self, what: str) -> Iterator[None]:
@@ -564,13 +856,11 @@ class PopartSession(Session):
     # ---------------------------------------------------------------- protocol
 
     def prepare_device(self) -> None:
-        session = self._build()
         if self.compile_only:
             path = str(self._options.get("export_path", "offline_cache.popart"))
-            with self._sdk("compiling for the offline device"):
-                session.compileAndExport(path)
-            self.export_path = path
+            self.compile_and_export(path)
             return
+        session = self._build()
         with self._sdk("compiling and loading the graph (prepareDevice)"):
             session.prepareDevice()
         self._prepared = True
@@ -589,38 +879,101 @@ class PopartSession(Session):
         return self._session
 
     def has_info(self, name: str) -> bool:
-        if self._session is None:
+        # No 3.x binding has Session.hasInfo (popart.cpp): ask for the tensor ids,
+        # which need the executable (session.cpp assertExecutableLoaded).
+        if not self._prepared:
             return super().has_info(name)
         with self._sdk(f"looking up tensor {name!r}"):
-            return bool(self._session.hasInfo(name))
+            return name in self._tensor_ids(self._session)
 
     def _info(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         with self._sdk(f"looking up tensor {name!r}"):
             info = self._build().getInfo(name)
             return tuple(int(d) for d in info.shape()), np.dtype(info.data_type_lcase())
 
-    def write_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        if self.compile_only:
-            return  # nothing to load: there is no device (the seed skips this too)
-        session = self._require_prepared("write_weights")
+    # -- Adam-family step count --------------------------------------------------
+
+    def _step_beta1(self, name: str) -> float | None:
+        """beta1 when ``name`` is PopART's step count of an Adam-family weight."""
+        cfg = self._optimizer_cfg
+        if not name.startswith("Step___") or cfg is None:
+            return None
+        if cfg.type not in ("adam", "adamw", "adamax", "lamb"):
+            return None
+        return float(cfg.beta1)
+
+    @staticmethod
+    def _beta1_pow_to_step(name: str, value: np.ndarray, beta1: float) -> np.ndarray:
+        """Paddle's ``beta1_pow_acc`` -> PopART's ``Step___``.
+
+        Paddle's beta1_pow starts at beta1 and is multiplied by beta1 after each
+        update, so after k updates it is beta1**(k+1).  PopART's Step___ is a float
+        count that starts at 0 and is incremented before the bias correction
+        1 - beta1**t (adamdecompose.cpp, adamupdaterx.cpp): after k updates it is k.
+        The count is kept fractional, so the device corrects by exactly 1 - pow."""
+        pow_ = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+        if not 0.0 < beta1 < 1.0:
+            return np.zeros((), np.float64)  # bias correction is 1 - beta1**t = 1 - 0 / 0
+        if not 0.0 < pow_ <= 1.0:
+            raise FeedError(f"optimizer state {name!r}: beta1_pow must be in (0, 1], got {pow_!r}")
+        return np.asarray(math.log(pow_) / math.log(beta1) - 1.0, dtype=np.float64)
+
+    @staticmethod
+    def _step_to_beta1_pow(value: np.ndarray, beta1: float) -> np.ndarray:
+        step = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
+        return np.asarray([beta1 ** (step + 1.0)], dtype=np.float32)
+
+    # -- weights -------------------------------------------------------------------
+
+    def _to_device_buffers(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         buffers: dict[str, np.ndarray] = {}
         for name, array in weights.items():
             shape, dtype = self._info(name)
             arr = np.asarray(array)
+            beta1 = self._step_beta1(name)
+            if beta1 is not None:
+                arr = self._beta1_pow_to_step(name, arr, beta1)
             if arr.size != int(np.prod(shape, dtype=np.int64)):
                 raise FeedError(f"weight {name!r} has shape {arr.shape}; the session holds {shape}")
-            # fp32 -> fp16 (enable_fp16) or any other dtype change is a copy.
-            buffers[name] = np.ascontiguousarray(arr.reshape(shape), dtype=dtype)
-        if not buffers:
-            return
+            # The exact shape (a 0-d Step___ stays 0-d: np.ascontiguousarray would
+            # make it (1,)), the device dtype (fp16 for enable_fp16), C order.
+            buffers[name] = np.array(arr.reshape(shape), dtype=dtype, order="C", copy=True)
+        return buffers
+
+    def write_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        if self.compile_only:
+            return  # nothing to load: there is no device (the seed skips this too)
+        session = self._require_prepared("write_weights")
+        if not self.config.is_training and self._constant_weights and weights:
+            raise OptionError(
+                "SessionOptions.constantWeights is True: PopART compiles the weights into "
+                "the executable and refuses writeWeights (willow/src/session.cpp); leave "
+                "constantWeights unset to load weights after compiling"
+            )
+        buffers = self._to_device_buffers(weights)
+        if buffers:
+            self._write_raw(session, buffers)
+
+    def _write_raw(self, session: Any, buffers: Mapping[str, np.ndarray]) -> None:
         with self._sdk("writing weights"):
-            session.writeWeights(self._popart.PyWeightsIO(buffers))
+            session.writeWeights(self._popart.PyWeightsIO(dict(buffers)))
             session.weightsFromHost()
+
+    def _read_raw(self, session: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
+        buffers = {}
+        for name in names:
+            shape, dtype = self._info(name)
+            buffers[name] = np.empty(shape, dtype=dtype)
+        if buffers:
+            with self._sdk("reading weights"):
+                session.weightsToHost()
+                session.readWeights(self._popart.PyWeightsIO(buffers))
+        return buffers
 
     def weight_names(self) -> list[str]:
         """The weights and the optimizer state the session holds."""
         session = self._build()
-        ids = self._tensor_ids(session)
+        ids = self._tensor_ids(session) if self._prepared else set()
         names: list[str] = []
         for weight in self.model.weights:
             for candidate in (weight, *(p + weight for p in STATE_PREFIXES)):
@@ -630,7 +983,8 @@ class PopartSession(Session):
 
     @staticmethod
     def _tensor_ids(session: Any) -> set[str]:
-        # InferenceSession binds getAllTensorIds, TrainingSession getTensorIds.
+        # InferenceSession binds getAllTensorIds, TrainingSession getTensorIds
+        # (popart.cpp, 3.0-3.4).
         for attr in ("getAllTensorIds", "getTensorIds"):
             fn = getattr(session, attr, None)
             if callable(fn):
@@ -640,16 +994,26 @@ class PopartSession(Session):
     def read_weights(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         session = self._require_prepared("read_weights")
         wanted = list(names) if names is not None else self.weight_names()
-        buffers = {}
-        for name in wanted:
-            shape, dtype = self._info(name)
-            buffers[name] = np.empty(shape, dtype=dtype)
-        if not buffers:
-            return {}
-        with self._sdk("reading weights"):
-            session.weightsToHost()
-            session.readWeights(self._popart.PyWeightsIO(buffers))
+        buffers = self._read_raw(session, wanted)
+        for name in list(buffers):
+            beta1 = self._step_beta1(name)
+            if beta1 is not None:
+                buffers[name] = self._step_to_beta1_pow(buffers[name], beta1)
         return buffers
+
+    def snapshot(self) -> Any:
+        # Raw device values: no step-count conversion on the way back.
+        session = self._require_prepared("snapshot")
+        return self._read_raw(session, self.weight_names())
+
+    def restore(self, snapshot: Any) -> None:
+        session = self._require_prepared("restore")
+        self._write_raw(session, snapshot)
+
+    def set_eval(self, enabled: bool) -> None:
+        """Eval mode.  PopART's optimizers move Adam's moments and step count even at
+        lr 0 (adam.hpp), so an eval run puts every weight and state tensor back."""
+        self._eval = bool(enabled) and self.config.is_training
 
     def _layout(self) -> StepLayout:
         """The step layout the session was built with (popdist may set the replicas)."""
@@ -700,8 +1064,13 @@ class PopartSession(Session):
                 if not buf.flags.c_contiguous or not buf.flags.writeable:
                     raise FeedError(f"output buffer {name!r} must be C-contiguous and writable")
                 anchors[name] = buf
-        with self._sdk("running the graph"):
-            session.run(self._popart.PyStepIO(feeds, anchors))
+        saved = self.snapshot() if self._eval else None
+        try:
+            with self._sdk("running the graph"):
+                session.run(self._popart.PyStepIO(feeds, anchors))
+        finally:
+            if saved is not None:
+                self.restore(saved)
         return anchors
 
     def update_optimizer(self, optimizer: Any) -> None:
@@ -733,10 +1102,20 @@ class PopartSession(Session):
         return TensorSpec(name=name, dtype=dtype.name, shape=shape, paddle_name=paddle_name)
 
     def compile_and_export(self, path: str) -> None:
+        # popart/session.py makes os.path.dirname(filename): "" for a bare file name,
+        # which os.makedirs refuses.  An absolute path always has a directory.
+        target = os.path.abspath(os.path.expanduser(path))
         session = self._build()
-        with self._sdk(f"exporting the executable to {path!r}"):
-            session.compileAndExport(path)
-        self.export_path = path
+        device_kind = str(getattr(getattr(self._device, "type", None), "name", ""))
+        if device_kind in ("IpuModel", "Cpu", "Sim"):
+            raise OptionError(
+                f"cannot export an executable for a {device_kind} device: PopART saves "
+                "executables only for IPU and offline IPU devices (session.cpp); set "
+                "IPU_COMPILE_ONLY=1 to compile for an offline IPU"
+            )
+        with self._sdk(f"exporting the executable to {target!r}"):
+            session.compileAndExport(target)
+        self.export_path = target
 
     def model_to_host(self, path: str) -> None:
         session = self._require_prepared("model_to_host")
@@ -764,10 +1143,12 @@ class PopartSession(Session):
 __all__ = [
     "ADAPTER_OPTIONS",
     "NAME",
+    "UNBOUND_OPTIONS",
     "PopartSession",
     "available",
     "create_session",
     "next_power_of_two",
+    "set_session_option",
     "specific_decay_weights",
     "to_popart_optimizer",
 ]

@@ -131,6 +131,7 @@ def make_fake_popart(sdk: FakeSDK) -> types.ModuleType:
             "enableStochasticRounding": False,
             "enableDistributedReplicatedGraphs": False,
             "globalReplicationFactor": 1,
+            "constantWeights": True,
         }
 
         def __init__(self) -> None:
@@ -667,8 +668,9 @@ def test_unusable_engine_cache_path_is_an_error(
 
 
 def test_fp16_weights_are_converted_to_the_device_dtype(sdk: FakeSDK) -> None:
+    # The device dtype decides (the fp16 pass itself is checked on the PopART double).
     sdk.tensors["w"] = ((3, 4), "float16")
-    session = adapter.create_session(model(), SessionConfig(enable_fp16=True))
+    session = adapter.create_session(model(), SessionConfig())
     session.prepare_device()
     session.write_weights({"w": np.full((3, 4), 0.5, np.float32)})
     assert dict(sdk.calls)["writeWeights"] == {"w": (np.dtype("float16"), (3, 4))}

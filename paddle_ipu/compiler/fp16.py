@@ -1,0 +1,42 @@
+"""The fp16 compiler pass: a float32 ONNX graph rewritten to compute in float16.
+
+Every backend receives ``enable_fp16`` as this one pass over the compiled graph, so
+the host (ONNX Runtime) and the Poplar SDK (PopART) run the same fp16 graph: float32
+initializers become float16, and casts keep the graph's inputs and outputs in
+float32 (``keep_io_types``), which is what the executor feeds and fetches.
+
+The rewrite is onnxconverter-common's ``convert_float_to_float16``; this module owns
+its failure modes (it raises plain exceptions) and the options it is called with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paddle_ipu.errors import CompileError
+
+
+def convert_proto(proto: Any) -> Any:
+    """Return ``proto`` (an ``onnx.ModelProto``) converted to float16 compute.
+
+    Raises:
+        CompileError: the converter refused the graph (its message included).
+    """
+    from onnxconverter_common import float16
+
+    try:
+        return float16.convert_float_to_float16(
+            proto, keep_io_types=True, disable_shape_infer=False
+        )
+    except Exception as exc:  # the converter raises plain exceptions
+        raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
+
+
+def convert_model(onnx_bytes: bytes) -> bytes:
+    """:func:`convert_proto` on a serialized model; returns the serialized result."""
+    import onnx
+
+    return bytes(convert_proto(onnx.load_from_string(onnx_bytes)).SerializeToString())
+
+
+__all__ = ["convert_model", "convert_proto"]

@@ -1,0 +1,269 @@
+"""The popart adapter against the PopART double (tests/contract/popart_double), one
+test per defect of the adapter found by reading PopART 3.x's sources.  The double
+follows the bindings (popart.cpp) and session.py/session.cpp; the numbers of
+inference runs are checked against the host backend in test_session_contract.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_session_contract import IN, MB, OUT, affine_model
+
+import paddle_ipu
+import paddle_ipu.backends.popart as adapter
+from paddle_ipu.backends.base import SessionConfig
+from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot
+from paddle_ipu.errors import NotSupportedError, OptionError
+
+DOUBLE_DIR = Path(__file__).parent / "popart_double"
+ROOT = Path(paddle_ipu.__file__).resolve().parent.parent
+B1 = 0.9
+
+
+def training_model(kind: str = "adam") -> CompiledModel:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [MB, IN])
+    loss = helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["y"]),
+        helper.make_node("ReduceMean", ["y"], ["loss"], keepdims=0),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ones((IN, OUT), np.float32), "w"),
+        numpy_helper.from_array(np.zeros(OUT, np.float32), "b"),
+    ]
+    graph = helper.make_graph(nodes, "train", [x], [loss], initializer=inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    opt = OptimizerConfig(
+        type=kind, params=(ParamSlot("w"), ParamSlot("b")), lr=0.1, beta1=B1, momentum=0.9
+    )
+    return CompiledModel(
+        onnx=proto.SerializeToString(),
+        inputs=[TensorSpec("x", "float32", (MB, IN), "x")],
+        outputs=[TensorSpec("loss", "float32", (), "loss")],
+        weights={"w": "w", "b": "b"},
+        micro_batch_size=MB,
+        loss="loss",
+        optimizer=opt,
+        opset=13,
+    )
+
+
+def _run_python(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{DOUBLE_DIR}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+# 1. import order ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_popart_is_imported_before_onnx() -> None:
+    check = "from paddle_ipu.backends import availability; print(availability('popart'))"
+    # paddle_ipu loads popart first, so the compiler's onnx import does not block it
+    assert _run_python(f"import paddle_ipu, onnx\n{check}").startswith("(True, 'popart 3.4")
+    # onnx first: the SDK refuses, and the reason says what to do
+    out = _run_python(f"import onnx, paddle_ipu\n{check}")
+    assert out.startswith("(False") and "import paddle_ipu, or popart, before onnx" in out
+
+
+# 2. options in their bound types ---------------------------------------------------
+
+
+def test_the_double_refuses_what_pybind11_refuses(popart_double: ModuleType) -> None:
+    opts = popart_double.SessionOptions()
+    with pytest.raises(TypeError):
+        opts.virtualGraphMode = 1  # an int for an enum
+    with pytest.raises(TypeError):
+        opts.hardwareInstrumentations = [popart_double.Instrumentation.Inner]  # a list
+    with pytest.raises(TypeError):
+        opts.weightTensorLocationSettings = {"minElementsForOffChip": 3}  # a dict
+    with pytest.raises(AttributeError):
+        opts.enableSerializedMatmuls = True  # no binding in 3.x
+    with pytest.raises(AttributeError):
+        setattr(opts, "batchSerializationSettings.factor", 2)
+
+
+def test_every_strategy_option_reaches_the_bindings(popart_double: ModuleType) -> None:
+    strategy = paddle_ipu.IpuStrategy()
+    opts = popart_double.SessionOptions()
+    passed = strategy.popart_options(include_defaults=True)
+    assert len(passed) > 90
+    for name, value in passed.items():
+        adapter.set_session_option(popart_double, opts, name, value)
+    # spot checks of the translations
+    assert opts.accumulationAndReplicationReductionType == popart_double.ReductionType.Mean
+    assert opts.hardwareInstrumentations == {popart_double.Instrumentation.Outer}
+    loc = opts.optimizerStateTensorLocationSettings
+    assert loc.location.storage == popart_double.TensorStorage.OffChip
+    assert loc.location.replicatedTensorSharding == popart_double.ReplicatedTensorSharding.On
+
+
+def test_option_values_are_translated_or_refused_by_name(popart_double: ModuleType) -> None:
+    p = popart_double
+    opts = p.SessionOptions()
+    adapter.set_session_option(p, opts, "batchSerializationSettings.factor", 4)
+    adapter.set_session_option(p, opts, "autoRecomputation", 0)  # C++ None -> NoRecompute
+    adapter.set_session_option(p, opts, "mergeVarUpdate", "None")  # bound as Off
+    adapter.set_session_option(p, opts, "hardwareInstrumentations", [0, 1])
+    adapter.set_session_option(p, opts, "numIOTiles", 32)
+    adapter.set_session_option(p, opts, "engineOptions", {"debug.instrument": True})
+    assert opts.batchSerializationSettings.factor == 4
+    assert opts.autoRecomputation == p.RecomputationType.NoRecompute
+    assert opts.mergeVarUpdate == p.MergeVarUpdateType.Off
+    assert opts.hardwareInstrumentations == {p.Instrumentation.Outer, p.Instrumentation.Inner}
+    assert opts.numIOTiles.n == 32
+    assert opts.engineOptions == {"debug.instrument": "true"}
+    with pytest.raises(NotSupportedError, match="enableSerializedMatmuls"):
+        adapter.set_session_option(p, opts, "enableSerializedMatmuls", False)
+    adapter.set_session_option(p, opts, "enableSerializedMatmuls", True)  # the default: skipped
+    with pytest.raises(OptionError, match=r"virtualGraphMode.*7"):
+        adapter.set_session_option(p, opts, "virtualGraphMode", 7)
+    with pytest.raises(OptionError, match=r"batchSerializationSettings\.nope"):
+        adapter.set_session_option(p, opts, "batchSerializationSettings.nope", 1)
+
+
+# 3-5. has_info, constantWeights, export ----------------------------------------------
+
+
+def test_tensor_lookup_without_has_info_and_weights_load(popart_double: ModuleType) -> None:
+    assert not hasattr(popart_double.InferenceSession, "hasInfo")
+    session = adapter.create_session(affine_model(), SessionConfig())
+    session.prepare_device()
+    assert session.has_info("w") and not session.has_info("nope")
+    assert session._session._opts.constantWeights is False
+    session.write_weights({"b": np.ones(OUT, np.float32)})  # would raise with constantWeights
+    np.testing.assert_array_equal(session.read_weights(["b"])["b"], np.ones(OUT, np.float32))
+    session.close()
+    session = adapter.create_session(
+        affine_model(), SessionConfig(options={"constantWeights": True})
+    )
+    session.prepare_device()
+    with pytest.raises(OptionError, match="constantWeights"):
+        session.write_weights({"b": np.ones(OUT, np.float32)})
+
+
+def test_compile_only_exports_a_bare_file_name_even_with_the_ipu_model(
+    popart_double: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("IPU_COMPILE_ONLY", "1")  # POPLAR_IPUMODEL=1 is set too
+    session = adapter.create_session(affine_model(), SessionConfig())
+    session.compile_and_export("model.popef")
+    assert (tmp_path / "model.popef").read_bytes().startswith(b"POPEF-double")
+    assert session._device.type == popart_double.DeviceType.OfflineIpu
+
+
+# 6. optimizer state ------------------------------------------------------------------
+
+
+def test_adam_step_count_round_trips_as_beta1_pow(popart_double: ModuleType) -> None:
+    cfg = SessionConfig(is_training=True)
+    session = adapter.create_session(training_model(), cfg)
+    session.prepare_device()
+    assert session.get_info("Step___w").shape == ()
+    pow_after_two_updates = np.array([B1**3], np.float32)  # Paddle: beta1**(k+1)
+    session.write_weights({"Step___w": pow_after_two_updates})
+    raw = session.snapshot()["Step___w"]
+    assert raw.shape == () and raw == pytest.approx(2.0, abs=1e-5)  # PopART: k
+    np.testing.assert_allclose(session.read_weights(["Step___w"])["Step___w"],
+                               pow_after_two_updates, rtol=1e-6)  # fmt: skip
+    session.run({"x": np.ones((MB, IN), np.float32)})  # the device counts one step
+    np.testing.assert_allclose(session.read_weights(["Step___w"])["Step___w"],
+                               [B1**4], rtol=1e-6)  # fmt: skip
+
+
+def test_eval_runs_leave_every_state_tensor_alone(popart_double: ModuleType) -> None:
+    session = adapter.create_session(training_model(), SessionConfig(is_training=True))
+    session.prepare_device()
+    before = session.snapshot()
+    session.set_eval(True)
+    session.run({"x": np.ones((MB, IN), np.float32)})
+    after = session.snapshot()
+    assert sorted(after) == sorted(before) and "Step___w" in after
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    session.set_eval(False)
+    session.run({"x": np.ones((MB, IN), np.float32)})
+    assert session.snapshot()["Step___w"] == 1.0
+
+
+def test_sgd_momentum_keeps_paddles_velocity_in_accl1(popart_double: ModuleType) -> None:
+    session = adapter.create_session(training_model("momentum"), SessionConfig(is_training=True))
+    session.prepare_device()
+    opt = session._session.optimizer
+    assert opt.accumulatorAndMomentum == popart_double.SGDAccumulatorAndMomentum.Separate
+    assert "Accl1___w" in session.weight_names() and "Accl___w" not in session.weight_names()
+
+
+# 7. strategy options that reach the SDK -------------------------------------------------
+
+
+def test_strategy_options_reach_the_sdk(popart_double: ModuleType) -> None:
+    s = paddle_ipu.IpuStrategy()
+    s.set_graph_config(num_ipus=2)
+    s.set_options({"tiles_per_ipu": 64, "max_weight_norm": 100.0,
+                   "scaled_optimizer_state": True, "use_no_bias_optimizer": True})  # fmt: skip
+    s.enable_pattern("TiedGather")
+    cfg = SessionConfig(is_training=True, strategy=s)
+    session = adapter.create_session(training_model("lamb"), cfg)
+    session.prepare_device()
+    device, sdk_session = session._device, session._session
+    assert (device.numIpus, device.tilesPerIPU) == (2, 64)
+    assert sdk_session._patterns.enabled == {"TiedGather": True}
+    opt = sdk_session.optimizer
+    assert opt.max_weight_norm == 100.0 and opt.scaled_optimizer_state is True
+    assert opt.mode == popart_double.AdamMode.LambNoBias
+    assert "Step___w" not in session.weight_names()  # no bias correction, no step count
+
+
+def test_fp16_pass_reaches_popart(popart_double: ModuleType) -> None:
+    session = adapter.create_session(affine_model(), SessionConfig(enable_fp16=True))
+    session.prepare_device()
+    assert session.get_info("w").dtype == "float16"
+    assert session.get_info("x").dtype == "float32"  # inputs stay float32 (keep_io_types)
+
+
+# The whole stack (compiler, executor, adapter) over the double ---------------------------
+
+
+@pytest.mark.slow
+def test_executor_on_the_double_keeps_paddles_beta1_pow(popart_double: ModuleType) -> None:
+    """Adam through IpuCompiledProgram on the popart backend: the first loss is the
+    forward pass Paddle's CPU executor computes, and after weights_to_host the scope's
+    beta1_pow is what Paddle's own kernel leaves after as many steps (the double counts
+    steps on Step___; it does not update weights, so only the first loss compares)."""
+    from test_training import MBS, P, build_mlp, mlp_batches, run_ipu, train_cpu
+
+    steps = 3
+    batches = mlp_batches(steps, seed=4)
+    net = build_mlp(lambda: P.Adam(0.01))
+    st = paddle_ipu.IpuStrategy()
+    st.set_graph_config(num_ipus=1, is_training=True, micro_batch_size=MBS)
+    st.set_options({"backend": "popart"})
+    cp = paddle_ipu.IpuCompiledProgram(net.main, scope=net.scope, ipu_strategy=st)
+    prog = cp.compile(net.feeds, [net.loss])
+    losses = [float(run_ipu(net, prog, b)) for b in batches]
+    cp.weights_to_host()
+
+    cpu = build_mlp(lambda: P.Adam(0.01))
+    cpu_losses = train_cpu(cpu, batches)
+    assert losses[0] == pytest.approx(float(cpu_losses[0]), rel=1e-5)
+    pows = [n for n in net.persistable_names() if "beta1_pow" in n]
+    assert pows
+    for name in pows:
+        np.testing.assert_allclose(net.array(name), cpu.array(name), rtol=1e-6, err_msg=name)
