@@ -64,9 +64,22 @@ except ImportError as _exc:
 check_paddle_version(_paddle.__version__, _core.paddle_version)
 
 # exe.run of compiled programs, and of plain programs on the ipu place (see
-# paddle_ipu._patch; paddle_ipu._patch.uninstall() undoes it).
+# paddle_ipu._patch; uninstall_hooks() undoes it).
 _patch = importlib.import_module("paddle_ipu._patch")
 _patch.install()
+
+
+def uninstall_hooks() -> None:
+    """Give ``paddle.static.Executor.run`` back Paddle's own method: compiled programs
+    then run through Paddle's executor, and plain programs on the ipu place are no
+    longer compiled implicitly.  ``install_hooks()`` puts the routing back."""
+    _patch.uninstall()
+
+
+def install_hooks() -> None:
+    """Route ``paddle.static.Executor.run`` through paddle_ipu (done at import)."""
+    _patch.install()
+
 
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.
@@ -106,6 +119,8 @@ __all__ = [
     "PaddleVersionError",
     "UnsupportedOpError",
     "__version__",
+    "install_hooks",
+    "uninstall_hooks",
     *_LAZY,
 ]
 

@@ -332,11 +332,13 @@ def test_patch_is_reversible() -> None:
 
     patched = paddle.static.Executor.run
     assert _patch.installed()
-    _patch.uninstall()
+    paddle_ipu.uninstall_hooks()
     try:
         assert paddle.static.Executor.run is patched.__paddle_ipu_original__
+        # Without the hook a training program on the ipu place is Paddle's again.
+        assert not _patch.installed()
     finally:
-        _patch.install()
+        paddle_ipu.install_hooks()
     assert paddle.static.Executor.run is not patched.__paddle_ipu_original__
 
 
