@@ -881,6 +881,9 @@ class PopartSession(Session):
     def has_info(self, name: str) -> bool:
         # No 3.x binding has Session.hasInfo (popart.cpp): ask for the tensor ids,
         # which need the executable (session.cpp assertExecutableLoaded).
+        step = self._beta2_pow_steps().get(name)
+        if step is not None:
+            return self.has_info(step)
         if not self._prepared:
             return super().has_info(name)
         with self._sdk(f"looking up tensor {name!r}"):
@@ -918,6 +921,22 @@ class PopartSession(Session):
             raise FeedError(f"optimizer state {name!r}: beta1_pow must be in (0, 1], got {pow_!r}")
         return np.asarray(math.log(pow_) / math.log(beta1) - 1.0, dtype=np.float64)
 
+    def _beta2_pow_steps(self) -> dict[str, str]:
+        """Paddle's ``beta2_pow_acc`` variable -> the ``Step___`` tensor it follows.
+
+        PopART keeps one step count per weight and derives both bias corrections
+        from it (adamupdaterx.cpp), so Paddle's beta2_pow has no device tensor: it
+        is read as beta2**(t+1) and never written (the count comes from beta1_pow)."""
+        cfg = self._optimizer_cfg
+        if cfg is None or cfg.type not in ("adam", "adamw", "lamb"):
+            return {}
+        onnx_of = {paddle: onnx for onnx, paddle in self.model.weights.items()}
+        return {
+            var: "Step___" + onnx_of.get(slot.name, slot.name)
+            for slot in cfg.params
+            if (var := slot.state.get("beta2_pow"))
+        }
+
     @staticmethod
     def _step_to_beta1_pow(value: np.ndarray, beta1: float) -> np.ndarray:
         step = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
@@ -950,7 +969,8 @@ class PopartSession(Session):
                 "the executable and refuses writeWeights (willow/src/session.cpp); leave "
                 "constantWeights unset to load weights after compiling"
             )
-        buffers = self._to_device_buffers(weights)
+        derived = self._beta2_pow_steps()
+        buffers = self._to_device_buffers({k: v for k, v in weights.items() if k not in derived})
         if buffers:
             self._write_raw(session, buffers)
 
@@ -994,11 +1014,19 @@ class PopartSession(Session):
     def read_weights(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         session = self._require_prepared("read_weights")
         wanted = list(names) if names is not None else self.weight_names()
-        buffers = self._read_raw(session, wanted)
-        for name in list(buffers):
+        derived = self._beta2_pow_steps()
+        steps = {derived[n] for n in wanted if n in derived}
+        raw = self._read_raw(session, [n for n in wanted if n not in derived] + sorted(steps))
+        buffers: dict[str, np.ndarray] = {}
+        for name in wanted:
+            if name in derived:
+                beta2 = float(self._optimizer_cfg.beta2)  # type: ignore[union-attr]
+                buffers[name] = self._step_to_beta1_pow(raw[derived[name]], beta2)
+                continue
             beta1 = self._step_beta1(name)
-            if beta1 is not None:
-                buffers[name] = self._step_to_beta1_pow(buffers[name], beta1)
+            buffers[name] = (
+                raw[name] if beta1 is None else self._step_to_beta1_pow(raw[name], beta1)
+            )
         return buffers
 
     def snapshot(self) -> Any:
@@ -1090,6 +1118,8 @@ class PopartSession(Session):
         self._pending_seed = None
 
     def get_info(self, name: str) -> TensorSpec:
+        if name in self._beta2_pow_steps():
+            return TensorSpec(name=name, dtype="float32", shape=(1,), paddle_name=name)
         if self._session is None:
             # Inputs and outputs are known without building (and taking a device).
             with suppress(KeyError):
