@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 
 def run_python(
@@ -26,3 +29,21 @@ def run_python(
         check=False,
         cwd=tempfile.gettempdir(),
     )
+
+
+@contextlib.contextmanager
+def fresh_programs(seed: int) -> Iterator[tuple[Any, Any, Any]]:
+    """(main, startup, scope): new programs, scope and unique names under ``seed``,
+    all three made current inside the block."""
+    import paddle
+
+    paddle.enable_static()
+    paddle.seed(seed)
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    scope = paddle.static.Scope()
+    with (
+        paddle.utils.unique_name.guard(),
+        paddle.static.scope_guard(scope),
+        paddle.static.program_guard(main, startup),
+    ):
+        yield main, startup, scope

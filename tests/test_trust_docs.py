@@ -14,6 +14,8 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
+from helpers import fresh_programs  # noqa: E402
+
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import NotSupportedError  # noqa: E402
 from paddle_ipu.strategy import OPTIONS, OptionSpec  # noqa: E402
@@ -126,15 +128,7 @@ def test_no_reduction_is_refused_as_its_row_says() -> None:
 
 
 def _mlp_strategy(options: dict[str, Any], fp16: bool = False) -> tuple[Any, Any, Any]:
-    paddle.enable_static()
-    paddle.seed(5)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs(5) as (main, startup, scope):
         x = paddle.static.data("x", [-1, 8], "float32")
         y = paddle.static.data("y", [-1, 1], "float32")
         out = paddle.static.nn.fc(paddle.tanh(paddle.static.nn.fc(x, 16)), 1)

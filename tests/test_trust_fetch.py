@@ -13,6 +13,8 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
+from helpers import fresh_programs  # noqa: E402
+
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import FetchError, IpuError  # noqa: E402
 
@@ -20,14 +22,7 @@ IPU = paddle.CustomPlace("ipu", 0)
 
 
 def build(training: bool, seed: int = 4) -> dict[str, Any]:
-    paddle.seed(seed)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs(seed) as (main, startup, scope):
         x = paddle.static.data("x", [-1, 6], "float32")
         y = paddle.static.data("y", [-1, 1], "int64")
         logits = paddle.static.nn.fc(x, 4)
