@@ -15,6 +15,7 @@ from typing import Any
 import paddle as _paddle
 
 from paddle_ipu._compat import check_paddle_version
+from paddle_ipu._env import env_flag
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
     BackendError,
@@ -38,6 +39,11 @@ check_paddle_version(_paddle.__version__, _core.paddle_version)
 # paddle_ipu._patch; paddle_ipu._patch.uninstall() undoes it).
 _patch = importlib.import_module("paddle_ipu._patch")
 _patch.install()
+
+# Paddle 2.x's IPU names (paddle.static.IpuStrategy, paddle.IPUPlace, ...; see
+# paddle_ipu.compat; paddle_ipu.compat.disable() restores Paddle's own).
+if env_flag("PADDLE_IPU_COMPAT", True):
+    importlib.import_module("paddle_ipu.compat").install()
 
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.

@@ -69,8 +69,14 @@ def install() -> None:
             )
             if compiled is not None:
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
-            from paddle_ipu import implicit
+            from paddle_ipu import compat, implicit
 
+            if compat.installed():
+                # 2.x scripts fetch by names Paddle's PIR executor refuses
+                # (paddle_ipu.compat.names).
+                fetch_list = compat.names.resolve_fetches(
+                    program if program is not None else _default_main(), fetch_list
+                )
             if implicit.targets(self, program):
                 return implicit.run(
                     original, self, program, feed, fetch_list, options, args, kwargs
@@ -80,6 +86,12 @@ def install() -> None:
         run.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
         paddle.static.Executor.run = run  # type: ignore[method-assign]
         _original = original
+
+
+def _default_main() -> Any:
+    import paddle
+
+    return paddle.static.default_main_program()
 
 
 def uninstall() -> None:

@@ -82,6 +82,12 @@ class IpuCompiledProgram:
     def _compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:
         s = self._strategy
         s.validate()
+        from paddle_ipu.compat import wants_fp16
+
+        if wants_fp16(self._program) and not s.enable_fp16:
+            # Paddle 2.x ran a program cast by cast_model_to_fp16 in float16.
+            s = s.copy()
+            s.set_precision_config(enable_fp16=True)
         serving = bool(s.get("enable_model_runtime_executor"))
         if serving and s.is_training:
             raise OptionError(
@@ -100,14 +106,22 @@ class IpuCompiledProgram:
             feed_list = [feed_list]
         if not isinstance(fetch_list, Sequence) or isinstance(fetch_list, (str, bytes)):
             fetch_list = [fetch_list]
+        # Strings 2.x code takes from ``var.name`` of intermediate values (names
+        # made up by paddle_ipu.compat.names), and names of data ops and parameters,
+        # become the program's Values; the string stays a way to fetch them.
+        given = list(fetch_list)
+        fetch_list = _resolve_fetch_names(self._program, given)
         executor = compile_executor(
             self._program, self._scope, s, list(feed_list), list(fetch_list), progress
         )
         # Fetches given as Values of the original program can be fetched by that
-        # Value from the compiled one too.
+        # Value from the compiled one too (and by the name it was given as).
         self._fetch_ids = {
             _value_id(item): i for i, item in enumerate(fetch_list) if not isinstance(item, str)
         }
+        for i, item in enumerate(given):
+            if isinstance(item, str):
+                self._fetch_ids.setdefault(item, i)
         self.model = executor.model
         self.executor = executor
         if serving and not executor.compile_only:
@@ -118,8 +132,23 @@ class IpuCompiledProgram:
         prog = build_runtime_program(self, shapes=shapes)
         prog.org_program = self._program
         prog.ipu_compiled_program = self
+        scheduler = getattr(self._program, "lr_scheduler", None)
+        if scheduler is not None:
+            # 2.x's compiled program carried the scheduler (its tests step
+            # ``program.lr_sheduler``: paddle_ipu.compat spells it so too); the
+            # executor reads it each run.
+            setattr(prog, "lr_scheduler", scheduler)  # noqa: B010
+        _set_current_backend(self)
         progress(100)
         return prog
+
+    @property
+    def _backend(self) -> Any:
+        """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
+        weights_from_host, reset, detach, save_model_proto of this program."""
+        from paddle_ipu.compat import IpuBackend
+
+        return IpuBackend(self)
 
     # -- Paddle 2.x's backend calls --------------------------------------------
     def _require(self) -> Executor:
@@ -241,6 +270,12 @@ class IpuCompiledProgram:
         index = []
         for item in items:
             if isinstance(item, str):
+                position = self._fetch_ids.get(item)
+                if position is None:
+                    position = self._fetch_ids.get(_made_up_key(item))
+                if position is not None and item not in names:
+                    index.append(position)
+                    continue
                 if item not in names:
                     raise FetchError(
                         f"fetch {item!r} is not an output of the compiled program; it can "
@@ -261,6 +296,27 @@ class IpuCompiledProgram:
     def fetch_names_for(self, index: Sequence[int]) -> list[str]:
         names = self.fetchable()
         return [names[i] for i in index]
+
+
+def _resolve_fetch_names(program: Any, fetch_list: list[Any]) -> list[Any]:
+    from paddle_ipu.compat import names
+
+    return list(names.resolve_fetches(program, fetch_list))
+
+
+def _made_up_key(name: str) -> Any:
+    """The value id a name made up by paddle_ipu.compat.names stands for."""
+    from paddle_ipu.compat import names
+
+    return names.made_up_key(name)
+
+
+def _set_current_backend(compiled: IpuCompiledProgram) -> None:
+    """What Paddle 2.x's ``core.IpuBackend.get_instance()`` acts on: the program
+    compiled last."""
+    from paddle_ipu.compat import IpuBackend
+
+    IpuBackend._set_current(compiled)
 
 
 def _describe_value(value: Any) -> str:
