@@ -32,6 +32,7 @@ Replaced (module: names):
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any
@@ -177,6 +178,44 @@ class IpuBackend:
 
 
 # ----------------------------------------------------------------------------------
+# sharding in either IR
+# ----------------------------------------------------------------------------------
+
+
+def ipu_shard_guard(index: int = -1, stage: int = -1) -> Any:
+    """``paddle.static.ipu_shard_guard`` for PIR programs (paddle_ipu.ipu_shard_guard)
+    and legacy-IR ones (op attributes as Paddle 2.x set them)."""
+    import paddle
+
+    from paddle_ipu.compiler import sharding
+
+    if paddle.framework.in_pir_mode():
+        return sharding.ipu_shard_guard(index=index, stage=stage)
+    from paddle_ipu.compiler.legacy_reader import legacy_shard_guard
+
+    sharding._check(index, stage)
+    return legacy_shard_guard(index=index, stage=stage)
+
+
+def set_ipu_shard(call_func: Any, index: int = -1, stage: int = -1) -> Any:
+    """``paddle.static.set_ipu_shard`` in either IR (see :func:`ipu_shard_guard`)."""
+    import paddle
+
+    from paddle_ipu.compiler import sharding
+
+    if paddle.framework.in_pir_mode() or isinstance(call_func, paddle.nn.Layer):
+        return sharding.set_ipu_shard(call_func, index=index, stage=stage)
+    sharding._check(index, stage)
+
+    @functools.wraps(call_func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with ipu_shard_guard(index=index, stage=stage):
+            return call_func(*args, **kwargs)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------------
 # places and flags
 # ----------------------------------------------------------------------------------
 
@@ -293,7 +332,6 @@ def install() -> None:
     import paddle.framework
     import paddle.static
 
-    from paddle_ipu.compiler.sharding import ipu_shard_guard, set_ipu_shard
     from paddle_ipu.program import IpuCompiledProgram
 
     with _lock:
