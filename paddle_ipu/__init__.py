@@ -57,6 +57,8 @@ _LAZY = {
     "supported_ops": "paddle_ipu.compiler",
     "compile_program": "paddle_ipu.compiler",
     "available_backends": "paddle_ipu.backends",
+    "inference_model": "paddle_ipu.dygraph",
+    "training_model": "paddle_ipu.dygraph",
 }
 
 

@@ -88,6 +88,18 @@ def install() -> None:
         _original = original
 
 
+def _ir_of(compiled: Any) -> Any:
+    """The runnable program is PIR: Paddle's executor runs it in PIR mode only (a
+    legacy-IR program's compiled form, run from legacy mode)."""
+    if getattr(compiled, "_legacy", False):
+        from paddle_ipu.compiler.legacy_reader import pir_mode
+
+        return pir_mode()
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def _default_main() -> Any:
     import paddle
 
@@ -138,7 +150,7 @@ def _run_compiled(
     names = compiled.fetch_names_for(index)
     try:
         # Paddle's executor crashes when threads run one program at once: one at a time.
-        with compiled.paddle_run_lock:
+        with compiled.paddle_run_lock, _ir_of(compiled):
             return original(exe, program, feed, names, *args, **kwargs)
     except SystemError as exc:
         error = getattr(executor, "last_error", None)

@@ -952,15 +952,15 @@ class IpuStrategy:
     def register_patch(self) -> None:
         """Paddle 2.x's switch that made ``paddle.jit.to_static`` Layers compile for
         the IPU (see :mod:`paddle_ipu.dygraph`); :meth:`release_patch` undoes it."""
-        from paddle_ipu import dygraph
+        from paddle_ipu.dygraph import register_patch
 
-        dygraph.register_patch(self)
+        register_patch(self)
 
     def release_patch(self) -> None:
         """Undo :meth:`register_patch`."""
-        from paddle_ipu import dygraph
+        from paddle_ipu.dygraph import release_patch
 
-        dygraph.release_patch()
+        release_patch()
 
     def add_custom_op(
         self,

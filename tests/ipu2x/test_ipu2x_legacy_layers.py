@@ -147,3 +147,18 @@ def test_legacy_shard_attributes_reach_the_graph() -> None:
         shards = compiled.model.shards
     assert {spec.ipu_index for spec in shards.values()} == {0, 1}
     check({"cpu": cpu, "ipu": [out]})
+
+
+def test_legacy_through_paddles_executor(monkeypatch: Any) -> None:
+    """PADDLE_IPU_DIRECT_RUN=0: the compiled (PIR) program runs through Paddle's
+    executor, switched to PIR mode for the run."""
+    monkeypatch.setenv("PADDLE_IPU_DIRECT_RUN", "0")
+    results = run_modes(
+        _classifier("sgd"),
+        {"x": X, "label": LABEL},
+        modes=("cpu", "ipu"),
+        is_training=True,
+        steps=3,
+    )
+    check(results, rtol=1e-4, atol=1e-5)
+    assert not paddle.framework.in_pir_mode()
