@@ -31,6 +31,7 @@ import itertools
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 _lock = threading.Lock()
@@ -126,6 +127,30 @@ def resolve_name(program: Any, name: str) -> Any:
     return None
 
 
+@dataclass
+class _Cache:
+    """What a program's names resolved to, valid while the program is unchanged
+    (kept on the program, so the values never outlive it)."""
+
+    version: tuple[int, str]
+    fetch_ops: set[str]
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+_CACHE_ATTR = "_paddle_ipu_names"
+
+
+def _cache_of(program: Any) -> _Cache:
+    block = program.global_block()
+    ops = block.ops
+    version = (len(ops), str(ops[-1].id()) if ops else "")
+    cache = getattr(program, _CACHE_ATTR, None)
+    if cache is None or cache.version != version:
+        cache = _Cache(version, _fetch_op_names(block))
+        setattr(program, _CACHE_ATTR, cache)
+    return cache  # type: ignore[no-any-return]
+
+
 def resolve_fetches(program: Any, fetch_list: Any) -> Any:
     """``fetch_list`` with its strings that Paddle's PIR executor would refuse (made-up
     names, data and parameter names) replaced by the program's values.  Anything
@@ -138,14 +163,18 @@ def resolve_fetches(program: Any, fetch_list: Any) -> Any:
     items = [fetch_list] if single else list(fetch_list)
     if not any(isinstance(item, str) for item in items):
         return fetch_list
-    existing = _fetch_op_names(program.global_block())
+    cache = _cache_of(program)
     out = []
     for item in items:
-        if isinstance(item, str) and item not in existing:
-            value = resolve_name(program, item)
-            out.append(item if value is None else value)
-        else:
+        if not isinstance(item, str) or item in cache.fetch_ops:
             out.append(item)
+            continue
+        value = cache.values.get(item)
+        if value is None:
+            value = resolve_name(program, item)
+            if value is not None:
+                cache.values[item] = value
+        out.append(item if value is None else value)
     if single:
         return out[0]
     return type(fetch_list)(out) if isinstance(fetch_list, tuple) else out
