@@ -148,7 +148,7 @@ def _cache_of(program: Any) -> _Cache:
     if cache is None or cache.version != version:
         cache = _Cache(version, _fetch_op_names(block))
         setattr(program, _CACHE_ATTR, cache)
-    return cache  # type: ignore[no-any-return]
+    return cache
 
 
 def resolve_fetches(program: Any, fetch_list: Any) -> Any:
