@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu.compiler.legacy_reader import pir_mode
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
 
 log = logging.getLogger("paddle_ipu")
@@ -347,10 +348,13 @@ class IpuModel:
                     )
                     self.copy_weights_to_host()
                     self._compiled.reset()
-                self._compile(arrays)
+                # Traced as PIR whatever the process's IR (a no-op under PIR).
+                with pir_mode():
+                    self._compile(arrays)
                 self._signature = signature
             compiled = self._compiled
-        outs = compiled.run(dict(zip(self._feed_names, arrays)))
+        with pir_mode():
+            outs = compiled.run(dict(zip(self._feed_names, arrays)))
         tensors = [paddle.to_tensor(o) for o in outs]
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
