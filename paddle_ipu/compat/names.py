@@ -8,8 +8,8 @@ fetch op of that name.
 
 The mechanism here, and its limits:
 
-- Reading ``value.name`` of an unnamed value from user code (not from Paddle's
-  own modules, whose code relies on the error) returns a name made up once per
+- Reading ``value.name`` of an unnamed value from user code (not from Paddle's or
+  paddle_ipu's own modules, whose code relies on the error) returns a name made up once per
   value, ``<op>_<n>.tmp_<result>`` as 2.x named them (``relu_0.tmp_0``), unique in
   the process.  The program is not changed; the name is recorded here against the
   value's id (``value.has_name`` stays False, and ``value.name = ...`` still raises).
@@ -60,12 +60,13 @@ def _made_up(value: Any) -> str:
 
 
 def _from_paddle(depth: int = 2) -> bool:
-    """Whether the caller reading ``.name`` is Paddle's own code."""
+    """Whether the caller reading ``.name`` is Paddle's or paddle_ipu's own code
+    (both rely on the error to tell unnamed values apart)."""
     try:
         module = sys._getframe(depth).f_globals.get("__name__", "")
     except ValueError:
         return False
-    return module == "paddle" or module.startswith("paddle.")
+    return module.split(".", 1)[0] in ("paddle", "paddle_ipu")
 
 
 def _name_getter(original: Any) -> Any:
