@@ -195,3 +195,36 @@ def test_2x_flow_register_patch() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for a, b in zip(reference.parameters(), model.net.parameters()):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class WithBatchNorm(paddle.nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = paddle.nn.Linear(8, 16)
+        self.bn = paddle.nn.BatchNorm1D(16)
+        self.out = paddle.nn.Linear(16, 3)
+
+    def forward(self, x: Any, y: Any) -> Any:
+        logits = self.out(paddle.nn.functional.relu(self.bn(self.fc(x))))
+        return paddle.nn.functional.cross_entropy(logits, y, reduction="none").mean()
+
+
+def test_batch_norm_statistics_come_back() -> None:
+    """BatchNorm's running mean and variance (non-trainable parameters in Paddle 3)
+    move on the device and are copied back with the weights."""
+    paddle.seed(5)
+    net = WithBatchNorm()
+    optimizer = paddle.optimizer.Momentum(0.05, 0.9, parameters=net.parameters())
+    want = _eager_losses(net, optimizer, DATA[:10])  # type: ignore[arg-type]
+    paddle.seed(5)
+    net2 = WithBatchNorm()
+    model = paddle_ipu.training_model(
+        net2, paddle.optimizer.Momentum(0.05, 0.9, parameters=net2.parameters())
+    )
+    got = [float(np.asarray(model(x, y)).reshape(-1)[0]) for x, y in DATA[:10]]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    model.copy_weights_to_host()
+    for name in ("_mean", "_variance"):
+        np.testing.assert_allclose(
+            getattr(net2.bn, name).numpy(), getattr(net.bn, name).numpy(), rtol=1e-5, atol=1e-6
+        )
