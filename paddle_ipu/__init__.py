@@ -15,6 +15,7 @@ from typing import Any
 import paddle as _paddle
 
 from paddle_ipu._compat import check_paddle_version
+from paddle_ipu._env import env_flag
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
     BackendError,
@@ -81,6 +82,11 @@ def install_hooks() -> None:
     _patch.install()
 
 
+# Paddle 2.x's IPU names (paddle.static.IpuStrategy, paddle.IPUPlace, ...; see
+# paddle_ipu.compat; paddle_ipu.compat.disable() restores Paddle's own).
+if env_flag("PADDLE_IPU_COMPAT", True):
+    importlib.import_module("paddle_ipu.compat").install()
+
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.
 _LAZY = {
@@ -93,6 +99,8 @@ _LAZY = {
     "supported_ops": "paddle_ipu.compiler",
     "compile_program": "paddle_ipu.compiler",
     "available_backends": "paddle_ipu.backends",
+    "inference_model": "paddle_ipu.dygraph",
+    "training_model": "paddle_ipu.dygraph",
 }
 
 

@@ -69,8 +69,14 @@ def install() -> None:
             )
             if compiled is not None:
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
-            from paddle_ipu import implicit
+            from paddle_ipu import compat, implicit
 
+            if compat.installed():
+                # 2.x scripts fetch by names Paddle's PIR executor refuses
+                # (paddle_ipu.compat.names).
+                fetch_list = compat.names.resolve_fetches(
+                    program if program is not None else _default_main(), fetch_list
+                )
             if implicit.targets(self, program):
                 return implicit.run(
                     original, self, program, feed, fetch_list, options, args, kwargs
@@ -80,6 +86,24 @@ def install() -> None:
         run.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
         paddle.static.Executor.run = run  # type: ignore[method-assign]
         _original = original
+
+
+def _ir_of(compiled: Any) -> Any:
+    """The runnable program is PIR: Paddle's executor runs it in PIR mode only (a
+    legacy-IR program's compiled form, run from legacy mode)."""
+    if getattr(compiled, "_legacy", False):
+        from paddle_ipu.compiler.legacy_reader import pir_mode
+
+        return pir_mode()
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _default_main() -> Any:
+    import paddle
+
+    return paddle.static.default_main_program()
 
 
 def uninstall() -> None:
@@ -126,7 +150,7 @@ def _run_compiled(
     names = compiled.fetch_names_for(index)
     try:
         # Paddle's executor crashes when threads run one program at once: one at a time.
-        with compiled.paddle_run_lock:
+        with compiled.paddle_run_lock, _ir_of(compiled):
             return original(exe, program, feed, names, *args, **kwargs)
     except SystemError as exc:
         error = getattr(executor, "last_error", None)

@@ -34,6 +34,7 @@ _SAFE_CASTS = {
     ("int32", "int64"),
     ("bool", "int32"),
     ("float64", "float32"),
+    ("float16", "float32"),  # exact; Paddle 2.x's fp16 flow feeds float16
 }
 
 

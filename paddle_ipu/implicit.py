@@ -144,16 +144,25 @@ def run(
     if program is None:
         program = paddle.static.default_main_program()
     if not isinstance(program, paddle.pir.Program):
-        # A legacy-IR program: its optimizer kernels would update CPU copies.
+        # A legacy-IR program: its optimizer kernels would update CPU copies.  It is
+        # compiled implicitly through its PIR translation (compiler/legacy_reader.py),
+        # the translated program cached on it; PIR mode while it compiles and runs.
         bad = _legacy_optimizer_ops(program)
-        if bad:
-            kinds = ", ".join(sorted(set(bad)))
-            raise NotSupportedError(
-                f"this legacy-IR program updates parameters in place ({kinds}), "
-                "which the ipu place cannot run op by op, and implicit compilation needs a "
-                "PIR program: build it under PIR (the default), or run it on paddle.CPUPlace()"
-            )
-        return original(exe, program, feed, fetch_list, *args, **kwargs)
+        fetches = _normalise_fetches(fetch_list)
+        if not (bad or fetches) or not env_flag(ENV_FLAG, True):
+            if bad:
+                kinds = ", ".join(sorted(set(bad)))
+                raise NotSupportedError(
+                    f"this legacy-IR program updates parameters in place ({kinds}), which "
+                    f"the ipu place cannot run op by op: unset {ENV_FLAG} (or set it to 1) "
+                    "to compile it implicitly, or run it on paddle.CPUPlace()"
+                )
+            return original(exe, program, feed, fetch_list, *args, **kwargs)
+        from paddle_ipu.compiler.legacy_reader import pir_mode
+
+        translated, pir_fetches = _translation(program, sorted(dict(feed or {})), fetches)
+        with pir_mode():
+            return run(original, exe, translated, feed, pir_fetches or None, options, args, kwargs)
 
     fetches = _normalise_fetches(fetch_list)
     if isinstance(feed, (list, tuple)):
@@ -199,6 +208,28 @@ def run(
         tensor.set(array, paddle.CPUPlace())
         tensors.append(tensor)
     return tensors
+
+
+_TRANSLATION_ATTR = "_paddle_ipu_translation"
+
+
+def _translation(program: Any, feeds: list[str], fetches: list[Any]) -> tuple[Any, list[Any]]:
+    """The PIR translation of a legacy program (cached on it per op count and
+    fetch list) and the fetches as its values."""
+    from paddle_ipu.compiler.legacy_reader import translate
+
+    key = (
+        len(program.global_block().ops),
+        tuple(f if isinstance(f, str) else str(f.name) for f in fetches),
+        tuple(feeds),
+    )
+    with _lock:
+        cached = getattr(program, _TRANSLATION_ATTR, None)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        t = translate(program, feeds, fetches)
+        setattr(program, _TRANSLATION_ATTR, (key, t.program, t.fetch_list))
+        return t.program, t.fetch_list
 
 
 def _check_native(program: Any, enabled: bool) -> None:

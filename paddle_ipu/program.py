@@ -8,6 +8,7 @@ works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 import weakref
@@ -57,6 +58,10 @@ class IpuCompiledProgram:
         #: the model runtime (serving), when enable_model_runtime_executor is set
         self.runtime: ModelRuntime | None = None
         self._fetch_ids: dict[Any, int] = {}
+        from paddle_ipu.compiler.legacy_reader import is_legacy
+
+        #: a legacy-IR program (compiled through its PIR translation)
+        self._legacy = is_legacy(program)
         #: serialises runs that go through Paddle's executor (PADDLE_IPU_DIRECT_RUN=0)
         self.paddle_run_lock = threading.Lock()
 
@@ -83,6 +88,17 @@ class IpuCompiledProgram:
     def _compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:
         s = self._strategy
         s.validate()
+        from paddle_ipu.compat import wants_fp16
+
+        if self._legacy and s.enable_fp16 and _holds_fp16(self._program):
+            # A legacy program cast by Paddle's cast_model_to_fp16 is float16
+            # already: it is compiled as it is, without a second conversion.
+            s = s.copy()
+            s.set_precision_config(enable_fp16=False)
+        elif wants_fp16(self._program) and not s.enable_fp16:
+            # Paddle 2.x ran a program cast by cast_model_to_fp16 in float16.
+            s = s.copy()
+            s.set_precision_config(enable_fp16=True)
         serving = bool(s.get("enable_model_runtime_executor"))
         if serving and s.is_training:
             raise OptionError(
@@ -101,14 +117,22 @@ class IpuCompiledProgram:
             feed_list = [feed_list]
         if not isinstance(fetch_list, Sequence) or isinstance(fetch_list, (str, bytes)):
             fetch_list = [fetch_list]
+        # Strings 2.x code takes from ``var.name`` of intermediate values (names
+        # made up by paddle_ipu.compat.names), and names of data ops and parameters,
+        # become the program's Values; the string stays a way to fetch them.
+        given = list(fetch_list)
+        fetch_list = _resolve_fetch_names(self._program, given)
         executor = compile_executor(
             self._program, self._scope, s, list(feed_list), list(fetch_list), progress
         )
         # Fetches given as Values of the original program can be fetched by that
-        # Value from the compiled one too.
+        # Value from the compiled one too (and by the name it was given as).
         self._fetch_ids = {
             _value_id(item): i for i, item in enumerate(fetch_list) if not isinstance(item, str)
         }
+        for i, item in enumerate(given):
+            if isinstance(item, str):
+                self._fetch_ids.setdefault(item, i)
         self.model = executor.model
         self.executor = executor
         if serving and not executor.compile_only:
@@ -116,11 +140,29 @@ class IpuCompiledProgram:
 
             self.runtime = ModelRuntime(executor)
         shapes = self.runtime.request_shapes() if self.runtime is not None else None
-        prog = build_runtime_program(self, shapes=shapes)
+        from paddle_ipu.compiler.legacy_reader import pir_mode
+
+        with pir_mode():  # the runnable program is PIR, whatever the source's IR
+            prog = build_runtime_program(self, shapes=shapes)
         prog.org_program = self._program
         prog.ipu_compiled_program = self
+        scheduler = getattr(self._program, "lr_scheduler", None)
+        if scheduler is not None:
+            # 2.x's compiled program carried the scheduler (its tests step
+            # ``program.lr_sheduler``: paddle_ipu.compat spells it so too); the
+            # executor reads it each run.
+            setattr(prog, "lr_scheduler", scheduler)  # noqa: B010
+        _set_current_backend(self)
         progress(100)
         return prog
+
+    @property
+    def _backend(self) -> Any:
+        """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
+        weights_from_host, reset, detach, save_model_proto of this program."""
+        from paddle_ipu.compat import IpuBackend
+
+        return IpuBackend(self)
 
     # -- Paddle 2.x's backend calls --------------------------------------------
     def _require(self) -> Executor:
@@ -195,6 +237,16 @@ class IpuCompiledProgram:
     def run(self, feed: dict[str, Any]) -> list[np.ndarray]:
         """The executor's own numpy-in / numpy-out API (no Paddle executor); through
         the model runtime when it is on."""
+        if self._legacy:
+            # The host backend runs Paddle's PIR gradient program: PIR mode while
+            # a legacy-IR program's compiled graph runs.
+            from paddle_ipu.compiler.legacy_reader import pir_mode
+
+            with pir_mode():
+                return self._run(feed)
+        return self._run(feed)
+
+    def _run(self, feed: dict[str, Any]) -> list[np.ndarray]:
         runtime = self._request_runtime()
         if runtime is None:
             return self._require().run(feed)
@@ -242,6 +294,12 @@ class IpuCompiledProgram:
         index = []
         for item in items:
             if isinstance(item, str):
+                position = self._fetch_ids.get(item)
+                if position is None:
+                    position = self._fetch_ids.get(_made_up_key(item))
+                if position is not None and item not in names:
+                    index.append(position)
+                    continue
                 if item not in names:
                     raise FetchError(
                         f"fetch {item!r} is not an output of the compiled program; it can "
@@ -262,6 +320,35 @@ class IpuCompiledProgram:
     def fetch_names_for(self, index: Sequence[int]) -> list[str]:
         names = self.fetchable()
         return [names[i] for i in index]
+
+
+def _holds_fp16(program: Any) -> bool:
+    """Whether a legacy program computes in float16 (after Paddle's amp cast)."""
+    import paddle
+
+    fp16 = paddle.base.core.VarDesc.VarType.FP16
+    return any(getattr(var, "dtype", None) == fp16 for var in program.global_block().vars.values())
+
+
+def _resolve_fetch_names(program: Any, fetch_list: list[Any]) -> list[Any]:
+    from paddle_ipu.compat import names
+
+    return list(names.resolve_fetches(program, fetch_list))
+
+
+def _made_up_key(name: str) -> Any:
+    """The value id a name made up by paddle_ipu.compat.names stands for."""
+    from paddle_ipu.compat import names
+
+    return names.made_up_key(name)
+
+
+def _set_current_backend(compiled: IpuCompiledProgram) -> None:
+    """What Paddle 2.x's ``core.IpuBackend.get_instance()`` acts on: the program
+    compiled last."""
+    from paddle_ipu.compat import IpuBackend
+
+    IpuBackend._set_current(compiled)
 
 
 def _describe_value(value: Any) -> str:
@@ -290,6 +377,32 @@ def compile_executor(
 ) -> Executor:
     """Compile ``program`` for ``strategy`` and prepare an executor over it (the
     part of a compile that IpuCompiledProgram and implicit compiles share)."""
+    from paddle_ipu.compiler.legacy_reader import is_legacy, pir_mode
+
+    if is_legacy(program):
+        # A legacy-IR program is translated to PIR by Paddle's own translator and
+        # compiled as PIR (paddle_ipu.compiler.legacy_reader); Paddle's static APIs
+        # must be in PIR mode meanwhile (a process-wide switch: compiles are
+        # serialised by the compile lock).
+        from paddle_ipu.compiler.legacy_reader import translate
+
+        with _compile_lock, pir_mode():
+            t = translate(program, feed_list, fetch_list)
+            return _compile_executor(
+                t.program, scope, strategy, t.feed_list, t.fetch_list, progress, t.fetch_names
+            )
+    return _compile_executor(program, scope, strategy, feed_list, fetch_list, progress)
+
+
+def _compile_executor(
+    program: Any,
+    scope: Any,
+    strategy: Any,
+    feed_list: list[Any],
+    fetch_list: list[Any],
+    progress: Callable[[int], None] | None = None,
+    fetch_names: list[str] | None = None,
+) -> Executor:
     from paddle_ipu.compiler import compile_program
 
     report = progress or (lambda _percent: None)
@@ -306,6 +419,15 @@ def compile_executor(
             enable_pipelining=bool(s.enable_pipelining),
             onnx_dump_path=str(s.get("onnx_dump_path") or ""),
         )
+        if fetch_names:
+            # Outputs the user named (legacy variable names) are fetched by them.
+            model = dataclasses.replace(
+                model,
+                outputs=[
+                    dataclasses.replace(spec, paddle_name=name) if name else spec
+                    for spec, name in zip(model.outputs, fetch_names)
+                ],
+            )
         report(40)
         if s.is_training:
             from paddle_ipu.compiler.training import attach_training
@@ -493,8 +615,15 @@ def _progress_reporter(logger: Any, total: int) -> Any:
 
 
 def _value_id(value: Any) -> Any:
-    # pir.Value overloads == (it builds an op), so key on its id.
-    return getattr(value, "id", None) if not isinstance(value, str) else value
+    # pir.Value overloads == (it builds an op), so key on its id; a legacy
+    # Variable is known by its name.
+    if isinstance(value, str):
+        return value
+    from paddle_ipu.compiler.legacy_reader import is_legacy_variable
+
+    if is_legacy_variable(value):
+        return str(value.name)
+    return getattr(value, "id", None)
 
 
 def _paddle_dtype(dtype: str) -> str:

@@ -912,6 +912,56 @@ class IpuStrategy:
         """Run the graph in float16 (``enable_fp16``) or float32."""
         self.set_options({"enable_fp16": enable_fp16})
 
+    # --- dynamic-to-static (Paddle 2.x) --------------------------------------------
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Give the strategy a dygraph optimizer (Paddle 2.x's dy2static flow): its
+        learning rate goes into the ``lr`` option and the optimizer is kept for
+        :func:`paddle_ipu.training_model`.  As in 2.x, dygraph mode only."""
+        import paddle
+
+        if not paddle.in_dynamic_mode():
+            raise OptionError(
+                "set_optimizer() takes a dygraph optimizer and works in dynamic mode only "
+                "(as in Paddle 2.x); a static program brings its optimizer ops with it"
+            )
+        self.set_options(self.parse_optimizer(optimizer))
+        self._optimizer = optimizer
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer given to :meth:`set_optimizer` (None before)."""
+        return getattr(self, "_optimizer", None)
+
+    def parse_optimizer(self, optimizer: Any) -> dict[str, Any]:
+        """The options Paddle 2.x read off a dygraph optimizer: ``{"lr": value}``
+        (a scheduler's current value)."""
+        from paddle.optimizer.lr import LRScheduler
+
+        lr = getattr(optimizer, "_learning_rate", None)
+        if isinstance(lr, LRScheduler):
+            return {"lr": float(lr())}
+        if isinstance(lr, numbers.Real) and not isinstance(lr, bool):
+            return {"lr": float(lr)}
+        raise OptionError(
+            f"parse_optimizer: expected a paddle.optimizer.Optimizer with a float or "
+            f"LRScheduler learning rate, received {type(optimizer).__name__} "
+            f"(learning rate {lr!r})"
+        )
+
+    def register_patch(self) -> None:
+        """Paddle 2.x's switch that made ``paddle.jit.to_static`` Layers compile for
+        the IPU (see :mod:`paddle_ipu.dygraph`); :meth:`release_patch` undoes it."""
+        from paddle_ipu.dygraph import register_patch
+
+        register_patch(self)
+
+    def release_patch(self) -> None:
+        """Undo :meth:`register_patch`."""
+        from paddle_ipu.dygraph import release_patch
+
+        release_patch()
+
     def add_custom_op(
         self,
         paddle_op: str,
@@ -1226,13 +1276,15 @@ class IpuStrategy:
 
     def copy(self) -> IpuStrategy:
         """An independent copy (the progress logger callable is shared)."""
-        clone = IpuStrategy.__new__(IpuStrategy)
+        clone = type(self).__new__(type(self))
         clone._values = dict(self._values)
         for name in self._mutable_names():
             clone._values[name] = _copy.deepcopy(self._values[name])
         clone._explicit = set(self._explicit)
         clone._patterns = dict(self._patterns)
         clone.need_compile = self.need_compile
+        if hasattr(self, "_optimizer"):
+            clone._optimizer = self._optimizer
         return clone
 
     def __copy__(self) -> IpuStrategy:

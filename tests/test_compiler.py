@@ -20,7 +20,7 @@ from paddle_ipu.compiler import (
     supported_ops,
 )
 from paddle_ipu.compiler.reader import reader_for
-from paddle_ipu.errors import CompileError, FeedError, NotSupportedError, UnsupportedOpError
+from paddle_ipu.errors import CompileError, FeedError, UnsupportedOpError
 
 paddle.enable_static()
 
@@ -246,11 +246,26 @@ def test_unused_feed_kept_in_order() -> None:
     assert [i.name for i in onnx.load_from_string(cm.onnx).graph.input] == ["label", "img"]
 
 
-def test_legacy_program_rejected() -> None:
+def test_legacy_program_compiles_through_its_pir_translation() -> None:
+    """A legacy-IR program compiles (compiler/legacy_reader.py): feeds, fetches by
+    variable name, parameters and index ranges as for PIR."""
     with paddle.pir_utils.OldIrGuard():
-        prog = paddle.static.Program()
-    with pytest.raises(NotSupportedError, match="legacy"):
-        compile_program(prog, [], ["x"])
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [4, 8], "float32")
+            ids = paddle.static.data("ids", [4, 1], "int64")
+            emb = paddle.static.nn.embedding(ids, size=[10, 8])
+            out = paddle.static.nn.fc(x + paddle.flatten(emb, 1), 3)
+            paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        name = out.name
+    cm = compile_program(main, ["x", "ids"], [name], scope=scope)
+    assert [s.paddle_name for s in cm.outputs] == [name]
+    assert cm.outputs[0].shape == (4, 3)
+    assert cm.inputs[1].ranges and cm.inputs[1].ranges[0].high == 10
+    assert len(cm.weights) == 3  # embedding table, fc weight and bias
+    with pytest.raises(CompileError, match="not a variable"):
+        compile_program(main, ["x"], ["no_such_var"], scope=scope)
 
 
 def test_dump(tmp_path: Any) -> None:

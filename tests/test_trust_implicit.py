@@ -451,7 +451,40 @@ def test_uncompilable_training_program_raises_naming_the_in_place_op() -> None:
             exe.run(main, feed={"x": batches(1)[0]["x"]}, fetch_list=[loss])
 
 
-def test_legacy_ir_training_program_on_ipu_place_raises() -> None:
+def test_legacy_ir_training_program_on_ipu_place_compiles() -> None:
+    """A legacy-IR training program on the ipu place is compiled implicitly through
+    its PIR translation: it trains as on the CPU, and the scope sees the updates."""
+    code = """
+import numpy as np, paddle, paddle_ipu
+paddle.enable_static()
+out = {}
+for place in ("cpu", "ipu"):
+    with paddle.pir_utils.OldIrGuard():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        scope = paddle.static.Scope()
+        paddle.seed(1)
+        with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [-1, 4], "float32")
+            loss = paddle.mean(paddle.static.nn.fc(x, 1) ** 2)
+            paddle.optimizer.SGD(0.1).minimize(loss)
+            exe = paddle.static.Executor(
+                paddle.CPUPlace() if place == "cpu" else paddle.CustomPlace("ipu", 0))
+            exe.run(startup)
+            feed = {"x": np.arange(8, dtype="float32").reshape(2, 4) / 8}
+            losses = [float(exe.run(main, feed=feed, fetch_list=[loss])[0]) for _ in range(5)]
+            w = np.asarray(scope.find_var("fc_0.w_0").get_tensor()).copy()
+    out[place] = (losses, w)
+assert out["cpu"][0][0] != out["cpu"][0][-1]
+np.testing.assert_allclose(out["ipu"][0], out["cpu"][0], rtol=1e-6)
+np.testing.assert_allclose(out["ipu"][1], out["cpu"][1], rtol=1e-6)
+print("SAME")
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "SAME" in result.stdout
+
+
+def test_legacy_ir_training_program_refused_without_implicit_compile() -> None:
     code = """
 import numpy as np, paddle, paddle_ipu
 paddle.enable_static()
@@ -468,7 +501,7 @@ with paddle.pir_utils.OldIrGuard():
     except paddle_ipu.NotSupportedError as exc:
         print("REFUSED", exc)
 """
-    result = run_python(code)
+    result = run_python(code, env={"PADDLE_IPU_IMPLICIT_COMPILE": "0"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "REFUSED" in result.stdout and "(sgd)" in result.stdout
 

@@ -327,7 +327,9 @@ def _compile(
             f"parameters {emptied} stayed Constant nodes in the converted graph; "
             "their values cannot be filled in"
         )
-    inputs = attach_ranges(program, inputs)  # valid ranges of index feeds (compiler/ranges.py)
+    # valid ranges of index feeds (compiler/ranges.py), read off the PIR program (a
+    # legacy program's translation, see compiler/legacy_reader.py)
+    inputs = attach_ranges(getattr(fg, "pir_source", program), inputs)
     actual_opset = next(
         (int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), requested
     )

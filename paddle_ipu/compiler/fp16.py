@@ -24,12 +24,41 @@ def convert_proto(proto: Any) -> Any:
     """
     from onnxconverter_common import float16
 
+    _separate_consumed_outputs(proto)
     try:
         return float16.convert_float_to_float16(
             proto, keep_io_types=True, disable_shape_infer=False
         )
     except Exception as exc:  # the converter raises plain exceptions
         raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
+
+
+def _separate_consumed_outputs(proto: Any) -> None:
+    """Give every graph output that other nodes also read its own Identity node.
+
+    onnxconverter_common's keep_io_types casts a graph output back to float32 under
+    the output's name, but leaves the nodes that read the same tensor expecting
+    float16, which ONNX Runtime refuses ("Type (tensor(float16)) of output arg ...
+    does not match") -- the case of an intermediate value fetched and used further.
+    """
+    from onnx import helper
+
+    graph = proto.graph
+    read = {name for node in graph.node for name in node.input}
+    produced = {name for node in graph.node for name in node.output}
+    for output in graph.output:
+        name = output.name
+        if name not in read or name not in produced:
+            continue
+        inner = f"{name}::inner"
+        for node in graph.node:
+            for i, value in enumerate(node.output):
+                if value == name:
+                    node.output[i] = inner
+            for i, value in enumerate(node.input):
+                if value == name:
+                    node.input[i] = inner
+        graph.node.append(helper.make_node("Identity", [inner], [name], name=f"{name}::out"))
 
 
 def convert_model(onnx_bytes: bytes) -> bytes:

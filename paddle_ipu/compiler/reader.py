@@ -94,13 +94,11 @@ def reader_for(program: Any) -> ProgramReader:
         from paddle_ipu.compiler.pir_reader import PirReader
 
         return PirReader()
-    legacy = getattr(getattr(paddle, "base", None), "framework", None)
-    if legacy is not None and isinstance(program, legacy.Program):
-        raise NotSupportedError(
-            "legacy-IR programs (built with FLAGS_enable_pir_api=0 or under "
-            "paddle.pir_utils.OldIrGuard) are not supported yet: build the program "
-            "with the default PIR API"
-        )
+    from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
+
+    if is_legacy(program):
+        return LegacyReader()
     raise NotSupportedError(
-        f"cannot compile a {type(program).__name__}: expected a paddle.static.Program (PIR)"
+        f"cannot compile a {type(program).__name__}: expected a paddle.static.Program "
+        "(PIR, or a legacy-IR program)"
     )

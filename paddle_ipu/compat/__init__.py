@@ -1,0 +1,371 @@
+"""Paddle 2.x's IPU names on stock Paddle 3.x.
+
+Paddle 3.x still ships the names of its in-tree IPU support, but they raise
+(``paddle.static.IpuStrategy()``: "re-compile with WITH_IPU=ON",
+``paddle.IPUPlace()``: "use wrong place", ...) or answer False
+(``paddle.is_compiled_with_ipu()``), and ``paddle.base.core.IpuBackend`` is gone.
+:func:`install` (called by ``import paddle_ipu`` unless ``PADDLE_IPU_COMPAT=0``)
+points those public names at paddle_ipu, so a script written for Paddle 2.x's IPU
+API runs unchanged; :func:`disable` puts every replaced name back.
+
+Only public names are replaced.  Paddle's own code asks ``core.is_compiled_with_ipu()``
+and ``core.IPUPlace`` (left alone), so none of its internal IPU branches -- which
+need the C++ IPU backend Paddle 3.x does not have -- turn on.
+
+Replaced (module: names):
+
+- ``paddle``, ``paddle.device``: ``is_compiled_with_ipu`` (True), ``IPUPlace``
+  (the ``ipu`` custom place);
+- ``paddle.base``, ``paddle.framework``: ``IPUPlace``;
+- ``paddle.static``, ``paddle.base``: ``IpuStrategy``, ``IpuCompiledProgram``,
+  ``ipu_shard_guard``, ``set_ipu_shard``;
+- ``paddle.base.core`` (also reached as ``paddle.framework.core``): ``IpuBackend``
+  (new);
+- ``paddle.static.amp``: ``cast_model_to_fp16`` / ``cast_parameters_to_fp16`` (they
+  fail on PIR programs; a PIR program is marked to compile in float16);
+- ``paddle.pir.Program`` / legacy ``Program``: ``lr_sheduler``, 2.x's spelling of
+  ``lr_scheduler``;
+- ``paddle.pir.Value.name``: an intermediate value, which has no name in PIR (Paddle
+  raises), gets one on first read, so 2.x's ``fetch_list=[out.name]`` works (see
+  :mod:`paddle_ipu.compat.names`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from typing import Any
+
+from paddle_ipu.compat import names
+from paddle_ipu.errors import CompileError
+from paddle_ipu.strategy import IpuStrategy as _IpuStrategy
+
+_MISSING = object()
+_lock = threading.Lock()
+# (module, attribute) -> the value it had before install() (or _MISSING)
+_saved: dict[tuple[Any, str], Any] = {}
+
+
+# ----------------------------------------------------------------------------------
+# IpuStrategy, 2.x flavour
+# ----------------------------------------------------------------------------------
+
+
+class _OptionView:
+    """What Paddle 2.x's ``IpuStrategy._ipu_strategy`` (the C++ strategy) offered:
+    ``get_option(name)`` as ``{"name", "type", "value"}``, ``set_options``."""
+
+    def __init__(self, owner: _IpuStrategy) -> None:
+        self._owner = owner
+
+    def get_option(self, name: str) -> dict[str, Any]:
+        return _IpuStrategy.get_option(self._owner, name)
+
+    def set_options(self, options: Any) -> None:
+        self._owner.set_options(options)
+
+    def get_all_option_names(self) -> list[str]:
+        return self._owner.get_all_option_names()
+
+    def enable_pattern(self, pattern: str) -> None:
+        self._owner.enable_pattern(pattern)
+
+    def disable_pattern(self, pattern: str) -> None:
+        self._owner.disable_pattern(pattern)
+
+    def is_pattern_enabled(self, pattern: str) -> bool:
+        return self._owner.is_pattern_enabled(pattern)
+
+
+class IpuStrategy(_IpuStrategy):
+    """``paddle.static.IpuStrategy`` as Paddle 2.x spelled it.
+
+    The one difference from :class:`paddle_ipu.IpuStrategy`: ``get_option(name)``
+    returns the value, as in 2.x (``paddle_ipu.IpuStrategy.get_option`` returns
+    ``{"name", "type", "value"}``, as 2.x's ``_ipu_strategy.get_option`` did; that
+    form is here as ``self._ipu_strategy.get_option``).
+    """
+
+    def get_option(self, name: str) -> Any:
+        return self.get(name)
+
+    @property
+    def _ipu_strategy(self) -> _OptionView:
+        return _OptionView(self)
+
+
+# ----------------------------------------------------------------------------------
+# IpuBackend
+# ----------------------------------------------------------------------------------
+
+
+class IpuBackend:
+    """Paddle 2.x's ``core.IpuBackend``: the process's one IPU backend.
+
+    In 2.x there was one backend per process, holding the program compiled last;
+    here each compiled program has its own executor, and this object acts on the
+    one compiled (or trained through :mod:`paddle_ipu.dygraph`) most recently.
+    """
+
+    _instance: IpuBackend | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self, target: Any = None) -> None:
+        self._scope: Any = None
+        # A backend handle of one compiled program (IpuCompiledProgram._backend).
+        self._bound = weakref.ref(target) if target is not None else None
+
+    @classmethod
+    def get_instance(cls) -> IpuBackend:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    # The object compiled last: an IpuCompiledProgram, or a dygraph model.
+    _current: weakref.ReferenceType[Any] | None = None
+
+    @classmethod
+    def _set_current(cls, target: Any) -> None:
+        cls._current = weakref.ref(target)
+
+    def _get(self) -> Any:
+        ref = self._bound if self._bound is not None else self._current
+        return ref() if ref is not None else None
+
+    def _target(self, what: str) -> Any:
+        target = self._get()
+        if target is None:
+            raise CompileError(
+                f"IpuBackend.{what}(): nothing is compiled in this process (compile an "
+                "IpuCompiledProgram, or run a Layer through paddle_ipu, first)"
+            )
+        return target
+
+    def weights_to_host(self) -> None:
+        """Copy the weights (and optimizer state) of the program compiled last to the host."""
+        target = self._get()
+        if target is not None:
+            target.weights_to_host()
+
+    def weights_from_host(self) -> None:
+        self._target("weights_from_host").weights_from_host()
+
+    def reset(self) -> None:
+        """Release the device of the program compiled last (nothing when none)."""
+        target = self._get()
+        if target is not None:
+            target.reset()
+
+    def detach(self) -> None:
+        """Release the device (2.x detached it; it attached again on the next run,
+        here the next run raises until compile() is called again)."""
+        self.reset()
+
+    def set_scope(self, scope: Any) -> None:
+        """2.x told its backend which scope holds the weights; each compiled program
+        here keeps the scope it was compiled with (``IpuCompiledProgram(scope=...)``),
+        so this only records it."""
+        self._scope = scope
+
+    def save_model_proto(self, path: str) -> None:
+        self._target("save_model_proto").save_model_proto(path)
+
+    def is_compiled(self) -> bool:
+        target = self._get()
+        return target is not None and getattr(target, "executor", None) is not None
+
+
+# ----------------------------------------------------------------------------------
+# sharding in either IR
+# ----------------------------------------------------------------------------------
+
+
+def ipu_shard_guard(index: int = -1, stage: int = -1) -> Any:
+    """``paddle.static.ipu_shard_guard`` for PIR programs (paddle_ipu.ipu_shard_guard)
+    and legacy-IR ones (op attributes as Paddle 2.x set them)."""
+    import paddle
+
+    from paddle_ipu.compiler import sharding
+
+    if paddle.framework.in_pir_mode():
+        return sharding.ipu_shard_guard(index=index, stage=stage)
+    from paddle_ipu.compiler.legacy_reader import legacy_shard_guard
+
+    sharding._check(index, stage)
+    return legacy_shard_guard(index=index, stage=stage)
+
+
+def set_ipu_shard(call_func: Any, index: int = -1, stage: int = -1) -> Any:
+    """``paddle.static.set_ipu_shard`` in either IR (see :func:`ipu_shard_guard`)."""
+    import paddle
+
+    from paddle_ipu.compiler import sharding
+
+    if paddle.framework.in_pir_mode() or isinstance(call_func, paddle.nn.Layer):
+        return sharding.set_ipu_shard(call_func, index=index, stage=stage)
+    sharding._check(index, stage)
+
+    @functools.wraps(call_func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with ipu_shard_guard(index=index, stage=stage):
+            return call_func(*args, **kwargs)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------------
+# places and flags
+# ----------------------------------------------------------------------------------
+
+
+def is_compiled_with_ipu() -> bool:
+    """True: paddle_ipu provides the IPU (Paddle's own ``core.is_compiled_with_ipu``
+    stays False, since Paddle's C++ IPU backend is not there)."""
+    return True
+
+
+def _is_ipu_place(obj: Any) -> bool:
+    try:
+        return bool(obj.is_custom_place()) and obj.get_device_type() == "ipu"
+    except Exception:
+        return False
+
+
+class _IpuPlaceMeta(type):
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return _is_ipu_place(obj)
+
+
+class IPUPlace(metaclass=_IpuPlaceMeta):
+    """``paddle.IPUPlace()``: the ``ipu`` custom place (``CustomPlace("ipu", 0)``);
+    ``isinstance(place, paddle.IPUPlace)`` is true for ipu places."""
+
+    def __new__(cls, device_id: int = 0) -> Any:
+        import paddle
+
+        return paddle.CustomPlace("ipu", int(device_id))
+
+
+# ----------------------------------------------------------------------------------
+# the 2.x fp16 flow
+# ----------------------------------------------------------------------------------
+
+#: attribute a PIR program gets from cast_model_to_fp16: compile it in float16
+FP16_ATTR = "_paddle_ipu_fp16"
+
+
+def _is_pir(program: Any) -> bool:
+    import paddle
+
+    return isinstance(program, paddle.pir.Program)
+
+
+def _amp_wrappers(original_model: Any, original_params: Any) -> tuple[Any, Any]:
+    def cast_model_to_fp16(program: Any, amp_lists: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Paddle 2.x's way to run a program in float16 on the IPU.  Paddle's own
+        function rewrites legacy programs only (it fails on PIR ones); a PIR program
+        is marked instead and compiled as with ``set_precision_config(enable_fp16=True)``
+        (the executor converts the graph and the weights).  Returns the names of the
+        parameters that run in float16."""
+        if not _is_pir(program):
+            return original_model(program, amp_lists, *args, **kwargs)
+        setattr(program, FP16_ATTR, True)
+        return [
+            str(op.attrs()["parameter_name"])
+            for op in program.global_block().ops
+            if op.name() == "builtin.parameter" and "float32" in str(op.result(0).dtype)
+        ]
+
+    def cast_parameters_to_fp16(place: Any, program: Any, *args: Any, **kwargs: Any) -> Any:
+        """For a PIR program the scope keeps float32 parameters (the device holds
+        float16 copies; weights_to_host converts back); legacy programs go to Paddle."""
+        if not _is_pir(program):
+            return original_params(place, program, *args, **kwargs)
+        return None
+
+    cast_model_to_fp16.__wrapped__ = original_model  # type: ignore[attr-defined]
+    cast_parameters_to_fp16.__wrapped__ = original_params  # type: ignore[attr-defined]
+    return cast_model_to_fp16, cast_parameters_to_fp16
+
+
+def _lr_sheduler(program: Any) -> Any:
+    """Paddle 2.x's spelling of ``program.lr_scheduler`` (its IPU tests step
+    ``program.lr_sheduler``); AttributeError, so hasattr() is False, without one."""
+    try:
+        return program.__dict__["lr_scheduler"]
+    except (AttributeError, KeyError):
+        pass
+    scheduler = getattr(program, "lr_scheduler", None)
+    if scheduler is None:
+        raise AttributeError("lr_sheduler")
+    return scheduler
+
+
+def wants_fp16(program: Any) -> bool:
+    """Whether ``program`` went through the 2.x ``cast_model_to_fp16``."""
+    return bool(getattr(program, FP16_ATTR, False))
+
+
+# ----------------------------------------------------------------------------------
+# install / disable
+# ----------------------------------------------------------------------------------
+
+
+def _replace(module: Any, name: str, value: Any) -> None:
+    key = (module, name)
+    if key not in _saved:
+        _saved[key] = getattr(module, name, _MISSING)
+    setattr(module, name, value)
+
+
+def installed() -> bool:
+    return bool(_saved)
+
+
+def install() -> None:
+    """Point Paddle 2.x's IPU names at paddle_ipu (idempotent)."""
+    import paddle
+    import paddle.base
+    import paddle.device
+    import paddle.framework
+    import paddle.static
+
+    from paddle_ipu.program import IpuCompiledProgram
+
+    with _lock:
+        if _saved:
+            return
+        for module in (paddle, paddle.device):
+            _replace(module, "is_compiled_with_ipu", is_compiled_with_ipu)
+        for module in (paddle, paddle.device, paddle.base, paddle.framework):
+            if hasattr(module, "IPUPlace"):
+                _replace(module, "IPUPlace", IPUPlace)
+        for module in (paddle.static, paddle.base):
+            _replace(module, "IpuStrategy", IpuStrategy)
+            _replace(module, "IpuCompiledProgram", IpuCompiledProgram)
+            _replace(module, "ipu_shard_guard", ipu_shard_guard)
+            _replace(module, "set_ipu_shard", set_ipu_shard)
+        _replace(paddle.base.core, "IpuBackend", IpuBackend)
+        for program_type in (paddle.pir.Program, paddle.base.framework.Program):
+            if not hasattr(program_type, "lr_sheduler"):
+                _replace(program_type, "lr_sheduler", property(_lr_sheduler))
+        import paddle.static.amp as amp
+
+        model_fn, params_fn = _amp_wrappers(amp.cast_model_to_fp16, amp.cast_parameters_to_fp16)
+        _replace(amp, "cast_model_to_fp16", model_fn)
+        _replace(amp, "cast_parameters_to_fp16", params_fn)
+        names.install(_replace)
+
+
+def disable() -> None:
+    """Give every name :func:`install` replaced its own value back."""
+    with _lock:
+        for (module, name), value in reversed(list(_saved.items())):
+            if value is _MISSING:
+                if hasattr(module, name):
+                    delattr(module, name)
+            else:
+                setattr(module, name, value)
+        _saved.clear()
