@@ -133,9 +133,12 @@ def _spec_from_json(d: dict[str, Any]) -> TensorSpec:
         for r in d.get("ranges", ())
     )
     return TensorSpec(
-        str(d["name"]), str(d["dtype"]), tuple(int(x) for x in d["shape"]),
-        str(d.get("paddle_name", "")), ranges,
-    )  # fmt: skip
+        str(d["name"]),
+        str(d["dtype"]),
+        tuple(int(x) for x in d["shape"]),
+        str(d.get("paddle_name", "")),
+        ranges,
+    )
 
 
 def _write_atomically(target: Path, data: bytes) -> None:
@@ -221,15 +224,15 @@ def _model_files(prefix: str) -> tuple[Path, Path | None]:
 
 
 def _check_options(micro_batch_size: int, batches_per_step: int) -> None:
-    for name, value in (("micro_batch_size", micro_batch_size), ("batches_per_step",
-                                                                  batches_per_step)):
+    for name, value in (
+        ("micro_batch_size", micro_batch_size),
+        ("batches_per_step", batches_per_step),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise OptionError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def cache_key(
-    prefix: str, options: dict[str, Any], backend: str, versions: dict[str, str]
-) -> str:
+def cache_key(prefix: str, options: dict[str, Any], backend: str, versions: dict[str, str]) -> str:
     """The content address of a compile: model files, options, backend, versions."""
     program, params = _model_files(prefix)
     h = hashlib.sha256()
@@ -292,9 +295,7 @@ def compile_model(
     except Exception as exc:
         raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
     stage()
-    model = compile_program(
-        program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size
-    )
+    model = compile_program(program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size)
     stage()
     meta = {
         "format": PACKAGE_FORMAT,

@@ -354,11 +354,11 @@ class InferenceServer:
             try:
                 n = int(header_len)
             except ValueError:
-                raise BadRequest(f"{_HEADER_LENGTH} must be an integer, got {header_len!r}") from None
-            if not 0 <= n <= len(body):
                 raise BadRequest(
-                    f"{_HEADER_LENGTH} is {n}, but the body has {len(body)} bytes"
-                )
+                    f"{_HEADER_LENGTH} must be an integer, got {header_len!r}"
+                ) from None
+            if not 0 <= n <= len(body):
+                raise BadRequest(f"{_HEADER_LENGTH} is {n}, but the body has {len(body)} bytes")
             head, blob = body[:n], memoryview(body)[n:]
         else:
             head, blob = body, memoryview(b"")
@@ -390,7 +390,9 @@ class InferenceServer:
             if not isinstance(shape, list) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
             ):
-                raise BadRequest(f"input {name!r}: shape must be a list of ints >= 0, got {shape!r}")
+                raise BadRequest(
+                    f"input {name!r}: shape must be a list of ints >= 0, got {shape!r}"
+                )
             count = int(np.prod(shape, dtype=np.int64))
             params = item.get("parameters") or {}
             size = params.get("binary_data_size") if isinstance(params, dict) else None
@@ -416,8 +418,7 @@ class InferenceServer:
                     raise BadRequest(f"input {name!r}: data is not {datatype}: {exc}") from None
                 if array.size != count:
                     raise BadRequest(
-                        f"input {name!r}: shape {shape} has {count} elements, data has "
-                        f"{array.size}"
+                        f"input {name!r}: shape {shape} has {count} elements, data has {array.size}"
                     )
             feed[name] = array.reshape(shape)
         if offset != len(blob):
@@ -473,8 +474,11 @@ class InferenceServer:
             else:
                 item["data"] = array.reshape(-1).tolist()
             items.append(item)
-        doc: dict[str, Any] = {"model_name": self.name, "model_version": self.version,
-                               "outputs": items}  # fmt: skip
+        doc: dict[str, Any] = {
+            "model_name": self.name,
+            "model_version": self.version,
+            "outputs": items,
+        }
         if request_id is not None:
             doc["id"] = request_id
         head = json.dumps(doc).encode()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import paddle
-from models import Built, build
+from models import Built
 
 
 def save(built: Built, directory: Path, name: str = "model") -> str:

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,9 +48,12 @@ def server(package: Any) -> Iterator[InferenceServer]:
 
 
 def raw(
-    srv: InferenceServer, method: str, path: str, body: bytes | None = None,
+    srv: InferenceServer,
+    method: str,
+    path: str,
+    body: bytes | None = None,
     headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=WAIT)
     try:
         conn.request(method, path, body=body, headers=headers or {})
@@ -63,8 +65,16 @@ def raw(
 
 def infer_json(srv: InferenceServer, x: np.ndarray, name: str = "x") -> tuple[int, Any]:
     body = json.dumps(
-        {"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
-                     "data": x.reshape(-1).tolist()}]}  # fmt: skip
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "data": x.reshape(-1).tolist(),
+                }
+            ]
+        }
     ).encode()
     status, _, data = raw(srv, "POST", "/v2/models/mlp/infer", body)
     return status, json.loads(data)
@@ -82,7 +92,9 @@ def test_health_and_metadata_with_tritonclient(server: InferenceServer) -> None:
 
 
 @pytest.mark.parametrize("binary", [False, True])
-def test_tritonclient_infer_matches_paddle(server: InferenceServer, mlp: Built, binary: bool) -> None:
+def test_tritonclient_infer_matches_paddle(
+    server: InferenceServer, mlp: Built, binary: bool
+) -> None:
     client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
     out_name = json.loads(raw(server, "GET", "/v2/models/mlp")[2])["outputs"][0]["name"]
     for rows in (1, 3, 8, 13):
@@ -124,22 +136,37 @@ def test_bad_requests_get_4xx_naming_the_input(server: InferenceServer) -> None:
     assert status == 400 and "'x'" in doc["error"] and "[2, 15]" in doc["error"]
     status, doc = infer_json(server, x, name="y")
     assert status == 400 and "unknown input 'y'" in doc["error"]
-    body = json.dumps({"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32",
-                                   "data": [1.0] * 5}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32", "data": [1.0] * 5}]}
+    ).encode()
     status, _, data = raw(server, "POST", "/v2/models/mlp/infer", body)
     assert status == 400 and "input 'x'" in json.loads(data)["error"]
-    body = json.dumps({"inputs": [{"name": "x", "shape": [2, 16], "datatype": "BYTES",
-                                   "data": ["a"]}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [2, 16], "datatype": "BYTES", "data": ["a"]}]}
+    ).encode()
     status, _, data = raw(server, "POST", "/v2/models/mlp/infer", body)
     assert status == 400 and "input 'x'" in json.loads(data)["error"]
     status, _, data = raw(server, "POST", "/v2/models/mlp/infer", b"{not json")
     assert status == 400 and "JSON" in json.loads(data)["error"]
     status, _, data = raw(
-        server, "POST", "/v2/models/mlp/infer",
-        json.dumps({"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32",
-                                "parameters": {"binary_data_size": 128}}]}).encode() + b"\0" * 64,
+        server,
+        "POST",
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [2, 16],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 128},
+                    }
+                ]
+            }
+        ).encode()
+        + b"\0" * 64,
         {"Inference-Header-Content-Length": "96"},
-    )  # fmt: skip
+    )
     assert status == 400
     status, _, _ = raw(server, "POST", "/v2/models/nope/infer", b"{}")
     assert status == 404
