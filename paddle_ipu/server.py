@@ -439,7 +439,7 @@ class InferenceServer:
             wanted = []
             for o in outs:
                 oname = o.get("name") if isinstance(o, dict) else None
-                if oname not in names:
+                if not isinstance(oname, str) or oname not in names:
                     raise BadRequest(f"unknown output {oname!r}: the model gives {names}")
                 oparams = o.get("parameters") or {}
                 wanted.append((oname, bool(oparams.get("binary_data", binary_default))))

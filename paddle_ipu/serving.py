@@ -92,7 +92,7 @@ class RuntimeStats:
     fill_histogram: list[int] = field(default_factory=list)
 
 
-class _RequestFuture(Future):  # type: ignore[type-arg]
+class _RequestFuture(Future):
     """A future whose cancel() takes the request out of the queue while it has not
     started (the queue then never runs it)."""
 
