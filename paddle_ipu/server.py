@@ -165,7 +165,9 @@ class InferenceServer:
     async def _start(self) -> None:
         from aiohttp import web
 
-        self._runner = web.AppRunner(self._app(), handle_signals=False, shutdown_timeout=60.0)
+        self._runner = web.AppRunner(
+            self._app(), handle_signals=False, shutdown_timeout=60.0, access_log=None
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()

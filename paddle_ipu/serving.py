@@ -182,6 +182,16 @@ class ModelRuntime:
             self._out_units = [tuple(s.shape) for s in self._outputs]
         self._feed_shapes = [executor.layout.input_shape(s.shape) for s in self._inputs]
         self._feed_names = [s.paddle_name or s.name for s in self._inputs]
+        # The common request, checked first: native arrays of the graph's dtype, C
+        # order, the trailing shape, no index ranges to check (see _fast_request).
+        self._fast_plan = (
+            [
+                (name, s.numpy_dtype, len(s.shape), tuple(s.shape[1:]))
+                for name, s in zip(self._feed_names, self._inputs)
+            ]
+            if self.auto_batch and not any(s.ranges for s in self._inputs)
+            else None
+        )
         self._timeout_s = timeout / 1000.0
         self._timeout_s = timeout / 1000.0
         # The step buffers the queue packs into, zeroed (padding), and the feed of a
@@ -381,9 +391,42 @@ class ModelRuntime:
         return value
 
     # -- validation -------------------------------------------------------------
+    def _fast_request(self, feed: Any) -> tuple[list[np.ndarray], int] | None:
+        """The arrays and rows of a request that needs no cast, copy or range check;
+        None sends it through the full check (which also words the errors)."""
+        plan = self._fast_plan
+        if plan is None or type(feed) is not dict or len(feed) != len(plan):
+            return None
+        arrays = []
+        units = -1
+        for name, dtype, ndim, trailing in plan:
+            a = feed.get(name)
+            if (
+                type(a) is not np.ndarray
+                or a.dtype != dtype
+                or a.ndim != ndim
+                or a.shape[1:] != trailing
+                or not a.flags.c_contiguous
+            ):
+                return None
+            rows = a.shape[0]
+            if units < 0:
+                units = rows
+            elif rows != units:
+                return None
+            arrays.append(a)
+        if not 0 < units <= self.max_request_rows:
+            return None
+        return arrays, units
+
     def _check_request(self, feed: Mapping[str, Any], copy: bool) -> tuple[list[np.ndarray], int]:
         if self._queue.closed:
             raise RuntimeClosedError(self._closed_message())
+        fast = self._fast_request(feed)
+        if fast is not None:
+            if copy:  # the caller may reuse its arrays
+                return [a.copy() for a in fast[0]], fast[1]
+            return fast
         if not isinstance(feed, Mapping):
             raise FeedError(f"a feed must be a dict of name -> array, got {type(feed).__name__}")
         self.executor.check_feed_names(feed)
