@@ -22,7 +22,7 @@ from serving_models import reference, save
 
 from paddle_ipu import cli
 from paddle_ipu import package as pkg
-from paddle_ipu.errors import PackageError
+from paddle_ipu.errors import OptionError, PackageError
 
 
 def test_info_json(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -255,3 +255,29 @@ def test_serve_command_answers_and_stops_on_sigterm(cnn, tmp_path: Path) -> None
         stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "stopped" in stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=OptionError,
+    reason="IpuStrategy.popart_options() hands PopART the reduction type as an int, which "
+    "SessionOptions refuses (any inference compile on the popart backend, not only packages)",
+)
+def test_a_package_loads_on_the_popart_backend(cnn, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The package's ONNX and specs go to PopART unchanged (the faithful double of
+    its Python API from the contract tests; no SDK is needed)."""
+    from contract.test_popart_adapter import FakeSDK, make_fake_popart
+
+    _, prefix = cnn
+    package, _ = pkg.compile_model(prefix, micro_batch_size=2, cache=False)
+    package.save(tmp_path / "cnn.pdipu")
+    loaded = pkg.load_package(tmp_path / "cnn.pdipu")
+    sdk = FakeSDK()
+    monkeypatch.setitem(sys.modules, "popart", make_fake_popart(sdk))
+    for spec in [*loaded.model.inputs, *loaded.model.outputs]:
+        sdk.tensors[spec.name] = (spec.shape, spec.dtype)
+    executor = loaded.executor(backend="popart")
+    (out,) = executor.run({"x": np.zeros((2, 1, 8, 8), np.float32)})
+    assert sdk.sessions[0].kw["fnModel"] == package.model.onnx
+    assert out.shape == loaded.model.outputs[0].shape
+    executor.reset()
