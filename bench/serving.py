@@ -1,31 +1,44 @@
-"""Serving a model of tests/models.py (default: the CNN) to concurrent clients: the
-model runtime's auto-batching against one exe.run per request, in the same run.
+"""Serving the CNN and the transformer of tests/models.py to concurrent clients.
 
-N client threads each send requests of one row, one after another (a closed loop:
-a client sends its next request when the previous one is answered), through
-Paddle's ``exe.run`` on the "ipu" place:
+Closed loop: N client threads each send a request, wait for its answer, send the
+next, for ``--seconds`` per table row.  Requests have 1 row, or a random 1-7 rows
+("mixed").  Modes, all in the same run:
 
-- ``no batching``: the model compiled with micro_batch_size 1; each request is its own
-  ``exe.run``.  The device runs one program at a time, so calls are serialised by a
-  lock (as one IPU would serve them).
-- ``model runtime``: the model compiled with micro_batch_size M and the model runtime
-  on (``enable_model_runtime_executor``, ``timeout_ms`` T); concurrent ``exe.run``
-  calls are packed into micro-batches by the runtime's worker.
+- ``runtime``: in-process, ``ModelRuntime.run`` (micro-batch ``--micro-batch``,
+  ``--timeout-ms``), whose C++ queue packs the rows of concurrent requests.
+- ``runtime exe.run``: the same runtime entered through Paddle's ``exe.run`` on the
+  "ipu" place (what Paddle 2.x scripts call).
+- ``http``: ``paddle-ipu serve`` in a separate process, clients over loopback with
+  http.client, the KServe v2 binary tensor extension, one connection per client.
+- ``exe.run``: one Paddle ``exe.run`` per request, no batching: for 1-row requests the
+  model compiled with micro-batch 1 on the "ipu" place (serialised by a lock, as one
+  device would serve them); for mixed requests Paddle's CPU executor on the original
+  program (it takes any number of rows).
+- ``ort b1``: raw ONNX Runtime on the compiled micro-batch-1 graph, one
+  ``session.run`` per request (1-row requests only).
 
-Printed: throughput (requests/s), p50 and p95 latency per request, graph runs and
-rows per run, the throughput ratio, and the cost of the runtime's Python queue
-(per-request overhead with whole micro-batches and no waiting, and the share of
-the wall time the worker spends in the graph).
+Printed: one table (req/s, rows/s, p50, p99, rows per graph run), the throughput
+ratios at concurrency 32, the p99 bound (timeout + 3x one full batch's compute), the
+queue's overhead per request on a trivial model (``runtime.run`` of a whole
+micro-batch minus ``executor.run`` of it, interleaved, medians), and the HTTP
+server's overhead per request (p50 at concurrency 1, http minus runtime).  With
+``--plot`` an SVG of throughput against p99 latency is written.
 
-    python bench/serving.py [--model cnn] [--clients 16] [--requests 200] [--micro-batch 8]
-                            [--timeout-ms 2] [--threads 0]
+    python bench/serving.py [--models cnn transformer] [--concurrency 1 4 16 32 64]
+        [--seconds 1.5] [--micro-batch 16] [--timeout-ms 2] [--plot docs/serving.svg]
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -34,57 +47,50 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+Row = dict[str, Any]
 
 
-def compile_model(built: Any, mbs: int, serving: bool, timeout_ms: float, threads: int) -> Any:
-    import paddle_ipu
-
-    s = paddle_ipu.IpuStrategy()
-    s.set_graph_config(is_training=False, micro_batch_size=mbs)
-    s.set_options(
-        {
-            "enable_model_runtime_executor": serving,
-            "timeout_ms": timeout_ms,
-            "host_num_threads": threads,
-        }
-    )
-    cp = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=s)
-    prog = cp.compile(built.feeds, built.fetches)
-    return cp, prog
-
-
-def serve(
-    call: Callable[[np.ndarray], Any], clients: int, per_client: int, rows: np.ndarray
-) -> tuple[float, list[float]]:
-    """Run the closed loop; return (wall seconds, latencies in seconds)."""
+def closed_loop(
+    call: Callable[[np.ndarray], Any], clients: int, seconds: float, requests: list[np.ndarray]
+) -> tuple[int, int, float, list[float]]:
+    """(requests, rows, wall seconds, latencies) of N clients for ``seconds``."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
-    start = threading.Barrier(clients + 1)
+    rows = [0] * clients
+    barrier = threading.Barrier(clients + 1)
     errors: list[BaseException] = []
+    stop = [0.0]
 
     def client(c: int) -> None:
         try:
-            start.wait()
+            barrier.wait()
             mine = latencies[c]
-            for i in range(per_client):
-                x = rows[(c * per_client + i) % len(rows)][None]
+            i = c * 7919
+            while time.perf_counter() < stop[0]:
+                x = requests[i % len(requests)]
+                i += 1
                 t = time.perf_counter()
                 call(x)
                 mine.append(time.perf_counter() - t)
+                rows[c] += x.shape[0]
         except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
     for th in threads:
         th.start()
-    start.wait()
+    stop[0] = time.perf_counter() + seconds
     t0 = time.perf_counter()
+    barrier.wait()
     for th in threads:
         th.join()
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    return wall, [x for per in latencies for x in per]
+    flat = [x for per in latencies for x in per]
+    return len(flat), sum(rows), wall, flat
 
 
 def pct(values: list[float], q: float) -> float:
@@ -92,91 +98,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="cnn", choices=("cnn", "transformer", "mlp"))
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--requests", type=int, default=200, help="requests per client")
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--timeout-ms", type=float, default=2.0)
-    parser.add_argument("--threads", type=int, default=0, help="host backend threads (0: all)")
-    args = parser.parse_args()
-
-    import paddle
-    from models import build
-
-    paddle.enable_static()
-    built = build(args.model)
-    rng = np.random.default_rng(0)
-    rows = rng.standard_normal((1024, *built.feed_shapes["x"])).astype(np.float32)
-    exe = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
-
-    # -- no batching: one exe.run of a micro-batch-1 program per request --------
-    cp1, prog1 = compile_model(built, 1, False, 0.0, args.threads)
-    device = threading.Lock()
-
-    def one_by_one(x: np.ndarray) -> Any:
-        with device:
-            return exe.run(prog1, feed={"x": x}, fetch_list=prog1.fetch_names)
-
-    for i in range(50):
-        one_by_one(rows[i][None])
-
-    # -- the model runtime -------------------------------------------------------
-    cpm, progm = compile_model(built, args.micro_batch, True, args.timeout_ms, args.threads)
-
-    def batched(x: np.ndarray) -> Any:
-        return exe.run(progm, feed={"x": x}, fetch_list=progm.fetch_names)
-
-    for _ in range(50):
-        batched(rows[: args.micro_batch])
-
-    # the answers agree with each other (and each client got its own row)
-    probe = rows[:5]
-    want = np.concatenate([one_by_one(r[None])[0] for r in probe])
-    np.testing.assert_allclose(batched(probe)[0], want, rtol=1e-5, atol=1e-6)
-
-    results = []
-    wall, lat = serve(one_by_one, args.clients, args.requests, rows)
-    n = len(lat)
-    results.append(("no batching (mbs 1)", n, n / wall, pct(lat, 0.5), pct(lat, 0.95), n, 1.0))
-    before = cpm.runtime.stats()
-    wall_m, lat = serve(batched, args.clients, args.requests, rows)
-    after = cpm.runtime.stats()
-    runs = after.runs - before.runs
-    units = after.units - before.units
-    busy = after.busy_seconds - before.busy_seconds
-    label = f"model runtime (mbs {args.micro_batch}, {args.timeout_ms:g} ms)"
-    results.append((label, n, n / wall_m, pct(lat, 0.5), pct(lat, 0.95), runs, units / runs))
-
-    # -- the queue's own cost: whole micro-batches, one client, nothing to wait for
-    block = rows[: args.micro_batch]
-    executor = cpm.executor
-    direct = statistics.median(_times(lambda: executor.run({"x": block}), 300))
-    queued = statistics.median(_times(lambda: cpm.runtime.run({"x": block}), 300))
-    cp1.reset()
-    cpm.reset()
-
-    print(
-        f"{args.model} of tests/models.py, {args.clients} clients x {args.requests} requests "
-        f"of 1 row, "
-        f"host backend threads={args.threads or 'all'}"
-    )
-    print(f"{'mode':36} {'req/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'runs':>7} {'rows/run':>9}")
-    for label, _, rps, p50, p95, r, per_run in results:
-        print(f"{label:36} {rps:9.0f} {p50:8.2f} {p95:8.2f} {r:7d} {per_run:9.2f}")
-    print(
-        f"throughput ratio (model runtime / no batching): {results[1][2] / results[0][2]:.2f}x; "
-        f"p95 ratio: {results[1][4] / results[0][4]:.2f}x"
-    )
-    print(
-        f"queue cost: runtime.run of a whole micro-batch {queued * 1e6:.0f} us vs executor.run "
-        f"{direct * 1e6:.0f} us (+{(queued - direct) * 1e6:.0f} us per request); the worker "
-        f"spent {100 * busy / wall_m:.0f}% of the serving wall time inside the graph"
-    )
-
-
-def _times(fn: Callable[[], Any], repeat: int) -> list[float]:
+def median_time(fn: Callable[[], Any], repeat: int) -> float:
     for _ in range(20):
         fn()
     out = []
@@ -184,7 +106,403 @@ def _times(fn: Callable[[], Any], repeat: int) -> list[float]:
         t = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t)
-    return out
+    return statistics.median(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class HttpClient:
+    """One keep-alive connection; requests in the binary tensor extension."""
+
+    def __init__(self, port: int, model: str, out_name: str) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.path = f"/v2/models/{model}/infer"
+        self.out_name = out_name
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        data = x.tobytes()
+        head = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": list(x.shape),
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": len(data)},
+                    }
+                ],
+                "outputs": [{"name": self.out_name, "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        self.conn.request(
+            "POST",
+            self.path,
+            body=head + data,
+            headers={"Inference-Header-Content-Length": str(len(head))},
+        )
+        resp = self.conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(body.decode(errors="replace"))
+        n = int(resp.getheader("Inference-Header-Content-Length"))
+        doc = json.loads(body[:n])
+        out = doc["outputs"][0]
+        return np.frombuffer(body, np.float32, offset=n).reshape(out["shape"])
+
+
+def start_server(package: Path, port: int, timeout_ms: float) -> subprocess.Popen[str]:
+    log = open(package.with_suffix(".log"), "w")  # noqa: SIM115 (lives with the server)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "paddle_ipu",
+            "serve",
+            str(package),
+            "--port",
+            str(port),
+            "--name",
+            "m",
+            "--timeout-ms",
+            str(timeout_ms),
+        ],
+        env=env,
+        # a file, not a pipe: a full pipe that nobody reads would block the server
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/v2/health/ready")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(package.with_suffix(".log").read_text()) from None
+            time.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+def bench_model(
+    kind: str, args: argparse.Namespace, work: Path
+) -> tuple[list[Row], dict[str, Any]]:
+    import onnxruntime as ort
+    import paddle
+    from models import build
+    from serving_models import save
+
+    import paddle_ipu
+    from paddle_ipu.package import compile_model
+
+    paddle.enable_static()
+    built = build(kind)
+    prefix = save(built, work, kind)
+    rng = np.random.default_rng(0)
+    shape = built.feed_shapes["x"]
+    pool = rng.standard_normal((4096, *shape)).astype(np.float32)
+    one_row = [pool[i : i + 1] for i in range(1024)]
+    sizes = rng.integers(1, 8, 1024)
+    starts = rng.integers(0, 4096 - 8, 1024)
+    mixed = [pool[s : s + n] for s, n in zip(starts, sizes)]
+    exe = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
+    cpu = paddle.static.Executor(paddle.CPUPlace())
+
+    # the micro-batch-1 program (no batching) and the batched package and runtime
+    s1 = paddle_ipu.IpuStrategy()
+    s1.set_graph_config(is_training=False, micro_batch_size=1)
+    cp1 = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=s1)
+    prog1 = cp1.compile(built.feeds, built.fetches)
+    device = threading.Lock()
+
+    def one_by_one(x: np.ndarray) -> Any:
+        with device:
+            return exe.run(prog1, feed={"x": x}, fetch_list=prog1.fetch_names)
+
+    def paddle_cpu(x: np.ndarray) -> Any:
+        # Paddle's executor is not thread-safe (concurrent runs crash): serialise
+        with device, paddle.static.scope_guard(built.scope):
+            return cpu.run(built.main, feed={"x": x}, fetch_list=built.fetches)
+
+    sess = ort.InferenceSession(cp1.executor.model.onnx, providers=["CPUExecutionProvider"])
+    in_name = sess.get_inputs()[0].name
+
+    def ort_b1(x: np.ndarray) -> Any:
+        with device:
+            return sess.run(None, {in_name: x})
+
+    package, _ = compile_model(prefix, micro_batch_size=args.micro_batch, cache=False)
+    package_path = package.save(work / f"{kind}.pdipu")
+    runtime = paddle_ipu.ModelRuntime(package.executor(), timeout_ms=args.timeout_ms)
+    sm = paddle_ipu.IpuStrategy()
+    sm.set_graph_config(is_training=False, micro_batch_size=args.micro_batch)
+    sm.set_options({"enable_model_runtime_executor": True, "timeout_ms": args.timeout_ms})
+    cpm = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=sm)
+    progm = cpm.compile(built.feeds, built.fetches)
+
+    def via_exe_run(x: np.ndarray) -> Any:
+        return exe.run(progm, feed={"x": x}, fetch_list=progm.fetch_names)
+
+    # every mode gives the same answers (the oracle: Paddle's CPU executor)
+    probe = mixed[0]
+    want = paddle_cpu(probe)[0]
+    for got in (runtime.run({"x": probe})[0], via_exe_run(probe)[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(one_by_one(probe[:1])[0], want[:1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ort_b1(probe[:1])[0], want[:1], rtol=1e-4, atol=1e-5)
+
+    port = free_port()
+    server = start_server(package_path, port, args.timeout_ms)
+    out_name = package.model.outputs[0].paddle_name or package.model.outputs[0].name
+    local = threading.local()
+
+    def over_http(x: np.ndarray) -> Any:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = HttpClient(port, "m", out_name)
+        return client(x)
+
+    np.testing.assert_allclose(over_http(probe), want, rtol=1e-4, atol=1e-5)
+
+    rows: list[Row] = []
+    try:
+        for mix, requests in (("1", one_row), ("1-7", mixed)):
+            modes: list[tuple[str, Callable[[np.ndarray], Any], Any]] = [
+                ("runtime", lambda x: runtime.run({"x": x}), runtime),
+                ("runtime exe.run", via_exe_run, cpm.runtime),
+                ("http", over_http, None),
+                ("exe.run", one_by_one if mix == "1" else paddle_cpu, None),
+            ]
+            if mix == "1":
+                modes.append(("ort b1", ort_b1, None))
+            for mode, call, rt in modes:
+                if mode not in args.modes:
+                    continue
+                for _ in range(30):
+                    call(requests[0])
+                for clients in args.concurrency:
+                    before = rt.stats() if rt is not None else None
+                    n, nrows, wall, lat = closed_loop(call, clients, args.seconds, requests)
+                    per_run = float("nan")
+                    if rt is not None and before is not None:
+                        after = rt.stats()
+                        per_run = (after.units - before.units) / max(after.runs - before.runs, 1)
+                    rows.append(
+                        {
+                            "model": kind,
+                            "rows": mix,
+                            "mode": mode,
+                            "clients": clients,
+                            "rps": n / wall,
+                            "rowsps": nrows / wall,
+                            "p50": pct(lat, 0.5),
+                            "p99": pct(lat, 0.99),
+                            "per_run": per_run,
+                        }
+                    )
+                    r = rows[-1]
+                    print(
+                        f"  {kind:11} {mix:>4} {mode:16} {clients:4d} {r['rps']:9.0f} "
+                        f"{r['rowsps']:9.0f} {r['p50']:8.2f} {r['p99']:8.2f} {per_run:8.2f}",
+                        flush=True,
+                    )
+        full = pool[: args.micro_batch]
+        batch_ms = median_time(lambda: runtime.executor.run({"x": full}), 200) * 1e3
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        runtime.close()
+        cpm.reset()
+        cp1.reset()
+    return rows, {"batch_ms": batch_ms}
+
+
+def queue_overhead(args: argparse.Namespace) -> tuple[float, float, float]:
+    """(runtime.run, executor.run, difference) medians in us on a trivial model: one
+    whole micro-batch per request, one client, interleaved."""
+    import paddle
+
+    import paddle_ipu
+
+    paddle.enable_static()
+    main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+    with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 4], "float32")
+        out = x * 2.0
+    s = paddle_ipu.IpuStrategy()
+    s.set_graph_config(is_training=False, micro_batch_size=args.micro_batch)
+    cp = paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s)
+    cp.compile(["x"], [out])
+    rt = paddle_ipu.ModelRuntime(cp.executor, timeout_ms=args.timeout_ms)
+    feed = {"x": np.ones((args.micro_batch, 4), np.float32)}
+    direct, queued = [], []
+    for i in range(args.overhead_repeats + 100):
+        t = time.perf_counter()
+        cp.executor.run(feed)
+        d = time.perf_counter() - t
+        t = time.perf_counter()
+        rt.run(feed)
+        q = time.perf_counter() - t
+        if i >= 100:
+            direct.append(d)
+            queued.append(q)
+    rt.close()
+    cp.reset()
+    dq, dd = statistics.median(queued) * 1e6, statistics.median(direct) * 1e6
+    return dq, dd, dq - dd
+
+
+def write_svg(rows: list[Row], path: Path) -> None:
+    """Throughput against p99 latency, one panel per (model, request rows)."""
+    panels = sorted({(r["model"], r["rows"]) for r in rows})
+    colors = {
+        "runtime": "#1f77b4",
+        "runtime exe.run": "#9467bd",
+        "http": "#2ca02c",
+        "exe.run": "#d62728",
+        "ort b1": "#7f7f7f",
+    }
+    pw, ph, pad = 420, 300, 60
+    cols = 2
+    width = cols * pw
+    height = ((len(panels) + cols - 1) // cols) * ph + 30
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    for k, (model, mix) in enumerate(panels):
+        ox, oy = (k % cols) * pw, (k // cols) * ph
+        sel = [r for r in rows if r["model"] == model and r["rows"] == mix]
+        xmax = max(r["p99"] for r in sel) * 1.1
+        ymax = max(r["rps"] for r in sel) * 1.1
+        x0, y0, x1, y1 = ox + pad, oy + ph - 40, ox + pw - 20, oy + 30
+
+        def sx(v: float, x0: float = x0, x1: float = x1, xmax: float = xmax) -> float:
+            return x0 + (x1 - x0) * v / xmax
+
+        def sy(v: float, y0: float = y0, y1: float = y1, ymax: float = ymax) -> float:
+            return y0 - (y0 - y1) * v / ymax
+
+        out.append(
+            f'<text x="{ox + pw / 2}" y="{oy + 18}" text-anchor="middle" '
+            f'font-weight="bold">{model}, {mix}-row requests</text>'
+        )
+        out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>')
+        out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
+        for i in range(5):
+            xv, yv = xmax * i / 4, ymax * i / 4
+            out.append(f'<text x="{sx(xv)}" y="{y0 + 14}" text-anchor="middle">{xv:.1f}</text>')
+            out.append(f'<text x="{x0 - 4}" y="{sy(yv) + 4}" text-anchor="end">{yv:.0f}</text>')
+        out.append(
+            f'<text x="{(x0 + x1) / 2}" y="{y0 + 30}" text-anchor="middle">p99 latency (ms)</text>'
+        )
+        out.append(
+            f'<text x="{ox + 12}" y="{(y0 + y1) / 2}" text-anchor="middle" '
+            f'transform="rotate(-90 {ox + 12} {(y0 + y1) / 2})">requests/s</text>'
+        )
+        legend_y = y1 + 4
+        for mode, color in colors.items():
+            pts = sorted((r for r in sel if r["mode"] == mode), key=lambda r: r["clients"])
+            if not pts:
+                continue
+            line = " ".join(f"{sx(r['p99']):.1f},{sy(r['rps']):.1f}" for r in pts)
+            out.append(
+                f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5"/>'
+            )
+            for r in pts:
+                out.append(
+                    f'<circle cx="{sx(r["p99"]):.1f}" cy="{sy(r["rps"]):.1f}" r="2.5" '
+                    f'fill="{color}"><title>{r["clients"]} clients</title></circle>'
+                )
+            out.append(f'<text x="{x1 - 110}" y="{legend_y + 8}" fill="{color}">{mode}</text>')
+            legend_y += 13
+    out.append(
+        f'<text x="10" y="{height - 8}">closed loop at 1, 4, 16, 32, 64 clients '
+        f"(points, left to right as latency grows); bench/serving.py</text>"
+    )
+    out.append("</svg>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["cnn", "transformer"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    parser.add_argument(
+        "--modes", nargs="+", default=["runtime", "runtime exe.run", "http", "exe.run", "ort b1"]
+    )
+    parser.add_argument("--seconds", type=float, default=1.5, help="per table row")
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--timeout-ms", type=float, default=2.0)
+    parser.add_argument("--overhead-repeats", type=int, default=2000)
+    parser.add_argument("--plot", type=Path, default=None, help="write an SVG plot here")
+    args = parser.parse_args()
+
+    print(
+        f"micro-batch {args.micro_batch}, timeout {args.timeout_ms:g} ms, {args.seconds:g} s "
+        f"per row, {os.cpu_count()} CPUs"
+    )
+    print(
+        f"  {'model':11} {'rows':>4} {'mode':16} {'conc':>4} {'req/s':>9} {'rows/s':>9} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'rows/run':>8}"
+    )
+    rows: list[Row] = []
+    extra: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.models:
+            got, info = bench_model(kind, args, Path(tmp))
+            rows += got
+            extra[kind] = info
+    dq, dd, diff = queue_overhead(args)
+
+    def find(model: str, mix: str, mode: str, clients: int) -> Row | None:
+        for r in rows:
+            if (r["model"], r["rows"], r["mode"], r["clients"]) == (model, mix, mode, clients):
+                return r
+        return None
+
+    print()
+    for kind in args.models:
+        for mix in ("1", "1-7"):
+            base = find(kind, mix, "exe.run", 32)
+            for mode in ("runtime", "runtime exe.run", "http"):
+                r = find(kind, mix, mode, 32)
+                if r and base:
+                    print(
+                        f"{kind} {mix}-row, 32 clients: {mode} / exe.run = "
+                        f"{r['rps'] / base['rps']:.2f}x throughput"
+                    )
+            r = find(kind, mix, "runtime", 32)
+            if r:
+                bound = args.timeout_ms + 3 * extra[kind]["batch_ms"]
+                print(
+                    f"{kind} {mix}-row, 32 clients: runtime p99 {r['p99']:.2f} ms; bound "
+                    f"timeout + 3 x batch compute ({extra[kind]['batch_ms']:.2f} ms) = "
+                    f"{bound:.2f} ms"
+                )
+            h, rt = find(kind, mix, "http", 1), find(kind, mix, "runtime", 1)
+            if h and rt:
+                print(
+                    f"{kind} {mix}-row: HTTP server overhead per request (p50 at 1 client, "
+                    f"http - runtime) {(h['p50'] - rt['p50']) * 1e3:.0f} us"
+                )
+    print(
+        f"queue overhead per request (trivial model, micro-batch {args.micro_batch}): "
+        f"runtime.run {dq:.1f} us - executor.run {dd:.1f} us = {diff:.1f} us"
+    )
+    if args.plot:
+        write_svg(rows, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -53,13 +53,235 @@ def _print_info(info: dict[str, Any]) -> None:
         print(f"  {name:<8} {state}{detail}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _load_or_compile(model: str, micro_batch: int, quiet: bool = False) -> Any:
+    """A package file, or a saved inference model prefix compiled through the cache."""
+    from pathlib import Path
+
+    from paddle_ipu.package import compile_model, load_package, progress_printer
+
+    if Path(model).is_file():
+        return load_package(model)
+    package, _ = compile_model(
+        model, micro_batch_size=micro_batch, progress=None if quiet else progress_printer()
+    )
+    return package
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    import time
+
+    from paddle_ipu.package import compile_model, progress_printer
+
+    t0 = time.perf_counter()
+    package, cached = compile_model(
+        args.model_prefix,
+        micro_batch_size=args.micro_batch,
+        batches_per_step=args.batches_per_step,
+        enable_fp16=args.fp16,
+        backend=args.backend,
+        cache=not args.no_cache,
+        progress=progress_printer(),
+    )
+    path = package.save(args.output)
+    how = "from the compile cache" if cached else "compiled"
+    print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def _parse_inputs(items: Sequence[str]) -> dict[str, Any]:
+    import numpy as np
+
+    from paddle_ipu.errors import FeedError
+
+    feed: dict[str, Any] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise FeedError(f"--input must be NAME=file.npy, got {item!r}")
+        try:
+            feed[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise FeedError(f"--input {name}: cannot read {path!r} as a .npy file: {exc}") from exc
+    return feed
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from paddle_ipu.package import load_package
+    from paddle_ipu.serving import ModelRuntime
+
+    package = load_package(args.package)
+    feed = _parse_inputs(args.input)
+    with ModelRuntime(package.executor(backend=args.backend), timeout_ms=0.001) as runtime:
+        outputs = runtime.run(feed)
+    names = [s.paddle_name or s.name for s in package.model.outputs]
+    for name, value in zip(names, outputs):
+        if args.output_dir:
+            from pathlib import Path
+
+            target = Path(args.output_dir) / f"{name}.npy"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            np.save(target, value)
+            print(f"{name}: {list(value.shape)} {value.dtype} -> {target}")
+        else:
+            print(f"{name}: {list(value.shape)} {value.dtype}")
+            print(np.array2string(value, threshold=50, precision=6))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import threading
+    import time
+
+    import numpy as np
+
+    from paddle_ipu.package import load_package
+    from paddle_ipu.serving import ModelRuntime
+
+    package = load_package(args.package)
+    rng = np.random.default_rng(0)
+    specs = package.model.inputs
+
+    def request(rows: int) -> dict[str, Any]:
+        feed = {}
+        for s in specs:
+            shape = (rows, *s.shape[1:])
+            if np.dtype(s.dtype).kind in "iu":
+                hi = min((r.high for r in s.ranges), default=2)
+                feed[s.paddle_name or s.name] = rng.integers(0, max(hi, 1), shape).astype(s.dtype)
+            else:
+                feed[s.paddle_name or s.name] = rng.standard_normal(shape).astype(s.dtype)
+        return feed
+
+    runtime = ModelRuntime(package.executor(backend=args.backend), timeout_ms=args.timeout_ms)
+    feeds = [request(args.rows) for _ in range(64)]
+    print(
+        f"{args.package}: micro-batch {package.options['micro_batch_size']}, "
+        f"{args.rows}-row requests, timeout {args.timeout_ms:g} ms, {args.seconds:g} s per row"
+    )
+    print(f"{'clients':>8} {'req/s':>9} {'rows/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'rows/run':>9}")
+    try:
+        for _ in range(20):
+            runtime.run(feeds[0])
+        for clients in args.clients:
+            lat: list[float] = []
+            lock = threading.Lock()
+            stop = time.perf_counter() + args.seconds
+            before = runtime.stats()
+
+            def client(
+                c: int, stop: float = stop, lat: list[float] = lat, lock: Any = lock
+            ) -> None:
+                mine = []
+                i = c
+                while time.perf_counter() < stop:
+                    t = time.perf_counter()
+                    runtime.run(feeds[i % len(feeds)])
+                    mine.append(time.perf_counter() - t)
+                    i += 1
+                with lock:
+                    lat.extend(mine)
+
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            after = runtime.stats()
+            runs = max(after.runs - before.runs, 1)
+            lat.sort()
+            p50 = lat[len(lat) // 2] * 1e3
+            p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3
+            n = len(lat)
+            print(
+                f"{clients:8d} {n / wall:9.0f} {n * args.rows / wall:9.0f} {p50:8.3f} {p99:8.3f} "
+                f"{(after.units - before.units) / runs:9.2f}"
+            )
+    finally:
+        runtime.close()
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from paddle_ipu.server import InferenceServer
+    from paddle_ipu.serving import ModelRuntime
+
+    package = _load_or_compile(args.model, args.micro_batch)
+    runtime = ModelRuntime(
+        package.executor(backend=args.backend),
+        timeout_ms=args.timeout_ms,
+        num_buffers=args.num_buffers,
+    )
+    InferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
+    return 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    import time
+
+    from paddle_ipu.package import cache_clear, cache_dir, cache_entries
+
+    if args.action == "clear":
+        print(f"removed {cache_clear()} entries from {cache_dir()}")
+        return 0
+    entries = cache_entries()
+    total = sum(e.size for e in entries)
+    print(f"{cache_dir()}: {len(entries)} entries, {total / (1 << 20):.1f} MiB")
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
+        print(f"  {e.key[:16]}  {e.size / (1 << 20):8.2f} MiB  {when}  {e.source}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paddle-ipu", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="report Paddle, the ipu plugin, devices and backends")
     p_info.add_argument("--json", action="store_true", help="print JSON")
-    args = parser.parse_args(argv)
 
+    p = sub.add_parser("compile", help="compile a saved inference model into a portable package")
+    p.add_argument("model_prefix", help="the path prefix given to save_inference_model")
+    p.add_argument("-o", "--output", required=True, help="the package file to write")
+    p.add_argument("--micro-batch", type=int, default=1, help="rows per micro-batch (1)")
+    p.add_argument("--batches-per-step", type=int, default=1)
+    p.add_argument("--fp16", action="store_true", help="run the graph in float16")
+    p.add_argument("--backend", default="host", choices=("host", "popart"))
+    p.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
+
+    p = sub.add_parser("run", help="run a package once on inputs from .npy files")
+    p.add_argument("package")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--output-dir", help="write each output to NAME.npy here")
+    p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+
+    p = sub.add_parser("bench", help="latency and throughput of a package under load")
+    p.add_argument("package")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--rows", type=int, default=1, help="rows per request (1)")
+    p.add_argument("--seconds", type=float, default=2.0, help="per row of the table (2)")
+    p.add_argument("--timeout-ms", type=float, default=2.0)
+    p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+
+    p = sub.add_parser("serve", help="serve a model over HTTP (KServe v2 / Triton protocol)")
+    p.add_argument("model", help="a package file, or a saved inference model prefix")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--name", default="model", help="the model name in URLs (model)")
+    p.add_argument("--micro-batch", type=int, default=16, help="when compiling a prefix (16)")
+    p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")
+    p.add_argument("--num-buffers", type=int, default=64, help="micro-batches in flight (64)")
+    p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+
+    p = sub.add_parser("cache", help="the compile cache: ls or clear")
+    p.add_argument("action", choices=("ls", "clear"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "info":
         info = collect_info()
         if args.json:
@@ -68,4 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _print_info(info)
         return 0 if info["plugin_loaded"] else 1
-    return 2
+    from paddle_ipu.errors import IpuError
+
+    commands = {
+        "compile": _cmd_compile,
+        "run": _cmd_run,
+        "bench": _cmd_bench,
+        "serve": _cmd_serve,
+        "cache": _cmd_cache,
+    }
+    try:
+        return commands[args.command](args)
+    except IpuError as exc:
+        print(f"paddle-ipu {args.command}: error: {exc}", file=sys.stderr)
+        return 1

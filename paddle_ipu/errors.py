@@ -99,3 +99,9 @@ class WorkDirError(OutputFileError):
 class CheckpointError(IpuError):
     """A checkpoint that cannot be written, read or applied to the program: the message
     names the file and, for a mismatch, the variable, the expected and the received value."""
+
+
+class PackageError(IpuError, ValueError):
+    """A compiled package (``paddle-ipu compile``) or compile-cache entry that cannot be
+    read: not a package, a checksum that does not match, or a format from another
+    version; the message names the file."""

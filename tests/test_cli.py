@@ -1,10 +1,28 @@
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
 
+import numpy as np
+import paddle
+import pytest
 from helpers import run_python
+from models import Built, build
+from serving_models import reference, save
 
 from paddle_ipu import cli
+from paddle_ipu import package as pkg
+from paddle_ipu.errors import OptionError, PackageError
 
 
 def test_info_json(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -33,3 +51,233 @@ def test_python_dash_m() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "ipu devices" in proc.stdout
+
+
+# --- compile, run, bench, cache, serve --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Built, str]:
+    paddle.enable_static()
+    built = build("cnn")
+    return built, save(built, tmp_path_factory.mktemp("saved"))
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "cache"
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(d))
+    return d
+
+
+def test_compile_run_and_the_cache(cnn, cache_dir: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    built, prefix = cnn
+    out = tmp_path / "cnn.pdipu"
+    t0 = time.perf_counter()
+    assert cli.main(["compile", prefix, "-o", str(out), "--micro-batch", "4"]) == 0
+    cold = time.perf_counter() - t0
+    text = capsys.readouterr()
+    assert "compiled in" in text.out
+    # not a terminal: one log line per stage
+    assert "[1/3] reading the saved model" in text.err and "[3/3]" in text.err
+    assert out.is_file() and len(pkg.cache_entries()) == 1
+    t0 = time.perf_counter()
+    assert (
+        cli.main(["compile", prefix, "-o", str(tmp_path / "again.pdipu"), "--micro-batch", "4"])
+        == 0
+    )
+    warm = time.perf_counter() - t0
+    assert "from the compile cache" in capsys.readouterr().out
+    assert warm < cold
+    # another result-changing option is another entry
+    assert (
+        cli.main(["compile", prefix, "-o", str(tmp_path / "mb2.pdipu"), "--micro-batch", "2"]) == 0
+    )
+    assert len(pkg.cache_entries()) == 2
+    capsys.readouterr()
+    assert cli.main(["cache", "ls"]) == 0
+    listing = capsys.readouterr().out
+    assert "2 entries" in listing and prefix in listing
+    # run: three rows through the package, against Paddle's CPU executor
+    x = np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert (
+        cli.main(
+            [
+                "run",
+                str(out),
+                "--input",
+                f"x={tmp_path / 'x.npy'}",
+                "--output-dir",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
+    (name,) = [p.stem for p in (tmp_path / "o").glob("*.npy")]
+    got = np.load(tmp_path / "o" / f"{name}.npy")
+    np.testing.assert_allclose(got, reference(built, {"x": x}), rtol=1e-5, atol=1e-6)
+    capsys.readouterr()
+    assert cli.main(["run", str(out), "--input", f"y={tmp_path / 'x.npy'}"]) == 1
+    assert "unknown feed 'y'" in capsys.readouterr().err
+    assert cli.main(["cache", "clear"]) == 0
+    assert pkg.cache_entries() == []
+
+
+def test_bench_prints_a_table(cnn, cache_dir: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    _, prefix = cnn
+    out = tmp_path / "cnn.pdipu"
+    assert cli.main(["compile", prefix, "-o", str(out), "--micro-batch", "4", "--no-cache"]) == 0
+    assert pkg.cache_entries() == []
+    capsys.readouterr()
+    assert cli.main(["bench", str(out), "--clients", "1", "4", "--seconds", "0.3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "4"]
+    assert all(float(r[1]) > 0 for r in rows)
+
+
+def test_damaged_packages_and_cache_entries(cnn, cache_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _built, prefix = cnn
+    _package, cached = pkg.compile_model(prefix, micro_batch_size=2)
+    assert not cached
+    (entry,) = pkg.cache_entries()
+    # flip one byte of the ONNX inside the zip: the checksum catches it
+    with zipfile.ZipFile(entry.path) as zf:
+        meta, onnx = zf.read("meta.json"), bytearray(zf.read("model.onnx"))
+    onnx[len(onnx) // 2] ^= 0xFF
+    with zipfile.ZipFile(entry.path, "w") as zf:
+        zf.writestr("meta.json", meta)
+        zf.writestr("model.onnx", bytes(onnx))
+    with pytest.raises(PackageError, match="SHA-256"):
+        pkg.load_package(entry.path)
+    _again, cached = pkg.compile_model(prefix, micro_batch_size=2)
+    assert not cached  # the damaged entry was dropped and compiled again
+    pkg.load_package(pkg.cache_entries()[0].path)
+    (tmp_path / "junk.pdipu").write_bytes(b"not a zip")
+    with pytest.raises(PackageError, match="not a paddle-ipu package"):
+        pkg.load_package(tmp_path / "junk.pdipu")
+    with pytest.raises(PackageError, match="no package"):
+        pkg.load_package(tmp_path / "missing.pdipu")
+
+
+def test_cache_is_a_size_bounded_lru(cnn, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    _, prefix = cnn
+    pkg.compile_model(prefix, micro_batch_size=1)
+    (one,) = pkg.cache_entries()
+    # room for two entries: the least recently used goes
+    monkeypatch.setenv("PADDLE_IPU_CACHE_MAX_MB", str(2.5 * one.size / (1 << 20)))
+    pkg.compile_model(prefix, micro_batch_size=2)
+    time.sleep(0.01)
+    assert pkg.compile_model(prefix, micro_batch_size=1)[1]  # a hit: now the newest
+    pkg.compile_model(prefix, micro_batch_size=3)
+    kept = {pkg.load_package(e.path).options["micro_batch_size"] for e in pkg.cache_entries()}
+    assert kept == {1, 3}
+
+
+def test_progress_bar_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    show = pkg.progress_printer(stream)
+    for i, stage in enumerate(pkg.STAGES, 1):
+        show(i, len(pkg.STAGES), stage)
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and "[" + "#" * 24 + "] 3/3" in text and text.endswith("\n")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_command_answers_and_stops_on_sigterm(cnn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("aiohttp")
+    built, prefix = cnn
+    port = _free_port()
+    env = dict(os.environ, PADDLE_IPU_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "paddle_ipu",
+            "serve",
+            prefix,
+            "--port",
+            str(port),
+            "--name",
+            "cnn",
+            "--micro-batch",
+            "4",
+        ],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/v2/health/ready", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(proc.communicate()[1]) from None
+                time.sleep(0.2)
+        x = np.random.default_rng(1).standard_normal((2, 1, 8, 8)).astype(np.float32)
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [2, 1, 8, 8],
+                        "datatype": "FP32",
+                        "data": x.reshape(-1).tolist(),
+                    }
+                ]
+            }
+        ).encode()
+        req = urllib.request.Request(base + "/v2/models/cnn/infer", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            doc = json.loads(r.read())
+        out = doc["outputs"][0]
+        got = np.asarray(out["data"], np.float32).reshape(out["shape"])
+        np.testing.assert_allclose(got, reference(built, {"x": x}), rtol=1e-5, atol=1e-6)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "stopped" in stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=OptionError,
+    reason="IpuStrategy.popart_options() hands PopART the reduction type as an int, which "
+    "SessionOptions refuses (any inference compile on the popart backend, not only packages)",
+)
+def test_a_package_loads_on_the_popart_backend(cnn, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The package's ONNX and specs go to PopART unchanged (the faithful double of
+    its Python API from the contract tests; no SDK is needed)."""
+    from contract.test_popart_adapter import FakeSDK, make_fake_popart
+
+    _, prefix = cnn
+    package, _ = pkg.compile_model(prefix, micro_batch_size=2, cache=False)
+    package.save(tmp_path / "cnn.pdipu")
+    loaded = pkg.load_package(tmp_path / "cnn.pdipu")
+    sdk = FakeSDK()
+    monkeypatch.setitem(sys.modules, "popart", make_fake_popart(sdk))
+    for spec in [*loaded.model.inputs, *loaded.model.outputs]:
+        sdk.tensors[spec.name] = (spec.shape, spec.dtype)
+    executor = loaded.executor(backend="popart")
+    (out,) = executor.run({"x": np.zeros((2, 1, 8, 8), np.float32)})
+    assert sdk.sessions[0].kw["fnModel"] == package.model.onnx
+    assert out.shape == loaded.model.outputs[0].shape
+    executor.reset()

@@ -66,3 +66,27 @@ def test_cxx_parts_compile_for_aarch64() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_subpackage_is_packaged() -> None:
+    """pyproject.toml's package list covers every package folder of the source (a
+    missing one installs a paddle_ipu that fails at import)."""
+    import tomllib
+
+    from setuptools import find_namespace_packages, find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packaged = set(find_packages(str(ROOT), include=config["packages"]["find"]["include"]))
+    present = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for path in (ROOT / "paddle_ipu").rglob("__init__.py")
+        if "__pycache__" not in path.parts
+    }
+    assert present <= packaged, sorted(present - packaged)
+    # No stray namespace folders holding modules outside any package.
+    loose = {
+        name
+        for name in find_namespace_packages(str(ROOT), include=["paddle_ipu.*"])
+        if any((ROOT / name.replace(".", "/")).glob("*.py")) and name not in packaged
+    }
+    assert not loose, sorted(loose)

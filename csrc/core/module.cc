@@ -16,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
   m.def("build_info", [info]() { return info; }, "How this core was built.");
   paddle_ipu::RegisterFp16(m);
   paddle_ipu::RegisterTensorView(m);
+  paddle_ipu::RegisterQueue(m);
 }

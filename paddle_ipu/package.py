@@ -1,0 +1,454 @@
+"""Portable compiled packages and the compile cache.
+
+A *package* (``paddle-ipu compile MODEL_PREFIX -o model.pdipu``) is one zip file:
+
+- ``model.onnx``: the compiled forward graph, weights included (as initializers);
+- ``meta.json``: the inputs and outputs (names, dtypes, shapes), the micro-batch
+  size, the opset, the result-changing strategy options, the versions it was
+  compiled with, and the SHA-256 of ``model.onnx`` (checked on load).
+
+It holds no Paddle program: :func:`load_package` gives a :class:`Package` whose
+:meth:`Package.executor` runs it on either backend (the host's ONNX Runtime, or
+PopART, which reads the same ONNX).
+
+The *compile cache* keeps packages by a content address: the SHA-256 of the saved
+model's files, the result-changing options, the backend and the versions of
+paddle-ipu, Paddle, paddle2onnx and ONNX Runtime.  It is a least-recently-used
+store bounded in bytes (``PADDLE_IPU_CACHE_MAX_MB``, default 2048) in
+``PADDLE_IPU_CACHE_DIR`` (default ``~/.cache/paddle_ipu/compile``); an entry whose
+checksum does not match is removed and compiled again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
+from paddle_ipu.errors import CompileError, OptionError, OutputFileError, PackageError
+
+log = logging.getLogger("paddle_ipu")
+
+__all__ = [
+    "CacheEntry",
+    "Package",
+    "cache_clear",
+    "cache_dir",
+    "cache_entries",
+    "compile_model",
+    "load_package",
+]
+
+PACKAGE_FORMAT = 1
+_DEFAULT_CACHE_MB = 2048
+
+#: the compile stages a progress callback hears about, in order
+STAGES = ("reading the saved model", "lowering to ONNX", "writing the package")
+
+Progress = Callable[[int, int, str], None]
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import paddle
+    import paddle2onnx
+
+    from paddle_ipu._version import __version__
+
+    return {
+        "paddle_ipu": __version__,
+        "paddle": paddle.__version__,
+        "paddle2onnx": paddle2onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+@dataclass
+class Package:
+    """A compiled model and how it was compiled (see the module docstring)."""
+
+    model: CompiledModel
+    options: dict[str, Any]  # micro_batch_size, batches_per_step, enable_fp16
+    meta: dict[str, Any]
+
+    def strategy(self, **overrides: Any) -> Any:
+        """An inference IpuStrategy with the package's options (``overrides`` are
+        passed to ``set_options``)."""
+        from paddle_ipu.strategy import IpuStrategy
+
+        s = IpuStrategy()
+        s.set_graph_config(is_training=False, micro_batch_size=self.options["micro_batch_size"])
+        s.set_pipelining_config(batches_per_step=self.options["batches_per_step"])
+        s.set_precision_config(enable_fp16=bool(self.options["enable_fp16"]))
+        if overrides:
+            s.set_options(overrides)
+        return s
+
+    def executor(self, backend: str | None = None, **options: Any) -> Any:
+        """A prepared :class:`~paddle_ipu.executor.Executor` of the package."""
+        from paddle_ipu.executor import Executor
+
+        strategy = self.strategy(**options)
+        executor = Executor(self.model, strategy, backend=backend)
+        executor.prepare()
+        return executor
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the package atomically (a temporary file renamed into place)."""
+        target = Path(path)
+        meta = dict(self.meta)
+        meta["onnx_sha256"] = hashlib.sha256(self.model.onnx).hexdigest()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
+            zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
+            zf.writestr("model.onnx", self.model.onnx)
+        _write_atomically(target, buffer.getvalue())
+        return target
+
+
+def _spec_json(spec: TensorSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "dtype": spec.dtype,
+        "shape": list(spec.shape),
+        "paddle_name": spec.paddle_name,
+        "ranges": [asdict(r) for r in spec.ranges],
+    }
+
+
+def _spec_from_json(d: dict[str, Any]) -> TensorSpec:
+    ranges = tuple(
+        IndexRange(int(r["low"]), int(r["high"]), str(r["use"]), tuple(r.get("allowed", ())))
+        for r in d.get("ranges", ())
+    )
+    return TensorSpec(
+        str(d["name"]),
+        str(d["dtype"]),
+        tuple(int(x) for x in d["shape"]),
+        str(d.get("paddle_name", "")),
+        ranges,
+    )
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    except OSError as exc:
+        raise OutputFileError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        with _ignored():
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OutputFileError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
+        raise
+
+
+class _ignored:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def load_package(path: str | os.PathLike[str]) -> Package:
+    """Read a package; PackageError names the file if it is not one, or its
+    checksum does not match."""
+    p = Path(path)
+    try:
+        with zipfile.ZipFile(p) as zf:
+            meta = json.loads(zf.read("meta.json"))
+            onnx = zf.read("model.onnx")
+    except FileNotFoundError as exc:
+        raise PackageError(f"no package at {str(p)!r}") from exc
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+        raise PackageError(
+            f"{str(p)!r} is not a paddle-ipu package (paddle-ipu compile writes them): {exc}"
+        ) from exc
+    if meta.get("format") != PACKAGE_FORMAT:
+        raise PackageError(
+            f"{str(p)!r}: package format {meta.get('format')!r}, this paddle-ipu reads format "
+            f"{PACKAGE_FORMAT}; compile the model again"
+        )
+    digest = hashlib.sha256(onnx).hexdigest()
+    if digest != meta.get("onnx_sha256"):
+        raise PackageError(
+            f"{str(p)!r}: model.onnx has SHA-256 {digest}, the package records "
+            f"{meta.get('onnx_sha256')}: the file is damaged"
+        )
+    model = CompiledModel(
+        onnx=onnx,
+        inputs=[_spec_from_json(d) for d in meta["inputs"]],
+        outputs=[_spec_from_json(d) for d in meta["outputs"]],
+        weights={},  # the weights are the graph's initializers
+        micro_batch_size=int(meta["options"]["micro_batch_size"]),
+        opset=int(meta["opset"]),
+    )
+    return Package(model, dict(meta["options"]), meta)
+
+
+# -- compiling --------------------------------------------------------------------
+
+
+def _model_files(prefix: str) -> tuple[Path, Path | None]:
+    """The program file (.json under PIR, .pdmodel under the legacy IR) and the
+    parameters file (absent for a model without weights)."""
+    for ext in (".json", ".pdmodel"):
+        program = Path(prefix + ext)
+        if program.is_file():
+            params = Path(prefix + ".pdiparams")
+            return program, params if params.is_file() else None
+    raise CompileError(
+        f"no saved inference model at {prefix!r}: expected {prefix}.json (or {prefix}.pdmodel) "
+        f"and {prefix}.pdiparams, as paddle.static.save_inference_model writes them"
+    )
+
+
+def _check_options(micro_batch_size: int, batches_per_step: int) -> None:
+    for name, value in (
+        ("micro_batch_size", micro_batch_size),
+        ("batches_per_step", batches_per_step),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise OptionError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def cache_key(prefix: str, options: dict[str, Any], backend: str, versions: dict[str, str]) -> str:
+    """The content address of a compile: model files, options, backend, versions."""
+    program, params = _model_files(prefix)
+    h = hashlib.sha256()
+    for f in (program, params):
+        h.update(b"\0file\0")
+        if f is not None:
+            with open(f, "rb") as stream:
+                for chunk in iter(lambda: stream.read(1 << 20), b""):
+                    h.update(chunk)
+    h.update(json.dumps([options, backend, versions], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def compile_model(
+    prefix: str,
+    *,
+    micro_batch_size: int = 1,
+    batches_per_step: int = 1,
+    enable_fp16: bool = False,
+    backend: str = "host",
+    cache: bool = True,
+    progress: Progress | None = None,
+) -> tuple[Package, bool]:
+    """Compile the saved inference model at ``prefix`` (``prefix.json`` and
+    ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
+    from the compile cache."""
+    _check_options(micro_batch_size, batches_per_step)
+    options = {
+        "micro_batch_size": micro_batch_size,
+        "batches_per_step": batches_per_step,
+        "enable_fp16": bool(enable_fp16),
+    }
+    versions = _versions()
+    key = cache_key(prefix, options, backend, versions) if cache else ""
+    if cache:
+        hit = _cache_get(key)
+        if hit is not None:
+            if progress:
+                progress(len(STAGES), len(STAGES), "found in the compile cache")
+            return hit, True
+    import paddle
+
+    from paddle_ipu.compiler import compile_program
+
+    step = 0
+
+    def stage() -> None:
+        nonlocal step
+        step += 1
+        if progress:
+            progress(step, len(STAGES), STAGES[step - 1])
+
+    stage()
+    paddle.enable_static()
+    scope = paddle.static.Scope()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    try:
+        with paddle.static.scope_guard(scope):
+            program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
+    except Exception as exc:
+        raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
+    stage()
+    model = compile_program(program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size)
+    stage()
+    meta = {
+        "format": PACKAGE_FORMAT,
+        "source": os.path.abspath(prefix),
+        "created": time.time(),
+        "versions": versions,
+        "backend": backend,
+        "options": options,
+        "opset": model.opset,
+        "inputs": [_spec_json(s) for s in model.inputs],
+        "outputs": [_spec_json(s) for s in model.outputs],
+        "source_ops": list(model.source_ops),
+    }
+    package = Package(
+        CompiledModel(
+            onnx=model.onnx,
+            inputs=list(model.inputs),
+            outputs=list(model.outputs),
+            weights={},
+            micro_batch_size=micro_batch_size,
+            opset=model.opset,
+            source_ops=list(model.source_ops),
+        ),
+        options,
+        meta,
+    )
+    if cache:
+        _cache_put(key, package)
+    return package, False
+
+
+# -- the cache --------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PADDLE_IPU_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "paddle_ipu" / "compile"
+
+
+def _cache_limit() -> int:
+    raw = os.environ.get("PADDLE_IPU_CACHE_MAX_MB", str(_DEFAULT_CACHE_MB))
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise OptionError(f"PADDLE_IPU_CACHE_MAX_MB must be a number of MiB, got {raw!r}") from None
+    if not mb >= 0:
+        raise OptionError(f"PADDLE_IPU_CACHE_MAX_MB must be >= 0, got {raw!r}")
+    return int(mb * (1 << 20))
+
+
+@dataclass
+class CacheEntry:
+    key: str
+    path: Path
+    size: int
+    last_used: float
+    source: str
+
+
+def cache_entries() -> list[CacheEntry]:
+    """The cache's entries, most recently used first."""
+    directory = cache_dir()
+    out = []
+    for path in _entry_paths(directory):
+        try:
+            st = path.stat()
+            with zipfile.ZipFile(path) as zf:
+                source = str(json.loads(zf.read("meta.json")).get("source", "?"))
+        except (OSError, zipfile.BadZipFile, KeyError, ValueError):
+            source = "(unreadable)"
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+        out.append(CacheEntry(path.stem, path, st.st_size, st.st_mtime, source))
+    out.sort(key=lambda e: e.last_used, reverse=True)
+    return out
+
+
+def _entry_paths(directory: Path) -> Iterator[Path]:
+    if directory.is_dir():
+        yield from directory.glob("*.pdipu")
+
+
+def cache_clear() -> int:
+    """Remove every entry; return how many."""
+    n = 0
+    for path in list(_entry_paths(cache_dir())):
+        with _ignored():
+            path.unlink()
+            n += 1
+    return n
+
+
+def _cache_get(key: str) -> Package | None:
+    path = cache_dir() / f"{key}.pdipu"
+    if not path.is_file():
+        return None
+    try:
+        package = load_package(path)
+    except PackageError as exc:
+        log.warning("compile cache: dropping a damaged entry (%s); compiling again", exc)
+        with _ignored():
+            path.unlink()
+        return None
+    with _ignored():
+        os.utime(path)  # least recently used: the mtime is the last use
+    return package
+
+
+def _cache_put(key: str, package: Package) -> None:
+    directory = cache_dir()
+    try:
+        package.save(directory / f"{key}.pdipu")
+    except OutputFileError as exc:  # a cache that cannot be written is not an error
+        log.warning("compile cache: %s; continuing without caching", exc)
+        return
+    _evict(_cache_limit())
+
+
+def _evict(limit: int) -> None:
+    entries = cache_entries()
+    total = sum(e.size for e in entries)
+    # Oldest first; the entry just written is the newest and goes last (and does
+    # go when it alone exceeds the limit).
+    for entry in reversed(entries):
+        if total <= limit:
+            break
+        with _ignored():
+            entry.path.unlink()
+            total -= entry.size
+
+
+# -- progress ---------------------------------------------------------------------
+
+
+def progress_printer(stream: Any = None, width: int = 24) -> Progress:
+    """A bar redrawn in place on a terminal; one log line per stage otherwise."""
+    out = stream if stream is not None else sys.stderr
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    start = time.perf_counter()
+
+    def show(step: int, total: int, what: str) -> None:
+        elapsed = time.perf_counter() - start
+        if tty:
+            filled = width * step // total
+            bar = "#" * filled + "-" * (width - filled)
+            end = "\n" if step == total else ""
+            out.write(f"\r[{bar}] {step}/{total} {what:<28} {elapsed:6.2f} s{end}")
+        else:
+            out.write(f"paddle-ipu compile: [{step}/{total}] {what} ({elapsed:.2f} s)\n")
+        out.flush()
+
+    return show

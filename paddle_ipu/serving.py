@@ -1,0 +1,544 @@
+"""The model runtime: serving a compiled inference graph with auto-batching.
+
+A :class:`ModelRuntime` sits over a prepared inference :class:`~paddle_ipu.executor.Executor`.
+Callers put requests on a queue -- synchronously with :meth:`ModelRuntime.run` (blocks
+until the caller's outputs are filled) or asynchronously with :meth:`ModelRuntime.submit`
+(returns a :class:`concurrent.futures.Future`) -- and one worker thread runs the graph,
+one run (``batches_per_step`` micro-batches of ``micro_batch_size`` rows) at a time.
+
+- ``timeout_ms > 0`` turns on auto-batching: requests of any number of rows are packed
+  into micro-batches in arrival order; a request larger than a micro-batch is split
+  across micro-batches (and runs); a run that is not full is flushed, zero-padded,
+  ``timeout_ms`` after the oldest request waiting for it arrived.  Every caller gets
+  exactly its own rows back, in order.  Every input and output must then have the batch
+  dimension first (``shape[0] == micro_batch_size``); this is checked at start-up.
+- ``timeout_ms == 0``: no auto-batching.  Every request is exactly one micro-batch (a
+  :class:`~paddle_ipu.errors.FeedError` otherwise), and is run as soon as the worker is
+  free, together with the other micro-batches already waiting (never waiting for more).
+- ``num_buffers`` bounds the micro-batches in flight (queued or running).  A submit that
+  would exceed it blocks until space frees up, or raises
+  :class:`~paddle_ipu.errors.RuntimeBusyError` after its ``timeout``.  A request larger
+  than the whole bound is admitted when nothing else is in flight.
+- ``max_request_rows`` caps one request (default: :data:`MAX_REQUEST_RUNS` runs' worth
+  of rows); a larger one is refused with a FeedError before anything is copied.
+
+The queue itself is :class:`paddle_ipu._core.ServingQueue` (C++): a request holds
+zero-copy views of its (validated) feeds and of the arrays it is answered in; the
+worker packs rows straight into preallocated step buffers and scatters the outputs
+back, without the GIL while it waits or copies.  :meth:`ModelRuntime.run` waits on
+the request without the GIL; :meth:`ModelRuntime.submit` copies its feeds (the caller
+may reuse them) and returns a future.
+
+This is the role of the Poplar SDK's model runtime (ring buffers, a timeout that flushes
+partial batches, a thread looping over the main program) in Paddle 2.x's executor, with
+two of its limits removed: requests need not be full micro-batches when auto-batching
+(they are packed and split here), and a partial batch is always flushed on time, even
+while other data is readable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paddle_ipu import _core
+from paddle_ipu.errors import (
+    BackendError,
+    FeedError,
+    IpuError,
+    NotSupportedError,
+    OptionError,
+    RuntimeBusyError,
+    RuntimeClosedError,
+)
+from paddle_ipu.executor import Executor, check_ranges
+
+log = logging.getLogger("paddle_ipu")
+
+__all__ = ["MAX_REQUEST_RUNS", "ModelRuntime", "RuntimeStats"]
+
+#: the default cap of one request, in runs: ``max_request_rows`` defaults to this many
+#: runs of ``batches_per_step x micro_batch_size`` rows
+MAX_REQUEST_RUNS = 64
+
+
+@dataclass
+class RuntimeStats:
+    """Counters of a :class:`ModelRuntime` since it started."""
+
+    #: graph runs (each ``batches_per_step`` micro-batches)
+    runs: int = 0
+    #: requests completed (with a result or an error)
+    requests: int = 0
+    #: units fed: rows when auto-batching, micro-batches otherwise
+    units: int = 0
+    #: units of zero padding fed
+    padded_units: int = 0
+    #: runs that raised
+    failed_runs: int = 0
+    #: seconds the worker spent inside the executor's run
+    busy_seconds: float = 0.0
+    #: seconds requests waited in the queue, summed (arrival to their first run)
+    queue_seconds: float = 0.0
+    #: runs by units filled: ``fill_histogram[k]`` runs carried k units (0..capacity)
+    fill_histogram: list[int] = field(default_factory=list)
+
+
+class _RequestFuture(Future):
+    """A future whose cancel() takes the request out of the queue while it has not
+    started (the queue then never runs it)."""
+
+    _request: Any = None
+    _outs: list[np.ndarray] | None = None
+
+    def cancel(self) -> bool:
+        request = self._request
+        if request is not None and not request.cancel():
+            return False
+        return super().cancel()
+
+
+class ModelRuntime:
+    """Queue-based serving over a prepared inference executor.
+
+    Args:
+        executor: a prepared inference :class:`~paddle_ipu.executor.Executor`.
+        micro_batch_size, timeout_ms, num_buffers: override the executor's strategy.
+        max_request_rows: the most rows one request may have when auto-batching
+            (default: :data:`MAX_REQUEST_RUNS` runs' worth); a larger request is a
+            FeedError, raised before the feed is cast or copied.
+        start: start the worker thread now (default).
+
+    The runtime is thread-safe: any number of threads may call :meth:`run` and
+    :meth:`submit`.  Future callbacks run on the worker thread; keep them short.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        micro_batch_size: int | None = None,
+        timeout_ms: float | None = None,
+        num_buffers: int | None = None,
+        max_request_rows: int | None = None,
+        start: bool = True,
+    ) -> None:
+        strategy = executor.strategy
+        if strategy.is_training:
+            raise OptionError(
+                "the model runtime serves inference graphs only: compile with "
+                "is_training=False (set_graph_config(is_training=False))"
+            )
+        if executor.session is None:
+            raise BackendError("the executor is not prepared: call prepare() first")
+        mbs = int(micro_batch_size if micro_batch_size is not None else strategy.micro_batch_size)
+        timeout = float(timeout_ms if timeout_ms is not None else strategy.get("timeout_ms"))
+        buffers = int(num_buffers if num_buffers is not None else strategy.get("num_buffers"))
+        if mbs < 1:
+            raise OptionError(f"micro_batch_size must be >= 1, got {mbs}")
+        # threading's waits refuse longer timeouts (OverflowError in the worker).
+        longest_ms = threading.TIMEOUT_MAX * 1e3
+        if not 0.0 <= timeout <= longest_ms:
+            raise OptionError(
+                f"timeout_ms must be a finite number in [0, {longest_ms:g}], got {timeout}"
+            )
+        if buffers < 1:
+            raise OptionError(f"num_buffers must be >= 1, got {buffers}")
+        self.executor = executor
+        self.micro_batch_size = mbs
+        self.timeout_ms = timeout
+        self.num_buffers = buffers
+        self.auto_batch = timeout > 0.0
+        model = executor.model
+        self._inputs = list(model.inputs)
+        self._outputs = list(model.outputs)
+        self._micro_batches = executor.layout.micro_batches
+        self._check_model(executor)
+        # The unit of packing: a row when auto-batching, a micro-batch otherwise.
+        per_mb = mbs if self.auto_batch else 1
+        self._capacity = self._micro_batches * per_mb  # units per run
+        self._limit = buffers * per_mb  # units in flight
+        max_rows = (
+            MAX_REQUEST_RUNS * self._micro_batches * mbs
+            if max_request_rows is None
+            else max_request_rows
+        )
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise OptionError(f"max_request_rows must be an int >= 1, got {max_rows!r}")
+        self.max_request_rows = max_rows
+        if self.auto_batch:
+            self._in_units = [tuple(s.shape[1:]) for s in self._inputs]
+            self._out_units = [tuple(s.shape[1:]) for s in self._outputs]
+        else:
+            self._in_units = [tuple(s.shape) for s in self._inputs]
+            self._out_units = [tuple(s.shape) for s in self._outputs]
+        self._feed_shapes = [executor.layout.input_shape(s.shape) for s in self._inputs]
+        self._feed_names = [s.paddle_name or s.name for s in self._inputs]
+        # The common request, checked first: native arrays of the graph's dtype, C
+        # order, the trailing shape, no index ranges to check (see _fast_request).
+        self._fast_plan = (
+            [
+                (name, s.numpy_dtype, len(s.shape), tuple(s.shape[1:]))
+                for name, s in zip(self._feed_names, self._inputs)
+            ]
+            if self.auto_batch and not any(s.ranges for s in self._inputs)
+            else None
+        )
+        self._timeout_s = timeout / 1000.0
+        self._timeout_s = timeout / 1000.0
+        # The step buffers the queue packs into, zeroed (padding), and the feed of a
+        # run: views of them in the executor's step layout.
+        self._steps = [
+            np.zeros((self._capacity, *u), s.numpy_dtype)
+            for u, s in zip(self._in_units, self._inputs)
+        ]
+        self._run_feed = {
+            name: step.reshape(shape)
+            for name, step, shape in zip(self._feed_names, self._steps, self._feed_shapes)
+        }
+        out_unit_bytes = [
+            int(np.prod(u, dtype=np.int64)) * s.numpy_dtype.itemsize
+            for u, s in zip(self._out_units, self._outputs)
+        ]
+        self._run_out_shapes = [(self._capacity, *u) for u in self._out_units]
+        self._out_dtypes = [s.numpy_dtype for s in self._outputs]
+        self._queue = _core.ServingQueue(
+            self._steps,
+            out_unit_bytes,
+            self._capacity,
+            self._limit,
+            self._timeout_s,
+            self.auto_batch,
+        )
+        self._lock = threading.Lock()  # start() and the failure below
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        # The executor refuses direct runs once this runtime is closed (see
+        # Executor._check_serving): they would be checked against the wrong shapes.
+        executor.serving = self
+        if start:
+            self.start()
+
+    # -- start-up checks --------------------------------------------------------
+    def _check_model(self, executor: Executor) -> None:
+        mbs = self.micro_batch_size
+        if self._micro_batches > 1:
+            anchors = executor.session_config().anchors
+            for spec in self._outputs:
+                art = anchors.get(spec.name)
+                if art is not None and not (
+                    art.kind == "ALL" or (art.kind == "EVERYN" and art.period == 1)
+                ):
+                    raise NotSupportedError(
+                        f"the model runtime returns every micro-batch's output: output "
+                        f"{spec.paddle_name or spec.name!r} has anchor return type {art.kind}; "
+                        f"use ALL (set_anchor_config('ALL')) or batches_per_step=1"
+                    )
+        if not self.auto_batch:
+            return
+        for kind, specs in (("input", self._inputs), ("output", self._outputs)):
+            for spec in specs:
+                if not spec.shape or spec.shape[0] != mbs:
+                    first = spec.shape[0] if spec.shape else "none (a scalar)"
+                    raise NotSupportedError(
+                        f"auto-batching (timeout_ms > 0) needs the batch dimension first in "
+                        f"every input and output: {kind} {spec.paddle_name or spec.name!r} has "
+                        f"shape {list(spec.shape)}, whose first dimension {first} is not "
+                        f"micro_batch_size={mbs}. Check that micro_batch_size matches the "
+                        f"program's batch dimension, or set timeout_ms=0 (no auto-batching)"
+                    )
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker thread (done by the constructor unless ``start=False``)."""
+        with self._lock:
+            if self._queue.closed:
+                raise RuntimeClosedError("the model runtime is closed; create a new one")
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._loop, name="paddle-ipu-model-runtime", daemon=True
+            )
+            self._thread.start()
+        atexit.register(self.close)
+
+    def request_shapes(self) -> tuple[list[list[int]], list[list[int]]]:
+        """The feed and output shapes of one request, in compiled order; -1 marks
+        the rows, any number of them, when auto-batching."""
+        if self.auto_batch:
+            return (
+                [[-1, *s.shape[1:]] for s in self._inputs],
+                [[-1, *s.shape[1:]] for s in self._outputs],
+            )
+        return [list(s.shape) for s in self._inputs], [list(s.shape) for s in self._outputs]
+
+    @property
+    def in_flight(self) -> int:
+        """Units (rows when auto-batching, else micro-batches) admitted and not yet answered."""
+        return int(self._queue.in_flight)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._queue.closed)
+
+    def is_worker_thread(self) -> bool:
+        """Whether the caller is this runtime's worker thread."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def close(self, cancel: bool = False, timeout: float | None = None) -> None:
+        """Stop the runtime.  Requests already queued are run and answered; with
+        ``cancel=True`` they fail with :class:`~paddle_ipu.errors.RuntimeClosedError`
+        instead (a run already under way completes).  Later submits raise
+        RuntimeClosedError.  Waits up to ``timeout`` seconds (default: no limit) for
+        the worker to finish.  Idempotent."""
+        with self._lock:
+            self._queue.close(cancel)
+            thread = self._thread
+        if thread is None:
+            self._fail_pending(RuntimeClosedError("the model runtime was closed before it started"))
+        elif thread is not threading.current_thread():
+            thread.join(timeout)
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> ModelRuntime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def stats(self) -> RuntimeStats:
+        """A copy of the runtime's counters."""
+        return RuntimeStats(**self._queue.stats())
+
+    # -- entry points -----------------------------------------------------------
+    def run(self, feed: Mapping[str, Any], timeout: float | None = None) -> list[np.ndarray]:
+        """Run one request and wait for its outputs (in the compiled fetch order).
+
+        The feeds are not copied: the queue reads them in place while the caller
+        waits.  ``timeout`` bounds the wait for queue space (RuntimeBusyError), not
+        the run."""
+        if threading.current_thread() is self._thread:
+            raise IpuError(
+                "ModelRuntime.run was called from the runtime's own worker thread (a future "
+                "callback?): it would wait for itself; use submit() there"
+            )
+        arrays, units = self._check_request(feed, copy=False)
+        if units == 0:
+            return self._empty_outputs()
+        outs = self._new_outputs(units)
+        request = self._enqueue(arrays, outs, units, timeout, None)
+        request.wait()
+        error = request.error
+        if error is not None:
+            raise error
+        if request.state != _core.RequestState.DONE:  # cancelled: cannot happen for run()
+            raise RuntimeClosedError(self._closed_message())
+        return outs if self.auto_batch else [o[0] for o in outs]
+
+    def submit(
+        self, feed: Mapping[str, Any], timeout: float | None = None
+    ) -> Future[list[np.ndarray]]:
+        """Queue one request; return a future of its outputs (in the compiled fetch
+        order).  Feeds are validated here (FeedError) and copied, so the caller may
+        reuse its arrays at once.  Blocks while ``num_buffers`` micro-batches are in
+        flight, at most ``timeout`` seconds (then RuntimeBusyError)."""
+        arrays, units = self._check_request(feed, copy=True)
+        future = _RequestFuture()
+        if units == 0:  # nothing to run
+            future.set_running_or_notify_cancel()
+            future.set_result(self._empty_outputs())
+            return future
+        outs = self._new_outputs(units)
+        future._outs = outs if self.auto_batch else [o[0] for o in outs]
+        future._request = self._enqueue(arrays, outs, units, timeout, future)
+        return future
+
+    def _empty_outputs(self) -> list[np.ndarray]:
+        return [np.empty((0, *u), s.numpy_dtype) for u, s in zip(self._out_units, self._outputs)]
+
+    def _new_outputs(self, units: int) -> list[np.ndarray]:
+        return [np.empty((units, *u), d) for u, d in zip(self._out_units, self._out_dtypes)]
+
+    def _enqueue(
+        self,
+        arrays: list[np.ndarray],
+        outs: list[np.ndarray],
+        units: int,
+        timeout: float | None,
+        token: Any,
+    ) -> Any:
+        if timeout is not None and not timeout >= 0:
+            raise OptionError(f"timeout must be None or a number >= 0, got {timeout!r}")
+        status, value = self._queue.submit(
+            arrays, outs, units, -1.0 if timeout is None else float(timeout), token
+        )
+        if status == 1:
+            raise RuntimeBusyError(
+                f"the model runtime is full: {value} of {self._limit} {self._unit_name()} in "
+                f"flight (num_buffers={self.num_buffers}) and no space freed within {timeout} "
+                f"s; retry later, raise num_buffers, or submit with a longer timeout"
+            )
+        if status == 2:
+            raise RuntimeClosedError(self._closed_message())
+        return value
+
+    # -- validation -------------------------------------------------------------
+    def _fast_request(self, feed: Any) -> tuple[list[np.ndarray], int] | None:
+        """The arrays and rows of a request that needs no cast, copy or range check;
+        None sends it through the full check (which also words the errors)."""
+        plan = self._fast_plan
+        if plan is None or type(feed) is not dict or len(feed) != len(plan):
+            return None
+        arrays = []
+        units = -1
+        for name, dtype, ndim, trailing in plan:
+            a = feed.get(name)
+            if (
+                type(a) is not np.ndarray
+                or a.dtype != dtype
+                or a.ndim != ndim
+                or a.shape[1:] != trailing
+                or not a.flags.c_contiguous
+            ):
+                return None
+            rows = a.shape[0]
+            if units < 0:
+                units = rows
+            elif rows != units:
+                return None
+            arrays.append(a)
+        if not 0 < units <= self.max_request_rows:
+            return None
+        return arrays, units
+
+    def _check_request(self, feed: Mapping[str, Any], copy: bool) -> tuple[list[np.ndarray], int]:
+        if self._queue.closed:
+            raise RuntimeClosedError(self._closed_message())
+        fast = self._fast_request(feed)
+        if fast is not None:
+            if copy:  # the caller may reuse its arrays
+                return [a.copy() for a in fast[0]], fast[1]
+            return fast
+        if not isinstance(feed, Mapping):
+            raise FeedError(f"a feed must be a dict of name -> array, got {type(feed).__name__}")
+        self.executor.check_feed_names(feed)
+        arrays: list[np.ndarray] = []
+        units = -1
+        first = ""
+        for name, spec in zip(self._feed_names, self._inputs):
+            # Dtype and shape first, then the size cap; only then cast or copy.
+            array = np.asarray(feed[name])
+            cast = Executor.feed_cast(name, array, spec)
+            if self.auto_batch:
+                trailing = tuple(spec.shape[1:])
+                if array.ndim != len(spec.shape) or tuple(array.shape[1:]) != trailing:
+                    raise FeedError(
+                        f"feed {name!r}: expected shape [rows, {', '.join(map(str, trailing))}]"
+                        f" (any number of rows; auto-batching packs them into micro-batches of "
+                        f"{self.micro_batch_size}), received {list(array.shape)}"
+                    )
+                rows = int(array.shape[0])
+                if rows > self.max_request_rows:
+                    raise FeedError(
+                        f"feed {name!r}: a request may have at most {self.max_request_rows} "
+                        f"rows (max_request_rows), received {rows}; split it into smaller "
+                        f"requests"
+                    )
+                if units < 0:
+                    units, first = rows, name
+                elif rows != units:
+                    raise FeedError(
+                        f"feeds {first!r} and {name!r} have {units} and {rows} rows: every "
+                        f"feed of a request must have the same number of rows"
+                    )
+            else:
+                if tuple(array.shape) != tuple(spec.shape):
+                    if array.ndim == len(spec.shape) and array.shape[1:] == spec.shape[1:]:
+                        raise FeedError(
+                            f"feed {name!r}: without auto-batching (timeout_ms=0) a request is "
+                            f"exactly one micro-batch: expected {spec.shape[0]} rows, received "
+                            f"{array.shape[0]} (shape {list(array.shape)}); set timeout_ms > 0 "
+                            f"to auto-batch requests of any size"
+                        )
+                    raise FeedError(
+                        f"feed {name!r}: expected shape {list(spec.shape)} (one micro-batch), "
+                        f"received {list(array.shape)}"
+                    )
+                array = array.reshape((1, *spec.shape))
+                units = 1
+            if spec.ranges:
+                check_ranges(name, array, spec.ranges)
+            cast_array = cast(array)
+            if copy and cast_array is array:  # the caller may reuse its arrays
+                cast_array = np.array(array, copy=True, order="C")
+            elif not cast_array.flags.c_contiguous:  # the queue reads rows with memcpy
+                cast_array = np.ascontiguousarray(cast_array)
+            arrays.append(cast_array)
+        return arrays, max(units, 0)
+
+    def _unit_name(self) -> str:
+        return "rows" if self.auto_batch else "micro-batches"
+
+    def _closed_message(self) -> str:
+        failure = self._failure
+        if failure is not None:
+            return f"the model runtime stopped after an internal error: {failure!r}"
+        return "the model runtime is closed: no new requests are accepted"
+
+    # -- the worker -------------------------------------------------------------
+    def _loop(self) -> None:
+        queue = self._queue
+        feed = self._run_feed
+        executor = self.executor
+        shapes = self._run_out_shapes
+        try:
+            while True:
+                if queue.next_batch() < 0:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    raw = executor.run(feed)  # looked up per run: tests wrap it
+                    outputs = [
+                        np.ascontiguousarray(o).reshape(shape) for o, shape in zip(raw, shapes)
+                    ]
+                except Exception as exc:
+                    for future in queue.fail(exc, time.perf_counter() - t0):
+                        _set_exception(future, exc)
+                    continue
+                for future in queue.complete(outputs, time.perf_counter() - t0):
+                    if future.set_running_or_notify_cancel():
+                        future.set_result(future._outs)
+        except BaseException as exc:  # a bug here must not leave callers hanging
+            log.exception("the model runtime's worker failed")
+            with self._lock:
+                self._failure = exc
+                queue.close(False)
+            error = RuntimeClosedError(self._closed_message())
+            for future in queue.fail(error, 0.0):
+                _set_exception(future, error)
+            self._fail_pending(RuntimeClosedError(self._closed_message()), exc)
+        finally:
+            if queue.cancelled:
+                self._fail_pending(
+                    RuntimeClosedError("the model runtime was closed with cancel=True")
+                )
+
+    def _fail_pending(self, error: BaseException, cause: BaseException | None = None) -> None:
+        error.__cause__ = cause
+        for future in self._queue.fail_pending(error):
+            exc = type(error)(str(error))
+            exc.__cause__ = cause
+            _set_exception(future, exc)
+
+
+def _set_exception(future: Future[Any], exc: BaseException) -> None:
+    if not future.done() and future.set_running_or_notify_cancel():
+        future.set_exception(exc)
