@@ -8,6 +8,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+DESCRIPTION = (
+    "Graphcore IPU support for PaddlePaddle: report the installation, check a backend, "
+    "compile saved inference models into packages, run, benchmark and serve them. "
+    "Also runs as python -m paddle_ipu."
+)
+
 
 def collect_info() -> dict[str, Any]:
     """What ``paddle-ipu info`` reports, as a dict."""
@@ -237,10 +243,14 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paddle-ipu", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="paddle-ipu", description=DESCRIPTION)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p_info = sub.add_parser("info", help="report Paddle, the ipu plugin, devices and backends")
     p_info.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("selftest", help="run the backend checks and print a report")
+    p.add_argument("--backend", default="auto", help="host, popart or auto (default)")
 
     p = sub.add_parser("compile", help="compile a saved inference model into a portable package")
     p.add_argument("model_prefix", help="the path prefix given to save_inference_model")
@@ -281,7 +291,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from paddle_ipu._version import __version__
+
+        print(f"paddle-ipu {__version__}")
+        return 0
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "selftest":
+        from paddle_ipu import selftest
+
+        return selftest.main(["--backend", args.backend])
     if args.command == "info":
         info = collect_info()
         if args.json:

@@ -72,7 +72,6 @@ def test_every_subpackage_is_packaged() -> None:
     """pyproject.toml's package list covers every package folder of the source (a
     missing one installs a paddle_ipu that fails at import)."""
     import tomllib
-
     from setuptools import find_namespace_packages, find_packages
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
