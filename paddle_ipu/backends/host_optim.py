@@ -315,6 +315,10 @@ class HostTrainer:
         self._place = paddle.CPUPlace()
         self._exe = paddle.static.Executor(self._place)
         self._scope = paddle.static.Scope()
+        from paddle_ipu.compiler.gradients import empty_parameters
+
+        for name, (shape, dtype) in empty_parameters(artifact.program).items():
+            self._scope.var(name).get_tensor().set(np.zeros(shape, dtype), self._place)
         self._runner = _ProgramRunner(self._exe, artifact.program, artifact.fetch_list, self._scope)
         self.weights: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}
