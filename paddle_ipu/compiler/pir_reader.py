@@ -514,15 +514,19 @@ def _rewrite_interp_scale(block: Any) -> dict[int, Any]:
 _ADAPTIVE_POOLS = frozenset({"pd_op.pool2d", "pd_op.max_pool2d_with_index"})
 
 
+def _adaptive_bins(size_in: int, size_out: int) -> list[tuple[int, int]]:
+    """Paddle's adaptive bins: ``[floor(i * in / out), ceil((i + 1) * in / out))``."""
+    return [
+        ((i * size_in) // size_out, -((-(i + 1) * size_in) // size_out)) for i in range(size_out)
+    ]
+
+
 def _adaptive_matrix(size_in: int, size_out: int) -> Any:
-    """[size_out, size_in]: row i averages Paddle's adaptive bin i,
-    ``[floor(i * in / out), ceil((i + 1) * in / out))``."""
+    """[size_out, size_in]: row i averages adaptive bin i."""
     import numpy as np
 
     m = np.zeros((size_out, size_in), dtype=np.float64)
-    for i in range(size_out):
-        start = (i * size_in) // size_out
-        end = -((-(i + 1) * size_in) // size_out)
+    for i, (start, end) in enumerate(_adaptive_bins(size_in, size_out)):
         m[i, start:end] = 1.0 / (end - start)
     return m
 
@@ -535,8 +539,9 @@ def _rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
     a zero stride (a division by zero that kills the process in ONNX shape
     inference) when ``out > in``.  Paddle's bins overlap and vary in size there;
     an average over bins is separable, so it is two matrix products with constant
-    bin matrices (rows, then columns).  Adaptive max pooling of that kind is
-    refused by name."""
+    bin matrices (rows, then columns); a maximum over bins is separable too (a
+    slice and a reduction per bin).  Other layouts and unknown sizes are refused by
+    name."""
     replaced: dict[int, Any] = {}
     for op in list(block.ops):
         if op.name() not in _ADAPTIVE_POOLS or not bool(op.attrs().get("adaptive", False)):
@@ -560,19 +565,32 @@ def _rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
         if all(i >= 0 and o > 0 and i % o == 0 for i, o in zip(in_hw, out_hw)):
             continue  # the converter's fixed window is exact
         kind = str(attrs.get("pooling_type", "max"))
-        if kind != "avg" or fmt != "NCHW" or any(i < 0 for i in in_hw):
+        if op.name() == "pd_op.max_pool2d_with_index" and not op.result(1).use_empty():
+            continue  # the mask is refused by name (ops.attribute_problem)
+        if kind not in ("avg", "max") or fmt != "NCHW" or any(i < 0 for i in in_hw):
             raise UnsupportedOpError(
                 f"{op.name()} with adaptive=True, pooling_type={kind!r}, "
                 f"data_format={fmt!r}: output size {out_hw} does not divide the input size "
-                f"{in_hw}; only adaptive average pooling in NCHW with a known input size "
-                "lowers exactly there"
+                f"{in_hw}; only adaptive pooling in NCHW with a known input size lowers "
+                "exactly there"
             )
-        dtype = dtype_name(x)
         before = {o.id() for o in block.ops}
         paddle.pir.set_insertion_point(op)
-        rows = paddle.assign(_adaptive_matrix(in_hw[0], out_hw[0]).astype(dtype))
-        cols = paddle.assign(_adaptive_matrix(in_hw[1], out_hw[1]).T.astype(dtype).copy())
-        new = _PIR_OPS.matmul(_PIR_OPS.matmul(rows, x, False, False), cols, False, False)
+        if kind == "avg":
+            dtype = dtype_name(x)
+            rows = paddle.assign(_adaptive_matrix(in_hw[0], out_hw[0]).astype(dtype))
+            cols = paddle.assign(_adaptive_matrix(in_hw[1], out_hw[1]).T.astype(dtype).copy())
+            new = _PIR_OPS.matmul(_PIR_OPS.matmul(rows, x, False, False), cols, False, False)
+        else:
+            # A maximum over a rectangle is the maximum over its rows of the maxima
+            # over its columns: one slice and reduction per bin, rows then columns.
+            new = x
+            for axis, size_in, size_out in ((2, in_hw[0], out_hw[0]), (3, in_hw[1], out_hw[1])):
+                parts = [
+                    paddle.max(paddle.slice(new, [axis], [lo], [hi]), axis=axis, keepdim=True)
+                    for lo, hi in _adaptive_bins(size_in, size_out)
+                ]
+                new = paddle.concat(parts, axis=axis) if len(parts) > 1 else parts[0]
         _copy_placement(block, op, before)
         old = op.result(0)
         replaced[old.id] = new

@@ -372,10 +372,22 @@ add(
     lambda x: F.adaptive_avg_pool2d(x, [7, 7]),
 )
 add(
-    "refused.pool2d_adaptive_max_uneven",
+    "max_pool2d_with_index.adaptive_uneven",
     "max_pool2d_with_index",
     {"x": "f:1x2x5x7"},
     lambda x: F.adaptive_max_pool2d(x, [3, 4]),
+)
+add(
+    "max_pool2d_with_index.adaptive_upsample",
+    "max_pool2d_with_index",
+    {"x": "f:2x3x2x3"},
+    lambda x: F.adaptive_max_pool2d(x, [5, 4]),
+)
+add(
+    "refused.pool2d_adaptive_avg_nhwc_uneven",
+    "pool2d",
+    {"x": "f:1x5x7x2"},
+    lambda x: F.adaptive_avg_pool2d(x, [3, 4], data_format="NHWC"),
 )
 add("pool3d.adaptive_max", "pool3d", VOL, lambda x: F.adaptive_max_pool3d(x, 2))
 add("pool3d", "pool3d", VOL, lambda x: F.max_pool3d(x, 2))
@@ -588,7 +600,7 @@ REFUSED: dict[str, str] = {
     "max_pool3d_with_index": "return_mask=True",
     "unfold": "pd_op.unfold",
     "refused.bilinear_interp_fractional_scale": "scale_factor=[1.5, 1.5]",
-    "refused.pool2d_adaptive_max_uneven": "pooling_type='max'",
+    "refused.pool2d_adaptive_avg_nhwc_uneven": "data_format='NHWC'",
 }
 
 # Cases whose fp32 graph matches but that the host backend cannot run in fp16:
