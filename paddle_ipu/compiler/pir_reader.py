@@ -475,8 +475,12 @@ def _rewrite_interp_scale(block: Any) -> dict[int, Any]:
         if len(scale) == 1:
             scale = scale * len(spatial)
         sizes = [d * s for d, s in zip(spatial, scale)]
+        # Paddle's own output size (it rounds in float32) must be that whole number.
+        declared = _shape(op.result(0))
+        declared = list(declared[1:-1] if fmt.endswith("C") else declared[2:])
         bad = len(scale) != len(spatial) or any(
-            d < 0 or s <= 0 or abs(v - round(v)) > 1e-9 for d, s, v in zip(spatial, scale, sizes)
+            d < 0 or s <= 0 or abs(v - round(v)) > 1e-9 or o != round(v)
+            for d, s, v, o in zip(spatial, scale, sizes, declared)
         )
         if bad:
             raise UnsupportedOpError(
