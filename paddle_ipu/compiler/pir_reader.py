@@ -476,8 +476,8 @@ def _rewrite_interp_scale(block: Any) -> dict[int, Any]:
             scale = scale * len(spatial)
         sizes = [d * s for d, s in zip(spatial, scale)]
         # Paddle's own output size (it rounds in float32) must be that whole number.
-        declared = _shape(op.result(0))
-        declared = list(declared[1:-1] if fmt.endswith("C") else declared[2:])
+        result_shape = _shape(op.result(0))
+        declared = list(result_shape[1:-1] if fmt.endswith("C") else result_shape[2:])
         bad = len(scale) != len(spatial) or any(
             d < 0 or s <= 0 or abs(v - round(v)) > 1e-9 or o != round(v)
             for d, s, v, o in zip(spatial, scale, sizes, declared)

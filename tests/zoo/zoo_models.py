@@ -63,9 +63,9 @@ class UNet(nn.Layer):
         b = F.relu(self.d2(a))
         c = F.relu(self.bottom(b))
         if self.how == "size":
-            c = F.interpolate(c, size=list(b.shape[2:]), mode=self.mode)
+            c = F.interpolate(c, size=list(b.shape[2:]), mode=self.mode)  # type: ignore[call-overload]
         else:
-            c = F.interpolate(c, scale_factor=2, mode=self.mode)
+            c = F.interpolate(c, scale_factor=2, mode=self.mode)  # type: ignore[call-overload]
         u = self.up(paddle.concat([b, c], axis=1))
         return self.out(paddle.concat([a, u], axis=1))
 
