@@ -134,13 +134,34 @@ def apply_update(
         eps_t = eps * np.sqrt(_ONE - b2p)
         if kind == "adamw" and slot.weight_decay:
             w = w - lr32 * _ONE * wd * w
-        m1 = b1 * get("moment1") + (_ONE - b1) * g
-        m2 = b2 * get("moment2") + (_ONE - b2) * g * g
+        # The formulas below, evaluated in the same order (so with the same float32
+        # roundings) with one scratch array instead of a temporary per operation:
+        #   m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g * g
+        #   w + (-lr_t) * (m1 / (sqrt(m2) + eps_t))
+        # The state gets new arrays (snapshots may hold the old ones).
+        m1_old, m2_old = get("moment1"), get("moment2")
+        if m1_old.dtype != F32 or m2_old.dtype != F32 or g.shape != w.shape:
+            m1 = b1 * m1_old + (_ONE - b1) * g
+            m2 = b2 * m2_old + (_ONE - b2) * g * g
+            step = (-lr_t) * (m1 / (np.sqrt(m2) + eps_t))
+        else:
+            tmp = np.multiply(g, _ONE - b1)
+            m1 = np.multiply(m1_old, b1)
+            m1 += tmp
+            np.multiply(g, _ONE - b2, out=tmp)
+            tmp *= g
+            m2 = np.multiply(m2_old, b2)
+            m2 += tmp
+            np.sqrt(m2, out=tmp)
+            tmp += eps_t
+            np.divide(m1, tmp, out=tmp)
+            tmp *= -lr_t
+            step = tmp
         put("moment1", m1)
         put("moment2", m2)
         put("beta1_pow", np.full([1], b1 * b1p, dtype=F32))
         put("beta2_pow", np.full([1], b2 * b2p, dtype=F32))
-        return w + (-lr_t) * (m1 / (np.sqrt(m2) + eps_t))
+        return w + step
 
     if kind == "adamax":
         b1, b2, eps = _f(config.beta1), _f(config.beta2), _f(config.epsilon)
@@ -315,6 +336,10 @@ class HostTrainer:
         self._place = paddle.CPUPlace()
         self._exe = paddle.static.Executor(self._place)
         self._scope = paddle.static.Scope()
+        from paddle_ipu.compiler.gradients import empty_parameters
+
+        for name, (shape, dtype) in empty_parameters(artifact.program).items():
+            self._scope.var(name).get_tensor().set(np.zeros(shape, dtype), self._place)
         self._runner = _ProgramRunner(self._exe, artifact.program, artifact.fetch_list, self._scope)
         self.weights: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}

@@ -181,7 +181,9 @@ def build_gradient_program(
                 feed_names.append(name)
         elif op.name() == "builtin.parameter":
             name = str(attrs["parameter_name"])
-            if name not in params:
+            # A zero-element parameter (the dropout_state of paddle.nn.LSTM / GRU)
+            # holds no value to keep in step with the scope; the trainer makes it.
+            if name not in params and 0 not in _static_shape(op.result(0)):
                 buffers.append(name)
 
     clone = program.clone()
@@ -223,3 +225,23 @@ def build_gradient_program(
         optimizer=optimizer,
         removed_ops=removed[::-1],
     )
+
+
+def _static_shape(value: Any) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in value.shape)
+    except Exception:  # not a dense tensor
+        return ()
+
+
+def empty_parameters(program: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Parameters of ``program`` with zero elements: name -> (shape, numpy dtype)."""
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for op in program.global_block().ops:
+        if op.name() != "builtin.parameter":
+            continue
+        shape = _static_shape(op.result(0))
+        if 0 in shape:
+            dtype = str(op.result(0).dtype).rsplit(".", 1)[-1]
+            out[str(op.attrs()["parameter_name"])] = (shape, dtype)
+    return out

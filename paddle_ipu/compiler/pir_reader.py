@@ -19,7 +19,7 @@ import paddle
 
 from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
-from paddle_ipu.errors import CompileError, FeedError
+from paddle_ipu.errors import CompileError, FeedError, UnsupportedOpError
 
 _DATA_OPS = ("pd_op.data", "pd_op.feed")
 # Reductions whose "all axes" form (an empty axis list) the converter cannot
@@ -146,6 +146,7 @@ class PirForwardGraph:
         prefix = os.path.join(directory, "model")
         exe = paddle.static.Executor(paddle.CPUPlace())
         scope = self.scope if self.scope is not None else paddle.static.global_scope()
+        _fill_empty_parameters(scope, self.parameters)
         try:
             with paddle.static.scope_guard(scope):
                 paddle.static.save_inference_model(
@@ -173,6 +174,29 @@ class PirForwardGraph:
         # A program without parameters is saved without a parameter file; the
         # converter reads an empty path as "no parameters".
         return prefix + ".json", params if os.path.exists(params) else ""
+
+
+def _fill_empty_parameters(scope: Any, parameters: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Give zero-element parameters that have no buffer an empty CPU tensor.
+
+    ``paddle.nn.LSTM`` / ``GRU`` declare a ``dropout_state`` parameter of shape
+    ``[0]``.  The startup program run on the ipu place leaves it without a buffer
+    (a zero-byte allocation), and the serialiser then refuses the whole program.
+    An empty tensor is exactly what the same startup program leaves on the CPU;
+    no operator reads a value from it at inference."""
+    import numpy as np
+
+    for name, (shape, dtype) in parameters.items():
+        if 0 not in shape:
+            continue
+        var = scope.find_var(name)
+        if var is None or var.get_tensor()._is_initialized():
+            continue
+        try:
+            np_dtype = np.dtype(dtype)
+        except TypeError:
+            continue
+        var.get_tensor().set(np.zeros(shape, np_dtype), paddle.CPUPlace())
 
 
 class PirReader:
@@ -208,6 +232,8 @@ class PirReader:
         with _insertion_guard():
             _rewrite_empty_axis_reductions(cblock)
             replaced = _rewrite_softplus(cblock)
+            replaced.update(_rewrite_interp_scale(cblock))
+            replaced.update(_rewrite_adaptive_pools(cblock))
         cfetches = [replaced.get(v.id, v) for v in cfetches]
 
         kept_ids = {op.id() for op in cblock.ops}
@@ -403,6 +429,179 @@ def _rewrite_softplus(block: Any) -> dict[int, Any]:
         replaced[old.id] = out
         old.replace_all_uses_with(out)
         block.remove_op(op)
+    return replaced
+
+
+_INTERPS = frozenset(
+    {
+        "pd_op.linear_interp",
+        "pd_op.bilinear_interp",
+        "pd_op.trilinear_interp",
+        "pd_op.nearest_interp",
+        "pd_op.bicubic_interp",
+    }
+)
+
+
+def _copy_placement(block: Any, op: Any, before: set[int]) -> None:
+    for new_op in block.ops:
+        if new_op.id() in before:
+            continue
+        for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+            if op.has_attr(attr):
+                new_op.set_int_attr(attr, _op_int_attr(op, attr))
+
+
+def _rewrite_interp_scale(block: Any) -> dict[int, Any]:
+    """``interpolate(x, scale_factor=s)`` -> ``interpolate(x, size=in * s)``.
+
+    paddle2onnx cannot read the ``scale`` attribute (stored as doubles, read as
+    floats) and stops.  Paddle samples a scaled output at ``1 / s``; the size form
+    samples at ``in / out``, which is the same number when ``in * s`` is a whole
+    number.  Any other case (a fractional ``in * s``, an unknown spatial size) is
+    refused by name rather than approximated."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() not in _INTERPS:
+            continue
+        attrs = op.attrs()
+        scale = [float(v) for v in attrs.get("scale", [])]
+        if not scale or any(_is_real(op.operand_source(i)) for i in range(1, op.num_operands())):
+            continue
+        x = op.operand_source(0)
+        shape = _shape(x)
+        fmt = str(attrs.get("data_format", "NCHW"))
+        spatial = list(shape[1:-1] if fmt.endswith("C") and fmt != "NC" else shape[2:])
+        if len(scale) == 1:
+            scale = scale * len(spatial)
+        sizes = [d * s for d, s in zip(spatial, scale)]
+        # Paddle's own output size (it rounds in float32) must be that whole number.
+        result_shape = _shape(op.result(0))
+        declared = list(result_shape[1:-1] if fmt.endswith("C") else result_shape[2:])
+        bad = len(scale) != len(spatial) or any(
+            d < 0 or s <= 0 or abs(v - round(v)) > 1e-9 or o != round(v)
+            for d, s, v, o in zip(spatial, scale, sizes, declared)
+        )
+        if bad:
+            raise UnsupportedOpError(
+                f"{op.name()} with scale_factor={scale} on an input of spatial size "
+                f"{spatial}: only a scale that gives a whole output size on a known input "
+                "size lowers exactly; pass size= instead"
+            )
+        out = [round(v) for v in sizes]
+        out_d, out_h, out_w = ([-1] * (3 - len(out)) + out)[-3:]
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        fn = getattr(_PIR_OPS, op.name().split(".", 1)[1])
+        new = fn(
+            x,
+            None,
+            None,
+            None,
+            fmt,
+            out_d,
+            out_h,
+            out_w,
+            [],
+            str(attrs.get("interp_method", "")),
+            bool(attrs.get("align_corners", False)),
+            int(attrs.get("align_mode", 1)),
+        )
+        _copy_placement(block, op, before)
+        old = op.result(0)
+        replaced[old.id] = new
+        old.replace_all_uses_with(new)
+        block.remove_op(op)
+    return replaced
+
+
+_ADAPTIVE_POOLS = frozenset({"pd_op.pool2d", "pd_op.max_pool2d_with_index"})
+
+
+def _adaptive_bins(size_in: int, size_out: int) -> list[tuple[int, int]]:
+    """Paddle's adaptive bins: ``[floor(i * in / out), ceil((i + 1) * in / out))``."""
+    return [
+        ((i * size_in) // size_out, -((-(i + 1) * size_in) // size_out)) for i in range(size_out)
+    ]
+
+
+def _adaptive_matrix(size_in: int, size_out: int) -> Any:
+    """[size_out, size_in]: row i averages adaptive bin i."""
+    import numpy as np
+
+    m = np.zeros((size_out, size_in), dtype=np.float64)
+    for i, (start, end) in enumerate(_adaptive_bins(size_in, size_out)):
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+def _rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
+    """Adaptive average pooling whose output size does not divide the input size.
+
+    paddle2onnx lowers every adaptive pool to a fixed-window pool with stride
+    ``in // out``: right when ``out`` divides ``in``, wrong numbers otherwise, and
+    a zero stride (a division by zero that kills the process in ONNX shape
+    inference) when ``out > in``.  Paddle's bins overlap and vary in size there;
+    an average over bins is separable, so it is two matrix products with constant
+    bin matrices (rows, then columns); a maximum over bins is separable too (a
+    slice and a reduction per bin).  Other layouts and unknown sizes are refused by
+    name."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() not in _ADAPTIVE_POOLS or not bool(op.attrs().get("adaptive", False)):
+            continue
+        attrs = op.attrs()
+        if op.name() == "pd_op.pool2d":
+            size_op = op.operand_source(1).get_defining_op()
+            if size_op is None or size_op.name() != "pd_op.full_int_array":
+                continue
+            out_hw = [int(v) for v in size_op.attrs().get("value", [])]
+        else:  # max_pool2d_with_index: always max, the size is an attribute
+            size_op = None
+            out_hw = [int(v) for v in attrs.get("kernel_size", [])]
+        x = op.operand_source(0)
+        shape = _shape(x)
+        fmt = str(attrs.get("data_format", "NCHW"))
+        if len(shape) != 4 or len(out_hw) != 2:
+            continue
+        in_hw = list(shape[1:3] if fmt == "NHWC" else shape[2:4])
+        out_hw = [i if o == -1 else o for i, o in zip(in_hw, out_hw)]  # -1 keeps the size
+        if all(i >= 0 and o > 0 and i % o == 0 for i, o in zip(in_hw, out_hw)):
+            continue  # the converter's fixed window is exact
+        kind = str(attrs.get("pooling_type", "max"))
+        if op.name() == "pd_op.max_pool2d_with_index" and not op.result(1).use_empty():
+            continue  # the mask is refused by name (ops.attribute_problem)
+        if kind not in ("avg", "max") or fmt != "NCHW" or any(i < 0 for i in in_hw):
+            raise UnsupportedOpError(
+                f"{op.name()} with adaptive=True, pooling_type={kind!r}, "
+                f"data_format={fmt!r}: output size {out_hw} does not divide the input size "
+                f"{in_hw}; only adaptive pooling in NCHW with a known input size lowers "
+                "exactly there"
+            )
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if kind == "avg":
+            dtype = dtype_name(x)
+            rows = paddle.assign(_adaptive_matrix(in_hw[0], out_hw[0]).astype(dtype))
+            cols = paddle.assign(_adaptive_matrix(in_hw[1], out_hw[1]).T.astype(dtype).copy())
+            new = _PIR_OPS.matmul(_PIR_OPS.matmul(rows, x, False, False), cols, False, False)
+        else:
+            # A maximum over a rectangle is the maximum over its rows of the maxima
+            # over its columns: one slice and reduction per bin, rows then columns.
+            new = x
+            for axis, size_in, size_out in ((2, in_hw[0], out_hw[0]), (3, in_hw[1], out_hw[1])):
+                parts = [
+                    paddle.max(paddle.slice(new, [axis], [lo], [hi]), axis=axis, keepdim=True)
+                    for lo, hi in _adaptive_bins(size_in, size_out)
+                ]
+                new = paddle.concat(parts, axis=axis) if len(parts) > 1 else parts[0]
+        _copy_placement(block, op, before)
+        old = op.result(0)
+        replaced[old.id] = new
+        old.replace_all_uses_with(new)
+        block.remove_op(op)
+        if size_op is not None and size_op.result(0).use_empty():
+            block.remove_op(size_op)
     return replaced
 
 

@@ -190,6 +190,51 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
         graph.node.extend(reversed(keep))
 
 
+def _empty_tensors(graph: onnx.GraphProto) -> set[str]:
+    """Names of the zero-element constants (Constant nodes and initializers)."""
+    empty = {i.name for i in graph.initializer if 0 in i.dims}
+    for node in graph.node:
+        if node.op_type == "Constant" and len(node.output) == 1:
+            for attr in node.attribute:
+                if attr.name == "value" and 0 in attr.t.dims:
+                    empty.add(node.output[0])
+    return empty
+
+
+def omit_empty_resize_inputs(graph: onnx.GraphProto) -> None:
+    """Leave out a Resize's empty ``roi`` and ``scales`` operands when it has ``sizes``.
+
+    The converter passes them as empty float constants.  ONNX reads an empty
+    ``scales`` as absent, but a graph rewrite that routes it through a node (the
+    fp16 conversion casts every float constant) makes it a computed tensor, and
+    ONNX Runtime then refuses the Resize for having both sizes and scales.  An
+    omitted optional operand (an empty name) means the same and survives that."""
+    empty = _empty_tensors(graph)
+    for node in graph.node:
+        if node.op_type != "Resize" or len(node.input) < 4 or not node.input[3]:
+            continue
+        for k in (1, 2):
+            if node.input[k] in empty:
+                node.input[k] = ""
+
+
+def drop_unused_weights(graph: onnx.GraphProto, weights: dict[str, str]) -> None:
+    """Remove parameter initializers that no node reads, and their weight entries.
+
+    ``paddle.nn.LSTM`` / ``GRU`` pass an empty ``dropout_state`` parameter that the
+    converter does not use.  ONNX Runtime drops an unused initializer while it
+    loads the graph and then fails to find it when the session supplies its value."""
+    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    unused = [i.name for i in graph.initializer if i.name in weights and i.name not in used]
+    if not unused:
+        return
+    keep = [init for init in graph.initializer if init.name not in unused]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    for name in unused:
+        del weights[name]
+
+
 def _all_names(graph: onnx.GraphProto) -> set[str]:
     names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     for node in graph.node:
@@ -752,7 +797,9 @@ def finalize(
     drop_identities(graph)
     inputs = fix_inputs(graph, fg.feeds, micro_batch_size)
     fold_shape_arithmetic(model, set(weights))
+    omit_empty_resize_inputs(graph)
     drop_dead_nodes(graph)
+    drop_unused_weights(graph, weights)
     outputs = infer_outputs(model, names, fg.fetches)
     model.producer_name = "paddle-ipu"
     return inputs, outputs, weights, shards

@@ -358,6 +358,37 @@ add(
 )
 add("pool2d.adaptive_avg", "pool2d", {"x": "f:1x2x6x6"}, lambda x: F.adaptive_avg_pool2d(x, 3))
 add("pool2d.adaptive_max", "pool2d", {"x": "f:1x2x6x6"}, lambda x: F.adaptive_max_pool2d(x, 2))
+# Output sizes that do not divide the input: overlapping bins, and more bins than inputs.
+add(
+    "pool2d.adaptive_avg_uneven",
+    "pool2d",
+    {"x": "f:2x3x5x7"},
+    lambda x: F.adaptive_avg_pool2d(x, [3, 4]),
+)
+add(
+    "pool2d.adaptive_avg_upsample",
+    "pool2d",
+    {"x": "f:1x2x2x3"},
+    lambda x: F.adaptive_avg_pool2d(x, [7, 7]),
+)
+add(
+    "max_pool2d_with_index.adaptive_uneven",
+    "max_pool2d_with_index",
+    {"x": "f:1x2x5x7"},
+    lambda x: F.adaptive_max_pool2d(x, [3, 4]),
+)
+add(
+    "max_pool2d_with_index.adaptive_upsample",
+    "max_pool2d_with_index",
+    {"x": "f:2x3x2x3"},
+    lambda x: F.adaptive_max_pool2d(x, [5, 4]),
+)
+add(
+    "refused.pool2d_adaptive_avg_nhwc_uneven",
+    "pool2d",
+    {"x": "f:1x5x7x2"},
+    lambda x: F.adaptive_avg_pool2d(x, [3, 4], data_format="NHWC"),
+)
 add("pool3d.adaptive_max", "pool3d", VOL, lambda x: F.adaptive_max_pool3d(x, 2))
 add("pool3d", "pool3d", VOL, lambda x: F.max_pool3d(x, 2))
 add("pool3d.avg", "pool3d", VOL, lambda x: F.avg_pool3d(x, 2, stride=1, padding=1))
@@ -419,6 +450,30 @@ for mode, op in [
             IMG,
             lambda x, mode=mode: F.interpolate(x, size=[7, 8], mode=mode, align_corners=True),
         )
+add(
+    "nearest_interp.scale_factor",
+    "nearest_interp",
+    IMG,
+    lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
+)
+add(
+    "bilinear_interp.scale_factor",
+    "bilinear_interp",
+    IMG,
+    lambda x: F.interpolate(x, scale_factor=[1.4, 3.0], mode="bilinear"),
+)
+add(
+    "bicubic_interp.scale_factor_align_corners",
+    "bicubic_interp",
+    IMG,
+    lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", align_corners=True),
+)
+add(
+    "refused.bilinear_interp_fractional_scale",
+    "bilinear_interp",
+    IMG,
+    lambda x: F.interpolate(x, scale_factor=1.5, mode="bilinear"),
+)
 add(
     "bilinear_interp.align_mode",
     "bilinear_interp",
@@ -544,6 +599,8 @@ REFUSED: dict[str, str] = {
     "max_pool2d_with_index": "return_mask=True",
     "max_pool3d_with_index": "return_mask=True",
     "unfold": "pd_op.unfold",
+    "refused.bilinear_interp_fractional_scale": "scale_factor=[1.5, 1.5]",
+    "refused.pool2d_adaptive_avg_nhwc_uneven": "data_format='NHWC'",
 }
 
 # Cases whose fp32 graph matches but that the host backend cannot run in fp16:
@@ -551,7 +608,6 @@ REFUSED: dict[str, str] = {
 # and ONNX Runtime has no fp16 kernel for some nodes.  A BackendError, never a
 # wrong number; the fp16 test expects exactly these to fail.
 _CAST = "the host backend's fp16 conversion leaves an fp32-typed Cast: ONNX Runtime refuses it"
-_RESIZE = "the fp16 Resize node gets both sizes and scales: ONNX Runtime refuses it"
 _SCATTER = "ONNX Runtime has no fp16 kernel for a scatter with reduction='add'"
 FP16_HOST_FAILS: dict[str, str] = {
     "scale.int": _CAST,
@@ -565,14 +621,6 @@ FP16_HOST_FAILS: dict[str, str] = {
     "scatter.accumulate": _SCATTER,
     "scatter_nd_add": _SCATTER,
     "index_put.accumulate": _SCATTER,
-    "nearest_interp": _RESIZE,
-    "bilinear_interp": _RESIZE,
-    "bilinear_interp.align_corners": _RESIZE,
-    "bilinear_interp.align_mode": _RESIZE,
-    "bicubic_interp": _RESIZE,
-    "bicubic_interp.align_corners": _RESIZE,
-    "linear_interp": _RESIZE,
-    "trilinear_interp": _RESIZE,
 }
 
 # Listed operators with no case here, and why.
