@@ -553,3 +553,24 @@ def test_training_with_a_changing_batch_size_matches_cpu() -> None:
     )
     for n in cpu["final"]:
         np.testing.assert_allclose(ipu["final"][n], cpu["final"][n], rtol=1e-4, atol=1e-5)
+
+
+def test_mean_of_an_already_reduced_loss_trains_like_cpu() -> None:
+    """``paddle.mean(F.cross_entropy(...))``: the mean of a 0-D loss (a common Paddle 2.x
+    idiom) compiles, and trains as on the CPU."""
+
+    def build() -> tuple[Any, ...]:
+        with _guard(31) as (main, startup):
+            x = paddle.static.data("x", [-1, 12], "float32")
+            y = paddle.static.data("y", [-1, 1], "int64")
+            logits = paddle.static.nn.fc(x, 5)
+            loss = paddle.mean(paddle.nn.functional.cross_entropy(logits, y))
+            paddle.optimizer.Adam(0.01).minimize(loss)
+        return main, startup, loss, logits
+
+    feeds = batches(4)
+    cpu = train(paddle.CPUPlace(), build, feeds)
+    ipu = train(IPU, build, feeds)
+    np.testing.assert_allclose(
+        [float(v) for v in ipu["losses"]], [float(v) for v in cpu["losses"]], rtol=2e-5
+    )

@@ -230,8 +230,8 @@ class PirReader:
         _prune(cblock, cfetches, {v.get_defining_op().id() for v in cfeeds})
         _set_is_test(cblock)
         with _insertion_guard():
-            _rewrite_empty_axis_reductions(cblock)
-            replaced = _rewrite_softplus(cblock)
+            replaced = _rewrite_empty_axis_reductions(cblock)
+            replaced.update(_rewrite_softplus(cblock))
             replaced.update(_rewrite_interp_scale(cblock))
             replaced.update(_rewrite_adaptive_pools(cblock))
         cfetches = [replaced.get(v.id, v) for v in cfetches]
@@ -375,8 +375,13 @@ def _insertion_guard() -> Iterator[None]:
         paddle.pir.reset_insertion_point_to_end()
 
 
-def _rewrite_empty_axis_reductions(block: Any) -> None:
-    """``mean(x, axis=[])`` -> ``mean(x, axis=[0, .., rank-1])`` (same for other reductions)."""
+def _rewrite_empty_axis_reductions(block: Any) -> dict[int, Any]:
+    """``mean(x, axis=[])`` -> ``mean(x, axis=[0, .., rank-1])`` (same for other reductions).
+
+    A reduction of a 0-D tensor (``paddle.mean`` of a loss that is already a mean) is
+    the tensor itself: its uses take the input instead.  Returns old value id -> the
+    value that replaces it."""
+    replaced: dict[int, Any] = {}
     for op in list(block.ops):
         if op.name() not in _REDUCTIONS or op.num_operands() < 2:
             continue
@@ -387,12 +392,20 @@ def _rewrite_empty_axis_reductions(block: Any) -> None:
             continue
         rank = len(_shape(op.operand_source(0)))
         if rank == 0:
+            source, result = op.operand_source(0), op.result(0)
+            if dtype_name(source) == dtype_name(result) and not _shape(result):
+                replaced[result.id] = source
+                result.replace_all_uses_with(source)
+                block.remove_op(op)
+                if axis_op.result(0).use_empty():
+                    block.remove_op(axis_op)
             continue
         paddle.pir.set_insertion_point(op)
         axes = _PIR_OPS.full_int_array(list(range(rank)), paddle.int64, paddle.CPUPlace())
         op.operand(1).set_source(axes)
         if axis_op.result(0).use_empty():
             block.remove_op(axis_op)
+    return replaced
 
 
 def _rewrite_softplus(block: Any) -> dict[int, Any]:
