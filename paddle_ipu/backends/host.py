@@ -521,7 +521,7 @@ class _Training:
         t.lr = lr
         # The gradient program reads weights and buffers from its scope.
         for name, value in weights.items():
-            t._set_scope(name, value)
+            t._share_weight(name, value)
         for name, value in buffers.items():
             t._set_scope(name, value)
         t._replica_buffers = [dict(copy) for copy in replicas]

@@ -374,6 +374,24 @@ class HostTrainer:
     def _set_scope(self, name: str, value: np.ndarray) -> None:
         self._scope.var(name).get_tensor().set(np.ascontiguousarray(value), self._place)
 
+    def _share_weight(self, name: str, value: np.ndarray) -> None:
+        """Point the gradient program's parameter at ``value``'s memory, without a copy.
+
+        A weight array is never written after it is made (an update makes a new one),
+        and the gradient program only reads parameters, so the scope can hold the same
+        memory: the trainer keeps one copy of the weights, not two.  An array DLPack
+        cannot export (read-only, a view of the compiled model's bytes) is copied."""
+        arr = np.ascontiguousarray(value)
+        if arr.flags.writeable:
+            try:
+                shared = self._paddle.utils.dlpack.from_dlpack(arr)
+            except Exception:  # a dtype or layout DLPack refuses: the copy below
+                shared = None
+            if shared is not None:
+                self._scope.var(name).get_tensor()._share_data_with(shared)
+                return
+        self._set_scope(name, arr)
+
     def _get_scope(self, name: str) -> np.ndarray:
         var = self._scope.find_var(name)
         if var is None:
@@ -388,7 +406,7 @@ class HostTrainer:
             arr = np.asarray(value)
             if name in params:
                 self.weights[name] = self._device_value(arr)
-                self._set_scope(name, self.weights[name])
+                self._share_weight(name, self.weights[name])
             elif name in self.state:
                 value = arr.astype(F32, copy=True).reshape(self.state[name].shape)
                 self.state[name] = _round_fp16(value) if name in self._fp16_state() else value
@@ -559,7 +577,7 @@ class HostTrainer:
                         self.state[var] = _round_fp16(self.state[var])
             new = _round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
             self.weights[slot.name] = new
-            self._set_scope(slot.name, new)
+            self._share_weight(slot.name, new)
 
     def step(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One training step.  Each feed is ``[af, rf, *micro_batch_shape]``; returns
