@@ -247,6 +247,13 @@ class HostSession(Session):
     def write_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         for name, value in weights.items():
             if self._trainer is not None and self._trainer.has_state(name):
+                current = self._weights.get(name)
+                if (
+                    current is not None
+                    and not current.flags.writeable
+                    and _same_bytes(np.asarray(value), current)
+                ):
+                    value = current  # the compiled weights: the trainer shares them
                 self._trainer.write({name: value})
                 continue
             if name not in self._weights:

@@ -29,6 +29,8 @@ from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_name
 from paddle_ipu.errors import FeedError, NotSupportedError, OptionError
 
 F32 = np.float32
+#: The address alignment a weight array needs to be shared with Paddle's scope.
+_KERNEL_ALIGNMENT = 16
 F16 = np.float16
 _ONE = F32(1.0)
 # PopART state prefix -> the accl*_type option that sets its dtype
@@ -38,6 +40,19 @@ _ACCL_OF_PREFIX = {
     "Accl2___": "accl2",
     "Accl3___": "accl3",
 }
+
+
+def _immutable(value: np.ndarray) -> bool:
+    """True if ``value`` is a view of a ``bytes`` object (the compiled model's weights):
+    nothing can write to it, so holding it needs no copy."""
+    base: Any = value
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj if base.readonly else None
+    return isinstance(base, bytes)
 
 
 def _round_fp16(value: np.ndarray) -> np.ndarray:
@@ -379,17 +394,25 @@ class HostTrainer:
 
         A weight array is never written after it is made (an update makes a new one),
         and the gradient program only reads parameters, so the scope can hold the same
-        memory: the trainer keeps one copy of the weights, not two.  An array DLPack
-        cannot export (read-only, a view of the compiled model's bytes) is copied."""
+        memory: the trainer keeps one copy of the weights, not two (and none of its
+        own while they are the compiled model's: see compiler.weights).  An array that
+        is not aligned, or that DLPack cannot export, is copied."""
         arr = np.ascontiguousarray(value)
-        if arr.flags.writeable:
-            try:
-                shared = self._paddle.utils.dlpack.from_dlpack(arr)
-            except Exception:  # a dtype or layout DLPack refuses: the copy below
-                shared = None
-            if shared is not None:
-                self._scope.var(name).get_tensor()._share_data_with(shared)
-                return
+        if arr.ctypes.data % _KERNEL_ALIGNMENT:
+            # Paddle's CPU kernels compute wrong numbers from float tensors that are
+            # not aligned (seen with a view of unpadded ONNX bytes): copy.
+            self._set_scope(name, arr)
+            return
+        # Paddle's core converter gives a DenseTensor in static and dygraph mode alike
+        # (paddle.utils.dlpack wraps it in an eager Tensor under dygraph, which
+        # _share_data_with refuses).  The capsule's deleter keeps ``arr`` alive; a
+        # versioned capsule carries read-only arrays (the compiled model's weights).
+        try:
+            shared = self._paddle.base.core.from_dlpack(arr.__dlpack__(max_version=(1, 0)))
+            self._scope.var(name).get_tensor()._share_data_with(shared)
+            return
+        except Exception:  # a dtype, layout or version DLPack refuses: the copy below
+            pass
         self._set_scope(name, arr)
 
     def _get_scope(self, name: str) -> np.ndarray:
@@ -475,8 +498,13 @@ class HostTrainer:
         self.lr = _f(lr)
 
     def _device_value(self, value: np.ndarray) -> np.ndarray:
-        """A float32 copy of a weight as the device holds it (float16-rounded in fp16)."""
-        return _round_fp16(value) if self.fp16 else np.array(value, dtype=F32, copy=True)
+        """A weight as the device holds it: float16-rounded in fp16, else float32; a
+        copy, unless it is already an immutable float32 array (the compiled weights)."""
+        if self.fp16:
+            return _round_fp16(value)
+        if value.dtype == F32 and _immutable(value):
+            return value
+        return np.array(value, dtype=F32, copy=True)
 
     def _fp16_state(self) -> frozenset[str]:
         """The optimizer-state variables held in float16 (``accl*_type`` FLOAT16)."""

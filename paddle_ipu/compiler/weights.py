@@ -16,7 +16,8 @@ the weights in once, when it writes the final bytes:
 
 All three work on the protobuf wire format of ONNX's ``ModelProto`` (field 7: graph),
 ``GraphProto`` (field 5: initializer) and ``TensorProto`` (1: dims, 2: data_type,
-8: name, 9: raw_data; 13/14: external data and its location).
+8: name, 9: raw_data; 12: doc_string, which pads each raw_data to
+:data:`WEIGHT_ALIGNMENT`; 13/14: external data and its location).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ _MODEL_GRAPH = 7
 _GRAPH_INITIALIZER = 5
 _TENSOR_NAME = 8
 _TENSOR_RAW_DATA = 9
+_TENSOR_DOC_STRING = 12
+
+#: Each weight's raw data starts at a multiple of this many bytes from the start of
+#: the bytes :func:`serialize_with_weights` returns.  Views of them (split_weights)
+#: are then as aligned as the buffer (16 bytes for a Python bytes object): Paddle's
+#: CPU kernels give wrong numbers for float tensors that are not 4-byte aligned.
+WEIGHT_ALIGNMENT = 64
 
 
 def _varint(value: int) -> bytes:
@@ -152,6 +160,7 @@ def serialize_with_weights(model: Any, weights: Mapping[str, np.ndarray]) -> byt
             empty.append(init)
         graph.initializer.extend(empty)
     parts: list[Any] = [head]
+    offset = len(head)
     for name, (dims, data_type) in meta.items():
         array = weights[name]
         expected = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).newbyteorder("<")
@@ -162,14 +171,30 @@ def serialize_with_weights(model: Any, weights: Mapping[str, np.ndarray]) -> byt
                 f"weight {name!r}: {array.size} elements for an initializer of shape {list(dims)}"
             )
         data = memoryview(array.reshape(-1)).cast("B")  # type: ignore[arg-type]
-        header = _tensor_header(name, dims, data_type)
-        tensor_size = len(header) + len(_len_field(_TENSOR_RAW_DATA, data.nbytes)) + data.nbytes
-        initializer = _len_field(_GRAPH_INITIALIZER, tensor_size)
-        graph_size = len(initializer) + tensor_size
-        parts.append(_len_field(_MODEL_GRAPH, graph_size) + initializer + header)
-        parts.append(_len_field(_TENSOR_RAW_DATA, data.nbytes))
+        prefix = _aligned_prefix(offset, _tensor_header(name, dims, data_type), data.nbytes)
+        offset += len(prefix) + data.nbytes
+        parts.append(prefix)
         parts.append(data)
     return b"".join(parts)
+
+
+def _aligned_prefix(offset: int, header: bytes, nbytes: int) -> bytes:
+    """The bytes before one weight's raw data (graph, initializer and tensor fields),
+    with a doc_string padding the data's start to :data:`WEIGHT_ALIGNMENT` bytes when
+    the prefix starts at ``offset``."""
+    raw_field = _len_field(_TENSOR_RAW_DATA, nbytes)
+    # No padding, then doc_strings of 0, 1, 2... characters: the prefix grows by one
+    # byte at a time, but for a length varint that gains a byte (a skipped size), so
+    # two alignments' worth of candidates cover every remainder.
+    for size in range(-1, 2 * WEIGHT_ALIGNMENT):
+        padding = b"" if size < 0 else _len_field(_TENSOR_DOC_STRING, size) + b" " * size
+        tensor_size = len(header) + len(padding) + len(raw_field) + nbytes
+        initializer = _len_field(_GRAPH_INITIALIZER, tensor_size)
+        graph = _len_field(_MODEL_GRAPH, len(initializer) + tensor_size)
+        prefix = graph + initializer + header + padding + raw_field
+        if (offset + len(prefix)) % WEIGHT_ALIGNMENT == 0:
+            return prefix
+    raise AssertionError("unreachable: the candidates cover every remainder")
 
 
 def split_weights(
