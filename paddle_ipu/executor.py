@@ -472,14 +472,21 @@ def check_ranges(name: str, array: np.ndarray, ranges: Sequence[IndexRange]) -> 
     for bound in ranges:
         if lo >= bound.low and hi < bound.high:
             continue
-        bad = (array < bound.low) | (array >= bound.high)
+        part = array
+        if bound.column is not None:
+            if array.ndim == 0 or array.shape[-1] <= bound.column:
+                continue  # the shape check reports a feed without that column
+            part = array[..., bound.column]
+        bad = (part < bound.low) | (part >= bound.high)
         if bound.allowed:
-            bad &= ~np.isin(array, bound.allowed)
+            bad &= ~np.isin(part, bound.allowed)
         count = int(np.count_nonzero(bad))
         if not count:
             continue
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        value = int(array[where])
+        value = int(part[where])
+        if bound.column is not None:
+            where = (*where, bound.column)
         raise FeedError(
             f"feed {name!r}: value {value} at index {list(where)} is out of range; valid "
             f"values are {bound.describe()}; {count} value(s) of the feed are outside it"

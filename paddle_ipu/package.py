@@ -129,7 +129,13 @@ def _spec_json(spec: TensorSpec) -> dict[str, Any]:
 
 def _spec_from_json(d: dict[str, Any]) -> TensorSpec:
     ranges = tuple(
-        IndexRange(int(r["low"]), int(r["high"]), str(r["use"]), tuple(r.get("allowed", ())))
+        IndexRange(
+            int(r["low"]),
+            int(r["high"]),
+            str(r["use"]),
+            tuple(r.get("allowed", ())),
+            None if r.get("column") is None else int(r["column"]),
+        )
         for r in d.get("ranges", ())
     )
     return TensorSpec(

@@ -298,6 +298,25 @@ def _index_program(kind: str) -> tuple[Any, Any, list[str], Any, int]:
         elif kind == "take_along_axis":
             i = paddle.static.data("i", [-1, 1], "int64")
             out = paddle.take_along_axis(x, i, axis=1)
+        elif kind == "put_along_axis":
+            i = paddle.static.data("i", [-1, 1], "int64")
+            out = paddle.put_along_axis(x, i, 1.5, axis=1)
+        elif kind in ("scatter", "scatter_nd_add", "gather_nd_rows"):
+            # the rows of x^T (n of them, a static dimension) are the ones indexed
+            xt = paddle.transpose(x, [1, 0])
+            if kind == "scatter":
+                i = paddle.static.data("i", [2], "int64")
+                out = paddle.scatter(xt, i, xt[0:2] * 2.0)
+            elif kind == "scatter_nd_add":
+                i = paddle.static.data("i", [2, 1], "int64")
+                out = paddle.scatter_nd_add(xt, i, xt[0:2] * 2.0)
+            else:
+                i = paddle.static.data("i", [2, 1], "int64")
+                out = paddle.gather_nd(xt, i)
+        elif kind == "gather_nd":
+            # column 1 of the index picks the column of x (size n)
+            i = paddle.static.data("i", [3, 2], "int64")
+            out = paddle.gather_nd(x, i)
         else:
             raise ValueError(kind)
         paddle.static.Executor(paddle.CPUPlace()).run(startup)
@@ -314,6 +333,11 @@ def _index_feed(kind: str, value: int) -> dict[str, np.ndarray]:
         "index_select": (2,),
         "one_hot": (MBS,),
         "take_along_axis": (MBS, 1),
+        "put_along_axis": (MBS, 1),
+        "scatter": (2,),
+        "scatter_nd_add": (2, 1),
+        "gather_nd_rows": (2, 1),
+        "gather_nd": (3, 2),
     }[kind]
     i = np.zeros(shape, "int64")
     i.flat[-1] = value
@@ -338,6 +362,11 @@ def _cpu_reads_out_of_bounds(kind: str, value: int, n: int) -> bool:
         "index_select",
         "one_hot",
         "take_along_axis",
+        "put_along_axis",
+        "scatter",
+        "scatter_nd_add",
+        "gather_nd_rows",
+        "gather_nd",
     ],
 )
 def test_index_feeds_are_refused_exactly_where_paddle_cpu_refuses(kind: str) -> None:

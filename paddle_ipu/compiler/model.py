@@ -20,13 +20,16 @@ class IndexRange:
 
     Valid values are ``low <= v < high``, plus the single values in ``allowed``
     (an ``ignore_index`` or ``padding_idx`` outside that range).  ``use`` says
-    which operator and operand, for the error message.
+    which operator and operand, for the error message.  ``column``: the range holds
+    only for ``feed[..., column]`` (an n-d index, whose last axis gives one
+    coordinate per dimension indexed, as in gather_nd); ``None``: for every value.
     """
 
     low: int
     high: int
     use: str
     allowed: tuple[int, ...] = ()
+    column: int | None = None
 
     def describe(self) -> str:
         extra = "".join(f" or {v}" for v in self.allowed)

@@ -23,6 +23,11 @@ gather (index)               ``[-n, n)``                gather.h: ``>= -index_di
 index_select (index)         ``[-n, n)``                index_select_impl.h
 take_along_axis (indices)    ``[-n, n)``                ``>= -src_select_dim_size``
 index_sample (index)         ``[0, n)``                 index_sample_kernel.cc
+put_along_axis (indices)     ``[-n, n)``                scatter cpu kernel
+scatter (index)              ``[-n, n)`` (rows of x)    scatter.h
+gather_nd (index)            ``[-d_j, d_j)`` in column  gather.h (CPUGatherNd)
+                             ``j`` (dimension j of x)
+scatter_nd_add (index)       as gather_nd               scatter.h (ScatterNdAdd)
 ==========================  =========================  ================================
 
 (``embedding``'s kernel reads out of bounds, without an error, for ``-1`` when no
@@ -164,8 +169,38 @@ def _index_sample(op: Any) -> IndexRange | None:
     return IndexRange(0, size, f"index of index_sample over {size} columns")
 
 
-# op -> (the operand that indexes, its range)
-_RULES: dict[str, tuple[int, Callable[[Any], IndexRange | None]]] = {
+def _put_along_axis(op: Any) -> IndexRange | None:
+    return _signed(op, "put_along_axis", _int_attr(op, "axis", 0))
+
+
+def _scatter(op: Any) -> IndexRange | None:
+    return _signed(op, "scatter", 0)
+
+
+def _nd(what: str) -> Callable[[Any], tuple[IndexRange, ...]]:
+    """gather_nd, scatter_nd_add: column ``j`` of the index's last axis indexes
+    dimension ``j`` of x, from ``-d_j`` (negative counts from the end)."""
+
+    def rule(op: Any) -> tuple[IndexRange, ...]:
+        operands = op.operands_source()
+        columns = _dim(operands[1], -1)
+        if columns is None:
+            return ()
+        found = []
+        for j in range(columns):
+            size = _dim(operands[0], j)
+            if size is not None:
+                use = f"column {j} of the index of {what}, into dimension {j} of size {size}"
+                found.append(IndexRange(-size, size, use, column=j))
+        return tuple(found)
+
+    return rule
+
+
+_Rule = Callable[[Any], "IndexRange | tuple[IndexRange, ...] | None"]
+
+# op -> (the operand that indexes, its ranges)
+_RULES: dict[str, tuple[int, _Rule]] = {
     "cross_entropy_with_softmax": (1, _cross_entropy),
     "nll_loss": (1, _nll_loss),
     "embedding": (0, _embedding),
@@ -174,6 +209,10 @@ _RULES: dict[str, tuple[int, Callable[[Any], IndexRange | None]]] = {
     "index_select": (1, _index_select),
     "take_along_axis": (1, _take_along_axis),
     "index_sample": (1, _index_sample),
+    "put_along_axis": (1, _put_along_axis),
+    "scatter": (1, _scatter),
+    "gather_nd": (1, _nd("gather_nd")),
+    "scatter_nd_add": (1, _nd("scatter_nd_add")),
 }
 
 
@@ -224,9 +263,10 @@ def feed_ranges(program: Any, feed_names: Sequence[str]) -> dict[str, tuple[Inde
                 rule = _RULES.get(kind)
                 if rule is None or rule[0] != k:
                     continue
-                found_range = rule[1](user)
-                if found_range is not None and found_range not in found:
-                    found.append(found_range)
+                got = rule[1](user)
+                for found_range in got if isinstance(got, tuple) else (got,):
+                    if found_range is not None and found_range not in found:
+                        found.append(found_range)
         if found:
             result[str(name)] = tuple(found)
     return result
