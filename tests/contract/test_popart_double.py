@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -61,8 +62,15 @@ def training_model(kind: str = "adam") -> CompiledModel:
 
 def _run_python(code: str) -> str:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{DOUBLE_DIR}"}
+    # Not from the checkout: ``python -c`` puts the working directory first on sys.path,
+    # where the source tree (without the compiled core) would shadow the package.
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tempfile.gettempdir(),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip().splitlines()[-1]
