@@ -352,3 +352,33 @@ def test_no_optimizer_is_a_compile_error() -> None:
         extract_optimizer(main)
     with pytest.raises(CompileError, match="no optimizer"):
         build_gradient_program(main, loss)
+
+
+def test_gradients_stay_in_the_scope_instead_of_being_fetched() -> None:
+    """Each gradient is a persistable output of the gradient program, read in place
+    from the trainer's scope (a fetch copies it twice); a gradient that is part of a
+    list result (rnn's weights) cannot be, and is fetched.  Both give Paddle's numbers
+    (the zoo tier trains an LSTM against the CPU)."""
+    main, startup, loss = _mlp(lambda: P.SGD(0.1))
+    paddle.static.Executor(paddle.CPUPlace()).run(startup)
+    gp = build_gradient_program(main, loss)
+    assert gp.grad_outputs == [f"{n}@PADDLE_IPU_GRAD" for n in gp.param_names]
+    assert len(gp.output_list) == 1 + len(gp.fetches)  # no gradient is fetched
+
+    lstm_main, lstm_startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(lstm_main, lstm_startup):
+        x = paddle.static.data("x", [-1, 5, 4], "float32")
+        out, _ = paddle.nn.LSTM(4, 6)(x)
+        lstm_loss = paddle.mean(out)
+        P.SGD(0.1).minimize(lstm_loss)
+    paddle.static.Executor(paddle.CPUPlace()).run(lstm_startup)
+    lgp = build_gradient_program(lstm_main, lstm_loss)
+    fetched = [g for g, n in zip(lgp.grads, lgp.grad_outputs) if not n]
+    assert fetched and len(lgp.output_list) == 1 + len(fetched)
+    trainer = HostTrainer(lgp)
+    trainer.load_scope(paddle.static.global_scope())
+    batch = {"x": np.random.default_rng(0).standard_normal((1, 1, 3, 5, 4)).astype("float32")}
+    before = {n: _scope_array(n) for n in lgp.param_names}
+    trainer.step(batch)
+    moved = [n for n in lgp.param_names if not np.array_equal(trainer.read([n])[n], before[n])]
+    assert len(moved) == len(lgp.param_names)

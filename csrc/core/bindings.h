@@ -8,5 +8,6 @@ namespace paddle_ipu {
 void RegisterFp16(pybind11::module_& m);
 void RegisterTensorView(pybind11::module_& m);
 void RegisterQueue(pybind11::module_& m);
+void RegisterOptim(pybind11::module_& m);
 
 }  // namespace paddle_ipu

@@ -6,7 +6,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "paddle-ipu hot paths (fp16 conversion, zero-copy tensor views, serving queue)";
+  m.doc() = "paddle-ipu hot paths (fp16 conversion, zero-copy tensor views, serving queue, Adam update)";
   m.attr("paddle_version") = PADDLE_IPU_PADDLE_VERSION;
   py::dict info;
   info["paddle_version"] = PADDLE_IPU_PADDLE_VERSION;
@@ -17,4 +17,5 @@ PYBIND11_MODULE(_core, m) {
   paddle_ipu::RegisterFp16(m);
   paddle_ipu::RegisterTensorView(m);
   paddle_ipu::RegisterQueue(m);
+  paddle_ipu::RegisterOptim(m);
 }

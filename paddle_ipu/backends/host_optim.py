@@ -19,6 +19,7 @@ straight back into a Paddle scope.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ F32 = np.float32
 _KERNEL_ALIGNMENT = 16
 F16 = np.float16
 _ONE = F32(1.0)
+# Adam's update in one pass (csrc/core/optim.cc), bitwise equal to adam_reference.
+_adam_update: Any = importlib.import_module("paddle_ipu._core").adam_update
 # PopART state prefix -> the accl*_type option that sets its dtype
 _ACCL_OF_PREFIX = {
     "Accl___": "accl1",
@@ -149,34 +152,27 @@ def apply_update(
         eps_t = eps * np.sqrt(_ONE - b2p)
         if kind == "adamw" and slot.weight_decay:
             w = w - lr32 * _ONE * wd * w
-        # The formulas below, evaluated in the same order (so with the same float32
-        # roundings) with one scratch array instead of a temporary per operation:
-        #   m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g * g
-        #   w + (-lr_t) * (m1 / (sqrt(m2) + eps_t))
+        # m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g * g
+        # w + (-lr_t) * (m1 / (sqrt(m2) + eps_t))
         # The state gets new arrays (snapshots may hold the old ones).
         m1_old, m2_old = get("moment1"), get("moment2")
-        if m1_old.dtype != F32 or m2_old.dtype != F32 or g.shape != w.shape:
-            m1 = b1 * m1_old + (_ONE - b1) * g
-            m2 = b2 * m2_old + (_ONE - b2) * g * g
-            step = (-lr_t) * (m1 / (np.sqrt(m2) + eps_t))
-        else:
-            tmp = np.multiply(g, _ONE - b1)
-            m1 = np.multiply(m1_old, b1)
-            m1 += tmp
-            np.multiply(g, _ONE - b2, out=tmp)
-            tmp *= g
-            m2 = np.multiply(m2_old, b2)
-            m2 += tmp
-            np.sqrt(m2, out=tmp)
-            tmp += eps_t
-            np.divide(m1, tmp, out=tmp)
-            tmp *= -lr_t
-            step = tmp
-        put("moment1", m1)
-        put("moment2", m2)
         put("beta1_pow", np.full([1], b1 * b1p, dtype=F32))
         put("beta2_pow", np.full([1], b2 * b2p, dtype=F32))
-        return w + step
+        if all(a.dtype == F32 and a.flags.c_contiguous for a in (w, g, m1_old, m2_old)) and (
+            w.shape == g.shape == m1_old.shape == m2_old.shape
+        ):
+            # the same operations in one pass, rounded alike (tests/test_core_optim.py)
+            new_w, m1, m2 = _adam_update(
+                w, g, m1_old, m2_old, b1, _ONE - b1, b2, _ONE - b2, -lr_t, eps_t
+            )
+            put("moment1", m1)
+            put("moment2", m2)
+            return np.asarray(new_w)
+        m1 = b1 * m1_old + (_ONE - b1) * g
+        m2 = b2 * m2_old + (_ONE - b2) * g * g
+        put("moment1", m1)
+        put("moment2", m2)
+        return w + (-lr_t) * (m1 / (np.sqrt(m2) + eps_t))
 
     if kind == "adamax":
         b1, b2, eps = _f(config.beta1), _f(config.beta2), _f(config.epsilon)
@@ -355,7 +351,11 @@ class HostTrainer:
 
         for name, (shape, dtype) in empty_parameters(artifact.program).items():
             self._scope.var(name).get_tensor().set(np.zeros(shape, dtype), self._place)
-        self._runner = _ProgramRunner(self._exe, artifact.program, artifact.fetch_list, self._scope)
+        # Gradients stay in the scope (GradientProgram.grad_outputs): only the loss and
+        # the user's fetches go through fetch ops.
+        self._runner = _ProgramRunner(
+            self._exe, artifact.program, artifact.output_list, self._scope
+        )
         self.weights: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}
         self.lr = _f(self.optimizer.lr)
@@ -575,11 +575,15 @@ class HostTrainer:
                     for name in gp.buffers:
                         self._replica_buffers[r][name] = self._get_scope(name)
                 row.append([np.asarray(v) for v in result[:n_out]])
-                for i, g in enumerate(result[n_out:]):
-                    # fetched arrays are fresh: the first one can be kept as it is
-                    g32 = np.asarray(g, dtype=F32)
+                for i, g in enumerate(self._read_grads(result[n_out:])):
                     prev = sums[i]
-                    sums[i] = g32 if prev is None else prev + g32
+                    if prev is None:
+                        # a view of the scope's memory, which the next run may reuse:
+                        # kept as it is only when no other run follows this step's update
+                        one = self.af * self.rf == 1 and g.dtype == F32
+                        sums[i] = g if one else np.array(g, dtype=F32)
+                    else:
+                        prev += g
             outputs.append(row)
         count = self.af * self.rf
         grads: dict[str, np.ndarray] = {}
@@ -588,6 +592,23 @@ class HostTrainer:
             mean = self.reduction == "mean" and count > 1  # x / 1 is x
             grads[slot.name] = total / F32(count) if mean else total
         return grads, outputs
+
+    def _read_grads(self, fetched: Sequence[Any]) -> list[np.ndarray]:
+        """The last run's gradients: read-only views of the scope's tensors, and the
+        ``fetched`` ones (GradientProgram.output_list) in their places."""
+        from paddle_ipu.tensor_view import as_numpy
+
+        grads = []
+        rest = iter(fetched)
+        for name in self.artifact.grad_outputs:
+            if not name:
+                grads.append(np.asarray(next(rest)))
+                continue
+            var = self._scope.find_var(name)
+            if var is None or not var.get_tensor()._is_initialized():
+                raise RuntimeError(f"the gradient program left no gradient {name!r} in its scope")
+            grads.append(as_numpy(var.get_tensor(), readonly=True))
+        return grads
 
     def apply_gradients(self, grads: Mapping[str, np.ndarray]) -> None:
         """Clip, regularise and update every parameter (one optimizer step)."""

@@ -69,11 +69,22 @@ class GradientProgram:
     grads: list[Any]
     optimizer: OptimizerConfig
     removed_ops: list[str] = field(default_factory=list)
+    #: the scope variable each gradient is left in by a run (a persistable output of
+    #: the program), aligned with :attr:`param_names`: read without a fetch's copy.
+    #: ``""``: the gradient is fetched (see :attr:`output_list`)
+    grad_outputs: list[str] = field(default_factory=list)
 
     @property
     def fetch_list(self) -> list[Any]:
         """What to pass to ``Executor.run``: loss, user fetches, then the gradients."""
         return [self.loss, *self.fetches, *self.grads]
+
+    @property
+    def output_list(self) -> list[Any]:
+        """What to fetch when the gradients with a :attr:`grad_outputs` name are read
+        from the scope: loss, user fetches, then the other gradients."""
+        fetched = [g for g, name in zip(self.grads, self.grad_outputs) if not name]
+        return [self.loss, *self.fetches, *fetched]
 
     @property
     def output_names(self) -> list[str]:
@@ -212,6 +223,24 @@ def build_gradient_program(
     def remap(p: tuple[int, int]) -> Any:
         return kept_ops[new_index[p[0]]].result(p[1])
 
+    import paddle
+
+    grads = [remap(p) for p in grad_pos]
+    grad_outputs = []
+    with paddle.static.program_guard(clone):
+        for value, param in zip(grads, param_names):
+            if str(value.get_defining_op().name()).startswith("builtin."):
+                # a part of a list result (rnn's weight gradients): Paddle's executor
+                # cannot keep it as a variable of its own; fetched instead
+                grad_outputs.append("")
+                continue
+            # The executor then leaves the gradient in the run's scope under this
+            # name (as a startup program leaves the parameters), without a fetch's copy.
+            name = f"{param}@PADDLE_IPU_GRAD"
+            value.persistable = True
+            paddle._pir_ops.set_persistable_value(value, name)  # type: ignore[attr-defined]
+            grad_outputs.append(name)
+
     return GradientProgram(
         program=clone,
         feed_names=feed_names,
@@ -221,9 +250,10 @@ def build_gradient_program(
         fetches=[remap(p) for p in targets[1 : 1 + len(fetch_list)]],
         fetch_names=list(fetch_names),
         loss_name=loss_name,
-        grads=[remap(p) for p in grad_pos],
+        grads=grads,
         optimizer=optimizer,
         removed_ops=removed[::-1],
+        grad_outputs=grad_outputs,
     )
 
 
