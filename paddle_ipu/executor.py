@@ -411,7 +411,8 @@ class Executor:
             log.warning("an inference graph does not change its weights; nothing to copy back")
             return
         pairs = self._weight_pairs()
-        values = session.read_weights([d for d, _ in pairs])
+        # tensor.set copies: the session's own arrays are enough
+        values = session.read_weights([d for d, _ in pairs], copy=False)
         for device_name, paddle_name in pairs:
             tensor = self._scope_tensor(paddle_name)
             if tensor is None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._arrays import same_bytes
 from paddle_ipu._env import env_flag
 from paddle_ipu.errors import NotSupportedError, UnsupportedOpError
 
@@ -394,21 +395,15 @@ class _Entry:
                 if view is not None or old is not None:
                     return True
                 continue
-            if view.shape != old.shape or view.dtype != old.dtype:
-                return True
-            # Bytes, not values: NaN == NaN here.
-            if (
-                view.tobytes() != old.tobytes()
-                if view.size < 4096
-                else not np.array_equal(view.view(np.uint8), old.view(np.uint8))
-            ):
+            if not same_bytes(view, old):  # bytes, not values: NaN == NaN here
                 return True
         return False
 
     def _write_back(self) -> None:
         """Training: the device's weights and optimizer state into the scope."""
         session = self.executor.session
-        values = session.read_weights([d for d, _ in self._pairs])
+        names = [d for d, _ in self._pairs]
+        values = session.read_weights(names, copy=False)  # copied once, into the scope
         synced = {}
         for device_name, name in self._pairs:
             value = values[device_name]

@@ -86,9 +86,13 @@ class Session(abc.ABC):
         (writeWeights + weightsFromHost).  Arrays are read, never kept."""
 
     @abc.abstractmethod
-    def read_weights(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def read_weights(
+        self, names: Sequence[str] | None = None, *, copy: bool = True
+    ) -> dict[str, np.ndarray]:
         """Copy weights and optimizer state back (weightsToHost + readWeights).
-        ``None`` reads every tensor the session holds."""
+        ``None`` reads every tensor the session holds.  ``copy=False`` allows arrays
+        the session keeps (read-only for the caller, until the next run); a backend
+        whose reads are copies anyway ignores it."""
 
     @abc.abstractmethod
     def run(

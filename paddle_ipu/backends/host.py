@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, NotSupportedError
@@ -92,15 +93,6 @@ def _to_fp16(array: np.ndarray) -> np.ndarray:
 # Where the graph's weights "live" as external data: nowhere on disk, the session
 # supplies them from memory.
 _IN_MEMORY = "paddle_ipu.in_memory_weights"
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bitwise equality (keeps -0.0 apart from 0.0, and NaN payloads)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    a8 = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    b8 = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    return bool(np.array_equal(a8, b8))
 
 
 class HostSession(Session):
@@ -251,7 +243,7 @@ class HostSession(Session):
                 if (
                     current is not None
                     and not current.flags.writeable
-                    and _same_bytes(np.asarray(value), current)
+                    and same_bytes(np.asarray(value), current)
                 ):
                     value = current  # the compiled weights: the trainer shares them
                 self._trainer.write({name: value})
@@ -265,7 +257,7 @@ class HostSession(Session):
                     f"weight {name!r}: expected shape {list(current.shape)}, "
                     f"received {list(value.shape)}"
                 )
-            if current.flags.writeable or not _same_bytes(value, current):
+            if current.flags.writeable or not same_bytes(value, current):
                 # A read-only current value is the compiled model's: keep sharing it
                 # while the value written is the same (the first weights_from_host).
                 self._weights[name] = np.array(value, dtype=current.dtype, copy=True)
@@ -273,21 +265,25 @@ class HostSession(Session):
                 self._trainer.write({name: self._weights[name]})
         self._dirty = True
 
-    def read_weights(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        if self._trainer is not None:
-            self._weights.update(
-                {k: v for k, v in self._trainer.read().items() if k in self._weights}
-            )
+    def read_weights(
+        self, names: Sequence[str] | None = None, *, copy: bool = True
+    ) -> dict[str, np.ndarray]:
+        """The named weights and optimizer state (default: the weights), one copy each.
+        ``copy=False``: the session's own arrays where it can (read-only for the
+        caller, valid until the next run)."""
         wanted = list(self._weights) if names is None else list(names)
         out: dict[str, np.ndarray] = {}
+        if self._trainer is not None:
+            # the trainer holds the current values of everything it trains
+            held = [n for n in wanted if self._trainer.has_state(n)]
+            out.update(self._trainer.read(held, copy=copy))
         for name in wanted:
-            if name in self._weights:
-                out[name] = self._weights[name].copy()
-            elif self._trainer is not None and self._trainer.has_state(name):
-                out[name] = self._trainer.read([name])[name]
-            else:
+            if name in out:
+                continue
+            if name not in self._weights:
                 raise KeyError(f"the session holds no weight named {name!r}")
-        return out
+            out[name] = self._weights[name].copy() if copy else self._weights[name]
+        return {n: out[n] for n in wanted}
 
     def snapshot(self) -> Any:
         """O(number of tensors), no weight copies: the trainer replaces its arrays
@@ -485,15 +481,17 @@ class _Training:
         paddle_name = self.names.get(name)
         if paddle_name is None:
             return None
-        value = self.trainer.read([paddle_name])[paddle_name]
+        value = self.trainer.read([paddle_name], copy=False)[paddle_name]
         return TensorSpec(name, value.dtype.name, tuple(value.shape), paddle_name)
 
     def write(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.trainer.write({self.names[k]: v for k, v in arrays.items() if k in self.names})
 
-    def read(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def read(
+        self, names: Sequence[str] | None = None, *, copy: bool = True
+    ) -> dict[str, np.ndarray]:
         wanted = list(self.names) if names is None else [n for n in names if n in self.names]
-        values = self.trainer.read([self.names[n] for n in wanted])
+        values = self.trainer.read([self.names[n] for n in wanted], copy=copy)
         return {n: values[self.names[n]] for n in wanted}
 
     def set_random_seed(self, seed: int) -> None:

@@ -444,8 +444,12 @@ class HostTrainer:
             else:
                 raise KeyError(f"{name!r} is not a weight, optimizer state or buffer of this model")
 
-    def read(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """Copies of the named tensors (default: all of :meth:`names`)."""
+    def read(
+        self, names: Iterable[str] | None = None, *, copy: bool = True
+    ) -> dict[str, np.ndarray]:
+        """Copies of the named tensors (default: all of :meth:`names`).  ``copy=False``:
+        the trainer's own float32 weights and state where no conversion is needed, for
+        a caller that only reads them before the next step (they are never written)."""
         wanted = list(names) if names is not None else self.names()
         buffers = set(self.buffer_names)
         out: dict[str, np.ndarray] = {}
@@ -453,10 +457,10 @@ class HostTrainer:
         for name in wanted:
             if name in self.weights:
                 value = self.weights[name]
-                out[name] = value.astype(F16) if self.fp16 else value.copy()
+                out[name] = value.astype(F16) if self.fp16 else value.copy() if copy else value
             elif name in self.state:
                 value = self.state[name]
-                out[name] = value.astype(F16) if name in half else value.copy()
+                out[name] = value.astype(F16) if name in half else value.copy() if copy else value
             elif name in buffers:
                 if self.rf > 1 and name in self._replica_buffers[0]:
                     value = self._replica_buffers[0][name].copy()

@@ -1011,7 +1011,10 @@ class PopartSession(Session):
                 return set(fn())
         return set()
 
-    def read_weights(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def read_weights(
+        self, names: Sequence[str] | None = None, *, copy: bool = True
+    ) -> dict[str, np.ndarray]:
+        del copy  # readWeights fills new arrays: always copies
         session = self._require_prepared("read_weights")
         wanted = list(names) if names is not None else self.weight_names()
         derived = self._beta2_pow_steps()

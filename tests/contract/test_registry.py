@@ -74,7 +74,7 @@ class _EchoSession(Session):
     def write_weights(self, weights):  # type: ignore[no-untyped-def]
         pass
 
-    def read_weights(self, names=None):  # type: ignore[no-untyped-def]
+    def read_weights(self, names=None, *, copy=True):  # type: ignore[no-untyped-def]
         return {}
 
     def run(self, inputs, outputs=None):  # type: ignore[no-untyped-def]
