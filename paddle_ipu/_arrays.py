@@ -13,6 +13,8 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     size: twice as fast as bytes on weight-sized arrays."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
+    if a.nbytes <= 4096:  # one bytes comparison beats numpy's call overhead
+        return a.tobytes() == b.tobytes()
     a8 = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     b8 = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
     for word in _WORDS:

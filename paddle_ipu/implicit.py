@@ -171,7 +171,13 @@ def run(
     feed = dict(feed or {})
     from paddle_ipu.compiler.optimizer import find_optimizer_ops
 
-    training = bool(find_optimizer_ops(program))
+    version = _program_version(program)
+    cached = getattr(program, _TRAINING_ATTR, None)
+    if cached is not None and cached[0] == version:
+        training = cached[1]
+    else:
+        training = bool(find_optimizer_ops(program))
+        setattr(program, _TRAINING_ATTR, (version, training))
     enabled = env_flag(ENV_FLAG, True)
     if not enabled or (not fetches and not training):
         _check_native(program, enabled)
@@ -179,7 +185,7 @@ def run(
 
     scope = options.get("scope") or paddle.static.global_scope()
     try:
-        entry = _entry(program, feed, fetches, scope, training)
+        entry = _entry(program, feed, fetches, scope, training, version)
     except UnsupportedOpError as exc:
         writes = _inplace_writes(program)
         if writes:
@@ -212,6 +218,8 @@ def run(
 
 
 _TRANSLATION_ATTR = "_paddle_ipu_translation"
+# (program version, whether it holds optimizer ops), cached on the program
+_TRAINING_ATTR = "_paddle_ipu_training"
 
 
 def _translation(program: Any, feeds: list[str], fetches: list[Any]) -> tuple[Any, list[Any]]:
@@ -268,15 +276,20 @@ def _feed_signature(feed: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...], s
 def _program_version(program: Any) -> tuple[int, int]:
     block = program.global_block()
     n = int(block.num_ops())
-    last = block.ops[-1].id() if n else -1
+    last = block.back().id() if n else -1
     return n, int(last)
 
 
 def _entry(
-    program: Any, feed: dict[str, Any], fetches: list[Any], scope: Any, training: bool
+    program: Any,
+    feed: dict[str, Any],
+    fetches: list[Any],
+    scope: Any,
+    training: bool,
+    version: tuple[int, int] | None = None,
 ) -> _Entry:
     key = (
-        _program_version(program),
+        version or _program_version(program),
         _feed_signature(feed),
         tuple(_fetch_key(f) for f in fetches),
         id(scope),
