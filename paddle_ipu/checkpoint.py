@@ -27,13 +27,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from paddle_ipu._files import write_atomically
 from paddle_ipu.errors import CheckpointError
 
 FORMAT = "paddle_ipu.checkpoint"
@@ -150,42 +150,12 @@ def save(compiled_or_program: Any, path: str | os.PathLike[str], scope: Any = No
 def _write_atomically(path: str, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
     from safetensors.numpy import save as st_save
 
-    directory = os.path.dirname(os.path.abspath(path))
     try:
         data = st_save(arrays, metadata=metadata)
     except Exception as exc:
         raise CheckpointError(f"cannot encode the checkpoint for {path!r}: {exc}") from exc
-    try:
-        # Like paddle.static.save, a missing folder is created.
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
-        )
-    except OSError as exc:
-        raise CheckpointError(
-            f"cannot write checkpoint {path!r}: {exc.strerror or exc} ({directory})"
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # The rename replaces a symlink at ``path``, never writes through it.
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise CheckpointError(
-                f"cannot write checkpoint {path!r}: {exc.strerror or exc}"
-            ) from None
-        raise
-    with contextlib.suppress(OSError):  # not every file system syncs folders
-        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    # Like paddle.static.save, a missing folder is created.
+    write_atomically(path, data, error=CheckpointError, what="checkpoint", make_dirs=True)
 
 
 @contextlib.contextmanager

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from paddle_ipu._files import write_atomically
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
-from paddle_ipu.errors import BackendError, FeedError, IpuError, OutputFileError, RuntimeClosedError
+from paddle_ipu.errors import BackendError, FeedError, IpuError, RuntimeClosedError
 from paddle_ipu.layout import StepLayout
 from paddle_ipu.tensor_view import as_numpy
 
@@ -512,38 +512,11 @@ def _place_of(tensor: Any, paddle_name: str) -> Any:
 
 def export_atomically(export: Callable[[str], None], path: str) -> str:
     """Run ``export(tmp)`` on a new temporary file beside ``path``, then rename it
-    to ``path``: a reader never sees half a file, and a symlink (or anything else)
-    planted at ``path`` is replaced, never written through.  Returns the absolute
-    path; OutputFileError names it when the directory is missing or unwritable."""
-    try:
-        target = os.path.abspath(path)
-    except OSError as exc:  # the working directory was deleted
-        raise OutputFileError(
-            f"cannot write {path!r}: the working directory is not accessible ({exc}); "
-            "change to an existing, writable directory"
-        ) from exc
-    directory = os.path.dirname(target)
-    base = os.path.basename(target)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise OutputFileError(
-            f"cannot write {target!r}: its directory {directory!r} is missing or not "
-            f"writable ({exc.strerror or exc})"
-        ) from exc
-    try:
-        os.fchmod(fd, 0o644)  # what a plain open() would give, not mkstemp's 0600
-    finally:
-        os.close(fd)
-    try:
-        export(tmp)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise OutputFileError(f"cannot write {target!r}: {exc}") from exc
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    return target
+    to ``path`` (see :func:`paddle_ipu._files.write_atomically`): a reader never sees
+    half a file, and a symlink planted at ``path`` is replaced, never written through.
+    Returns the absolute path; OutputFileError names it when the directory is missing
+    or unwritable."""
+    return write_atomically(path, export)
 
 
 def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: str) -> np.ndarray:

@@ -21,13 +21,13 @@ checksum does not match is removed and compiled again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from paddle_ipu._files import write_atomically
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
 from paddle_ipu.errors import CompileError, OptionError, OutputFileError, PackageError
 
@@ -113,7 +114,7 @@ class Package:
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
             zf.writestr("model.onnx", self.model.onnx)
-        _write_atomically(target, buffer.getvalue())
+        write_atomically(target, buffer.getvalue(), what="package", make_dirs=True)
         return target
 
 
@@ -145,35 +146,6 @@ def _spec_from_json(d: dict[str, Any]) -> TensorSpec:
         str(d.get("paddle_name", "")),
         ranges,
     )
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    directory = target.parent if str(target.parent) else Path(".")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
-    except OSError as exc:
-        raise OutputFileError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        with _ignored():
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise OutputFileError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from exc
-        raise
-
-
-class _ignored:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)
 
 
 def load_package(path: str | os.PathLike[str]) -> Package:
@@ -392,7 +364,7 @@ def cache_clear() -> int:
     """Remove every entry; return how many."""
     n = 0
     for path in list(_entry_paths(cache_dir())):
-        with _ignored():
+        with contextlib.suppress(OSError):
             path.unlink()
             n += 1
     return n
@@ -406,10 +378,10 @@ def _cache_get(key: str) -> Package | None:
         package = load_package(path)
     except PackageError as exc:
         log.warning("compile cache: dropping a damaged entry (%s); compiling again", exc)
-        with _ignored():
+        with contextlib.suppress(OSError):
             path.unlink()
         return None
-    with _ignored():
+    with contextlib.suppress(OSError):
         os.utime(path)  # least recently used: the mtime is the last use
     return package
 
@@ -432,7 +404,7 @@ def _evict(limit: int) -> None:
     for entry in reversed(entries):
         if total <= limit:
             break
-        with _ignored():
+        with contextlib.suppress(OSError):
             entry.path.unlink()
             total -= entry.size
 
