@@ -184,8 +184,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for kind in args.models.split(","):
-        configs = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")]
-        for row in bench_model(kind, args.batch, args.repeat, configs):  # type: ignore[arg-type]
+        configs = [(int(c.split("x")[0]), int(c.split("x")[1])) for c in args.configs.split(",")]
+        for row in bench_model(kind, args.batch, args.repeat, configs):
             print(row, flush=True)
     print("ratio: ipu ms per micro-batch / cpu ms per step (target <= 1.3 at af=1 rf=1)")
     print()

@@ -156,7 +156,7 @@ class Executor:
             session = create_session(self.backend, self.model, self.session_config())
             self.session = session
             if self.compile_only:
-                path = export_atomically(session.compile_and_export, OFFLINE_CACHE)
+                path = write_atomically(OFFLINE_CACHE, session.compile_and_export)
                 log.warning(
                     "IPU_COMPILE_ONLY is set: compiled and exported %s; runs are skipped", path
                 )
@@ -508,15 +508,6 @@ def _place_of(tensor: Any, paddle_name: str) -> Any:
     if place.is_gpu_place():
         return paddle.CUDAPlace(place.gpu_device_id())
     raise IpuError(f"weight {paddle_name!r} lives on {place}, which paddle-ipu cannot write to")
-
-
-def export_atomically(export: Callable[[str], None], path: str) -> str:
-    """Run ``export(tmp)`` on a new temporary file beside ``path``, then rename it
-    to ``path`` (see :func:`paddle_ipu._files.write_atomically`): a reader never sees
-    half a file, and a symlink planted at ``path`` is replaced, never written through.
-    Returns the absolute path; OutputFileError names it when the directory is missing
-    or unwritable."""
-    return write_atomically(path, export)
 
 
 def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: str) -> np.ndarray:

@@ -607,16 +607,16 @@ def test_an_unwritable_or_deleted_directory_is_an_ipu_error(
     with pytest.raises(IpuError, match=r"gone|offline_cache\.popart"):
         net.compile(training=False)
 
-    from paddle_ipu.executor import export_atomically
+    from paddle_ipu._files import write_atomically
 
     with pytest.raises(IpuError, match=re.escape("/proc/offline_cache.popart")) as info:
-        export_atomically(lambda p: Path(p).write_bytes(b"x"), "/proc/offline_cache.popart")
+        write_atomically("/proc/offline_cache.popart", lambda p: Path(p).write_bytes(b"x"))
     assert isinstance(info.value, OSError)  # still an OSError for callers that catch one
     os.chdir(tmp_path)
     with pytest.raises(IpuError, match=re.escape("not-a-dir/offline_cache.popart")):
         (tmp_path / "not-a-dir").write_text("")
-        export_atomically(
-            lambda p: Path(p).write_bytes(b"x"), str(tmp_path / "not-a-dir/offline_cache.popart")
+        write_atomically(
+            str(tmp_path / "not-a-dir/offline_cache.popart"), lambda p: Path(p).write_bytes(b"x")
         )
 
 

@@ -424,12 +424,12 @@ class HostSession(Session):
         for init in proto.graph.initializer:
             if init.name in current:
                 init.CopyFrom(onnx.numpy_helper.from_array(current[init.name], init.name))
-        from paddle_ipu.executor import export_atomically
+        from paddle_ipu._files import write_atomically
 
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         # A temporary file and a rename: never half a model, never through a symlink.
-        export_atomically(lambda tmp: onnx.save(proto, tmp), path)
+        write_atomically(path, lambda tmp: onnx.save(proto, tmp))
 
     def close(self) -> None:
         self._ort = None

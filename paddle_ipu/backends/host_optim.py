@@ -27,14 +27,15 @@ import numpy as np
 
 from paddle_ipu.compiler.gradients import GradientProgram
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_names
-from paddle_ipu.errors import FeedError, NotSupportedError, OptionError
+from paddle_ipu.errors import BackendError, FeedError, NotSupportedError, OptionError
 
 F32 = np.float32
+F16 = np.float16
 #: The address alignment a weight array needs to be shared with Paddle's scope.
 _KERNEL_ALIGNMENT = 16
-F16 = np.float16
 _ONE = F32(1.0)
-# Adam's update in one pass (csrc/core/optim.cc), bitwise equal to adam_reference.
+# Adam's update in one pass (csrc/core/optim.cc), bitwise equal to apply_update's
+# numpy formulas (tests/test_core_optim.py).
 _adam_update: Any = importlib.import_module("paddle_ipu._core").adam_update
 # PopART state prefix -> the accl*_type option that sets its dtype
 _ACCL_OF_PREFIX = {
@@ -610,7 +611,7 @@ class HostTrainer:
                 continue
             var = self._scope.find_var(name)
             if var is None or not var.get_tensor()._is_initialized():
-                raise RuntimeError(f"the gradient program left no gradient {name!r} in its scope")
+                raise BackendError(f"the gradient program left no gradient {name!r} in its scope")
             grads.append(as_numpy(var.get_tensor(), readonly=True))
         return grads
 
