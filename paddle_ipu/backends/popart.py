@@ -30,6 +30,11 @@ Environment (the names Paddle 2.x used):
 * ``IPU_COMPILE_ONLY=1``: compile for an offline device and export the executable;
   :meth:`PopartSession.run` then raises.
 * ``IPU_CACHE_PATH=dir``: turn on PopART's engine cache in ``dir``.
+
+Serving (``enable_model_runtime_executor`` on an inference graph): after the weights
+are written, the first run exports the executable as PopEF (``compileAndExport``),
+detaches PopART's device and runs every step through the SDK's ``model_runtime``
+(:mod:`paddle_ipu.backends.popef`), as Paddle 2.x's PreparePopefSession/RunPopef did.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ _preload_sdk()
 
 # ruff: noqa: E402 - the SDK must be imported before these (they import onnx)
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -65,6 +72,8 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._env import env_flag
+from paddle_ipu.backends import popef as popef_runtime
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.compiler.optimizer import OptimizerConfig
@@ -92,6 +101,8 @@ ADAPTER_OPTIONS: dict[str, str] = {
     "device_wait_seconds": "how long to retry acquiring busy IPUs (default 30)",
     "patterns": "PopART pattern name -> enabled",
     "export_path": 'where IPU_COMPILE_ONLY writes the executable ("offline_cache.popart")',
+    "enable_model_runtime_executor": "inference runs through model_runtime over a PopEF export",
+    "popef_path": "where the PopEF file for model_runtime is exported (default: a temporary file)",
 }
 
 #: Prefixes PopART gives optimizer state and accumulator tensors of a weight.
@@ -99,7 +110,6 @@ STATE_PREFIXES = ("Accl___", "Accl1___", "Accl2___", "Accl3___", "Accum___", "St
 
 DEFAULT_DEVICE_WAIT_S = 30.0
 _TILES_PER_IPU = {"ipu1": 1216, "ipu2": 1472, "ipu21": 1472}
-_TRUE = {"1", "true", "yes", "on"}
 
 # Indirection so tests can replace the clock without sleeping.
 _monotonic = time.monotonic
@@ -138,10 +148,6 @@ def create_session(model: CompiledModel, config: SessionConfig) -> PopartSession
     if not ok:
         raise BackendUnavailableError(f"the popart backend is not available: {reason}")
     return PopartSession(model, config)
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
 
 
 def next_power_of_two(n: int) -> int:
@@ -530,7 +536,7 @@ class PopartSession(Session):
         # makes writeWeights raise (willow/src/session.cpp, 3.1+): the executor loads
         # the scope's weights after prepare, so it is off unless asked for.
         self._constant_weights = bool(config.options.get("constantWeights", False))
-        self.compile_only = _env_flag("IPU_COMPILE_ONLY")
+        self.compile_only = env_flag("IPU_COMPILE_ONLY")
         self.export_path: str | None = None
         if config.is_training and not model.loss:
             raise OptionError("a training session needs the model's loss tensor (model.loss)")
@@ -541,6 +547,15 @@ class PopartSession(Session):
                 "gradient accumulation (accumulation_factor > 1) applies to training only"
             )
         self._anchors = self._anchor_types()
+        # The PopEF path (see paddle_ipu/backends/popef.py): inference only.
+        self.model_runtime = not config.is_training and bool(
+            self._strategy_value("enable_model_runtime_executor", False)
+        )
+        self._runtime_modules: tuple[Any, Any] | None = None
+        self._popef: popef_runtime.PopefRunner | None = None
+        self._popef_dir: str | None = None  # a temporary directory this session made
+        self.popef_path: str | None = None
+        self._exported = False  # PopART's device was detached for model_runtime
 
     # ---------------------------------------------------------------- building
 
@@ -617,7 +632,7 @@ class PopartSession(Session):
             # ("Executables for device type ... cannot be saved", session.cpp
             # assertDeviceCanCompileOffline; only Ipu and OfflineIpu devices can).
             return manager.createOfflineIPUDevice(self._device_opts(for_offline=True))
-        if _env_flag("POPLAR_IPUMODEL"):
+        if env_flag("POPLAR_IPUMODEL"):
             return manager.createIpuModelDevice(self._device_opts(for_offline=False))
         if self._distributed():
             popdist_popart = self._import_popdist()
@@ -860,6 +875,8 @@ class PopartSession(Session):
             path = str(self._options.get("export_path", "offline_cache.popart"))
             self.compile_and_export(path)
             return
+        if self.model_runtime:
+            self._check_model_runtime()
         session = self._build()
         with self._sdk("compiling and loading the graph (prepareDevice)"):
             session.prepareDevice()
@@ -971,8 +988,17 @@ class PopartSession(Session):
             )
         derived = self._beta2_pow_steps()
         buffers = self._to_device_buffers({k: v for k, v in weights.items() if k not in derived})
-        if buffers:
-            self._write_raw(session, buffers)
+        if not buffers:
+            return
+        if self._exported:
+            # PopART's device is detached and model_runtime runs the exported
+            # executable: writeWeights sets the host data of the weights
+            # (devicex.cpp), which the next export writes into the PopEF file.
+            self._close_popef()
+            with self._sdk("writing weights"):
+                session.writeWeights(self._popart.PyWeightsIO(dict(buffers)))
+            return
+        self._write_raw(session, buffers)
 
     def _write_raw(self, session: Any, buffers: Mapping[str, np.ndarray]) -> None:
         with self._sdk("writing weights"):
@@ -1016,6 +1042,7 @@ class PopartSession(Session):
     ) -> dict[str, np.ndarray]:
         del copy  # readWeights fills new arrays: always copies
         session = self._require_prepared("read_weights")
+        self._refuse_after_export("read_weights")
         wanted = list(names) if names is not None else self.weight_names()
         derived = self._beta2_pow_steps()
         steps = {derived[n] for n in wanted if n in derived}
@@ -1062,6 +1089,28 @@ class PopartSession(Session):
     ) -> dict[str, np.ndarray]:
         session = self._require_prepared("run")
         layout = self._layout()
+        feeds = self._step_feeds(inputs, layout)
+        if self.model_runtime:
+            return self._run_popef(feeds, outputs, layout)
+
+        if outputs is None:
+            with self._sdk("allocating anchors"):
+                anchors: dict[str, np.ndarray] = dict(session.initAnchorArrays())
+        else:
+            anchors = self._output_buffers(outputs, layout)
+        saved = self.snapshot() if self._eval else None
+        try:
+            with self._sdk("running the graph"):
+                session.run(self._popart.PyStepIO(feeds, anchors))
+        finally:
+            if saved is not None:
+                self.restore(saved)
+        return anchors
+
+    def _step_feeds(
+        self, inputs: Mapping[str, np.ndarray], layout: StepLayout
+    ) -> dict[str, np.ndarray]:
+        """The run's inputs in PopART's step layout, in the dtypes the session holds."""
         unknown = set(inputs) - {s.name for s in self.model.inputs}
         if unknown:
             raise FeedError(f"unknown inputs: {', '.join(sorted(unknown))}")
@@ -1075,34 +1124,115 @@ class PopartSession(Session):
             # int32, fp32 -> fp16) or a non-contiguous buffer makes a copy.
             buf = buf.reshape(layout.input_shape(shape))
             feeds[spec.name] = np.ascontiguousarray(buf, dtype=dtype)
+        return feeds
 
-        if outputs is None:
-            with self._sdk("allocating anchors"):
-                anchors: dict[str, np.ndarray] = dict(session.initAnchorArrays())
-        else:
-            anchors = {}
-            for name, art in self._anchors.items():
-                if name not in outputs:
-                    raise FeedError(f"output buffer for anchor {name!r} is missing")
-                shape, dtype = self._info(name)
-                expected = layout.anchor_shape(shape, art.kind, art.period)
-                buf = outputs[name]
-                if buf.shape != expected or buf.dtype != dtype:
-                    raise FeedError(
-                        f"output buffer {name!r} is {buf.dtype}{list(buf.shape)}; "
-                        f"the {art.kind} anchor needs {dtype}{list(expected)}"
-                    )
-                if not buf.flags.c_contiguous or not buf.flags.writeable:
-                    raise FeedError(f"output buffer {name!r} must be C-contiguous and writable")
-                anchors[name] = buf
-        saved = self.snapshot() if self._eval else None
-        try:
-            with self._sdk("running the graph"):
-                session.run(self._popart.PyStepIO(feeds, anchors))
-        finally:
-            if saved is not None:
-                self.restore(saved)
+    def _output_buffers(
+        self, outputs: Mapping[str, np.ndarray], layout: StepLayout
+    ) -> dict[str, np.ndarray]:
+        """The caller's anchor buffers, checked against each anchor's layout."""
+        anchors = {}
+        for name, art in self._anchors.items():
+            if name not in outputs:
+                raise FeedError(f"output buffer for anchor {name!r} is missing")
+            shape, dtype = self._info(name)
+            expected = layout.anchor_shape(shape, art.kind, art.period)
+            buf = outputs[name]
+            if buf.shape != expected or buf.dtype != dtype:
+                raise FeedError(
+                    f"output buffer {name!r} is {buf.dtype}{list(buf.shape)}; "
+                    f"the {art.kind} anchor needs {dtype}{list(expected)}"
+                )
+            if not buf.flags.c_contiguous or not buf.flags.writeable:
+                raise FeedError(f"output buffer {name!r} must be C-contiguous and writable")
+            anchors[name] = buf
         return anchors
+
+    # -- the PopEF path (enable_model_runtime_executor) ------------------------------
+
+    def _check_model_runtime(self) -> None:
+        """At prepare time, before a device is taken: the SDK modules import, and
+        the session is one the PopEF path can serve."""
+        bps = self.config.batches_per_step
+        rf = max(1, self.config.replication_factor)
+        if bps > 1 or rf > 1:
+            raise NotSupportedError(
+                f"enable_model_runtime_executor on the popart backend takes batches_per_step=1 "
+                f"and one replica (got batches_per_step={bps}, replication_factor={rf}): how "
+                "model_runtime's ModelRunner feeds a PopEF executable of several micro-batches "
+                "per step is not confirmed; set batches_per_step=1, or turn "
+                "enable_model_runtime_executor off"
+            )
+        if env_flag("POPLAR_IPUMODEL"):
+            raise OptionError(
+                "enable_model_runtime_executor runs a PopEF export, and PopART exports "
+                "executables only for IPU and offline IPU devices (session.cpp "
+                "assertDeviceCanCompileOffline), not the IPU Model: unset POPLAR_IPUMODEL, or "
+                "turn enable_model_runtime_executor off"
+            )
+        self._runtime_modules = popef_runtime.import_runtime()
+
+    def _popef_target(self) -> str:
+        asked = self._options.get("popef_path")
+        if asked:
+            return str(asked)
+        if self._popef_dir is None:
+            self._popef_dir = tempfile.mkdtemp(prefix="paddle-ipu-popef-")
+        return os.path.join(self._popef_dir, "model.popef")
+
+    def _popef_runner(self) -> popef_runtime.PopefRunner:
+        """The ModelRunner, made at the first run after the weights were written
+        (Paddle 2.x's PreparePopefSession order): export, detach PopART's device so
+        the runner can take the IPU, then load the PopEF file."""
+        runner = self._popef
+        if runner is not None:
+            return runner
+        inputs = {s.name: self._info(s.name) for s in self.model.inputs}
+        outputs = {name: self._info(name) for name in self._anchors}
+        self.compile_and_export(self._popef_target())
+        self.popef_path = self.export_path
+        self._exported = True
+        self._detach()
+        runner = popef_runtime.PopefRunner(
+            str(self.popef_path),
+            inputs,
+            outputs,
+            device_wait_s=float(self._options.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S)),
+            modules=self._runtime_modules,
+        )
+        self._popef = runner
+        return runner
+
+    def _run_popef(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        outputs: Mapping[str, np.ndarray] | None,
+        layout: StepLayout,
+    ) -> dict[str, np.ndarray]:
+        runner = self._popef_runner()
+        result = runner.execute(feeds)
+        anchors = self._output_buffers(outputs, layout) if outputs is not None else {}
+        for name, art in self._anchors.items():
+            shape, _ = self._info(name)
+            # One micro-batch per run (batches_per_step 1, one replica): every
+            # anchor type returns the tensor itself.
+            value = result[name].reshape(layout.anchor_shape(shape, art.kind, art.period))
+            if name in anchors:
+                anchors[name][...] = value
+            else:
+                anchors[name] = value
+        return anchors
+
+    def _refuse_after_export(self, what: str) -> None:
+        if self._exported:
+            raise NotSupportedError(
+                f"{what}: the graph runs through model_runtime over a PopEF export and "
+                "PopART's device is detached; no device call is made after the export"
+            )
+
+    def _close_popef(self) -> None:
+        runner, self._popef = self._popef, None
+        if runner is not None:
+            runner.close()
 
     def update_optimizer(self, optimizer: Any) -> None:
         if not self.config.is_training:
@@ -1116,6 +1246,7 @@ class PopartSession(Session):
         if not self._prepared:
             self._pending_seed = int(seed)  # applied by prepare_device
             return
+        self._refuse_after_export("set_random_seed")
         with self._sdk("setting the random seed"):
             self._session.setRandomSeed(int(seed))
         self._pending_seed = None
@@ -1166,11 +1297,15 @@ class PopartSession(Session):
 
     def close(self) -> None:
         try:
+            self._close_popef()
             self._detach()
         finally:
             self._device = None
             self._session = None
             self._prepared = False
+            if self._popef_dir is not None:
+                shutil.rmtree(self._popef_dir, ignore_errors=True)
+                self._popef_dir = None
 
 
 __all__ = [

@@ -778,6 +778,12 @@ class _Session:
         import onnx
         from onnx import numpy_helper, shape_inference
 
+        if self._executable:
+            # A second prepare (compileAndExport after prepareDevice) keeps the
+            # weights: writeWeights reset the IR tensors' data (devicex.cpp
+            # Devicex::writeWeights), which lowering does not undo.
+            return
+
         proto = shape_inference.infer_shapes(self._proto)
         weights = {i.name: numpy_helper.to_array(i).copy() for i in proto.graph.initializer}
         for name, arr in weights.items():
@@ -970,7 +976,35 @@ class _Session:
             )
         self.prepareDevice(loadEngine=False)
         with open(filename, "wb") as fh:
-            fh.write(b"POPEF-double\n" + self._proto.SerializeToString())
+            fh.write(self._popef_bytes())
+
+    def _popef_bytes(self) -> bytes:
+        """The double's stand-in for a PopEF file (read by tests/contract/
+        popart_double/model_runtime): a header line, a JSON line with the main
+        program's stream anchors, then the ONNX model whose initializers hold the
+        weights' host data -- what writeWeights set (devicex.cpp), which
+        executablexserializer.cpp writes as the executable's tensor data."""
+        import json
+
+        from onnx import numpy_helper
+
+        proto = copy.deepcopy(self._proto)
+        for init in proto.graph.initializer:
+            if init.name in self._host:
+                init.CopyFrom(numpy_helper.from_array(self._host[init.name], init.name))
+        inits = {i.name for i in proto.graph.initializer}
+
+        def anchor(name: str) -> dict[str, Any]:
+            shape, dtype = self._infos[name]
+            return {"name": name, "shape": list(shape), "dtype": np.dtype(dtype).name}
+
+        meta = {
+            "inputs": [anchor(i.name) for i in proto.graph.input if i.name not in inits],
+            "outputs": [anchor(name) for name in self._flow.anchors()],
+            "batchesPerStep": self._flow.batchesPerStep(),
+            "replicationFactor": self.replicationFactor,
+        }
+        return b"POPEF-double\n" + json.dumps(meta).encode() + b"\n" + proto.SerializeToString()
 
 
 class InferenceSession(_Session):
