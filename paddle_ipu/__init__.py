@@ -29,6 +29,7 @@ from paddle_ipu.errors import (
     NotSupportedError,
     OptionError,
     PaddleVersionError,
+    PrivateApiError,
     UnsupportedOpError,
 )
 
@@ -92,8 +93,8 @@ if env_flag("PADDLE_IPU_COMPAT", True):
 _LAZY = {
     "IpuStrategy": "paddle_ipu.strategy",
     "IpuCompiledProgram": "paddle_ipu.program",
-    "Executor": "paddle_ipu.executor",
-    "ModelRuntime": "paddle_ipu.runtime",
+    "IpuExecutor": "paddle_ipu.executor",
+    "ModelRuntime": "paddle_ipu.serving",
     "ipu_shard_guard": "paddle_ipu.compiler",
     "set_ipu_shard": "paddle_ipu.compiler",
     "supported_ops": "paddle_ipu.compiler",
@@ -125,6 +126,7 @@ __all__ = [
     "NotSupportedError",
     "OptionError",
     "PaddleVersionError",
+    "PrivateApiError",
     "UnsupportedOpError",
     "__version__",
     "install_hooks",

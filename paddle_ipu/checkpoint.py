@@ -33,14 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu import dtypes as _dtypes
 from paddle_ipu._files import write_atomically
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import CheckpointError
 
 FORMAT = "paddle_ipu.checkpoint"
 FORMAT_VERSION = "1"
-
-# Paddle dtypes whose numpy view has another dtype (bfloat16 reads as uint16).
-_NUMPY_OF = {"bfloat16": "uint16"}
 
 
 @dataclass(frozen=True)
@@ -48,11 +47,6 @@ class _Var:
     name: str
     shape: tuple[int, ...]  # -1: any size
     dtype: str  # Paddle's name: float32, int64, bfloat16, ...
-
-
-def _paddle_dtype_name(dtype: Any) -> str:
-    text = str(dtype)
-    return text.split(".", 1)[1] if text.startswith("paddle.") else text
 
 
 def _resolve(target: Any, scope: Any) -> tuple[Any, Any, Any]:
@@ -90,7 +84,7 @@ def _persistables(program: Any) -> dict[str, _Var]:
         except Exception:  # a value without a name cannot be checkpointed by name
             continue
         shape = tuple(int(d) for d in value.shape)
-        out[name] = _Var(name, shape, _paddle_dtype_name(value.dtype))
+        out[name] = _Var(name, shape, _dtypes.name_of(value.dtype))
     return out
 
 
@@ -102,7 +96,7 @@ def _tensor(scope: Any, name: str) -> Any:
         tensor = var.get_tensor()
     except Exception:  # not a dense tensor (readers, tensor arrays)
         return None
-    return tensor if tensor._is_initialized() else None
+    return tensor if paddle_api.is_initialized(tensor) else None
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:
@@ -131,7 +125,7 @@ def save(compiled_or_program: Any, path: str | os.PathLike[str], scope: Any = No
         if tensor is None:
             continue
         arrays[name] = _host_array(tensor)
-        dtypes[name] = _paddle_dtype_name(tensor._dtype())
+        dtypes[name] = _dtypes.name_of(paddle_api.dtype_of(tensor))
     if not arrays:
         raise CheckpointError(
             f"nothing to save to {target!r}: no persistable variable of the program has a "
@@ -243,7 +237,7 @@ def load(
                 f"checkpoint {target!r}: variable {name!r} has dtype {dtypes[name]}, the "
                 f"program expects {var.dtype}"
             )
-        numpy_dtype = np.dtype(_NUMPY_OF.get(var.dtype, var.dtype))
+        numpy_dtype = _dtypes.numpy_of(var.dtype)
         if arrays[name].dtype != numpy_dtype:
             raise CheckpointError(
                 f"checkpoint {target!r}: variable {name!r} holds {arrays[name].dtype} data "
@@ -272,7 +266,7 @@ def _set(scope: Any, name: str, array: np.ndarray) -> None:
     tensor = _tensor(scope, name)
     place: Any = paddle.CPUPlace()
     if tensor is not None:
-        current = tensor._place()
+        current = paddle_api.place_of(tensor)
         if current.is_custom_place():
             place = paddle.CustomPlace(current.custom_device_type(), current.custom_device_id())
         elif not current.is_cpu_place():

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.legacy_reader import pir_mode
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
 
@@ -52,43 +53,43 @@ def _static_optimizer(optimizer: Any) -> Any:
     import paddle
 
     opt = paddle.optimizer
-    lr = optimizer._learning_rate
+    lr = paddle_api.optimizer_attr(optimizer, "learning_rate")
     common = {
         "learning_rate": lr,
-        "grad_clip": getattr(optimizer, "_grad_clip", None),
+        "grad_clip": paddle_api.optimizer_attr(optimizer, "grad_clip", None),
     }
     kind = type(optimizer)
     if kind is opt.SGD:
         return opt.SGD(weight_decay=optimizer.regularization, **common)
     if kind is opt.Momentum:
         return opt.Momentum(
-            momentum=float(optimizer._momentum),
-            use_nesterov=bool(optimizer._use_nesterov),
+            momentum=float(paddle_api.optimizer_attr(optimizer, "momentum")),
+            use_nesterov=bool(paddle_api.optimizer_attr(optimizer, "use_nesterov")),
             weight_decay=optimizer.regularization,
             **common,
         )
     if kind is opt.Adam:
         return opt.Adam(
-            beta1=float(optimizer._beta1),
-            beta2=float(optimizer._beta2),
-            epsilon=float(optimizer._epsilon),
+            beta1=float(paddle_api.optimizer_attr(optimizer, "beta1")),
+            beta2=float(paddle_api.optimizer_attr(optimizer, "beta2")),
+            epsilon=float(paddle_api.optimizer_attr(optimizer, "epsilon")),
             weight_decay=optimizer.regularization,
             **common,
         )
     if kind is opt.AdamW:
         return opt.AdamW(
-            beta1=float(optimizer._beta1),
-            beta2=float(optimizer._beta2),
-            epsilon=float(optimizer._epsilon),
-            weight_decay=float(optimizer._weight_decay),
+            beta1=float(paddle_api.optimizer_attr(optimizer, "beta1")),
+            beta2=float(paddle_api.optimizer_attr(optimizer, "beta2")),
+            epsilon=float(paddle_api.optimizer_attr(optimizer, "epsilon")),
+            weight_decay=float(paddle_api.optimizer_attr(optimizer, "weight_decay")),
             **common,
         )
     if kind is opt.Lamb:
         return opt.Lamb(
-            beta1=float(optimizer._beta1),
-            beta2=float(optimizer._beta2),
-            epsilon=float(optimizer._epsilon),
-            lamb_weight_decay=float(optimizer._lamb_weight_decay),
+            beta1=float(paddle_api.optimizer_attr(optimizer, "beta1")),
+            beta2=float(paddle_api.optimizer_attr(optimizer, "beta2")),
+            epsilon=float(paddle_api.optimizer_attr(optimizer, "epsilon")),
+            lamb_weight_decay=float(paddle_api.optimizer_attr(optimizer, "lamb_weight_decay")),
             **common,
         )
     raise NotSupportedError(
@@ -245,7 +246,7 @@ class IpuModel:
         params = self._params
         pairs = [(p, p.name) for p in params]
         if self.training and self.optimizer is not None and self._scope is not None:
-            accumulators = getattr(self.optimizer, "_accumulators", {})
+            accumulators = paddle_api.optimizer_accumulators(self.optimizer)
             names = {p.name for p in params}
             # The static optimizer's state is "<param>_<accumulator>_<n>"; n is a
             # process-wide counter, so it is looked up rather than assumed 0.
@@ -269,7 +270,7 @@ class IpuModel:
         import paddle
 
         for tensor, name in self._state_pairs():
-            if tensor._is_initialized():
+            if paddle_api.is_initialized(tensor):
                 self._scope.var(name).get_tensor().set(
                     np.asarray(tensor.numpy()), paddle.CPUPlace()
                 )
@@ -278,15 +279,12 @@ class IpuModel:
         """Create the dygraph optimizer's accumulators, so that state trained on the
         device has a place to go (a fresh optimizer creates them on its first step)."""
         opt = self.optimizer
-        if opt is None or getattr(opt, "_accumulators", None):
-            return
-        create = getattr(opt, "_create_accumulators", None)
-        if create is None:
+        if opt is None or paddle_api.optimizer_accumulators(opt):
             return
         import paddle
 
-        block = paddle.base.framework.default_main_program().global_block()
-        create(block, [p for p in self._params if not p.stop_gradient])
+        block = paddle.static.default_main_program().global_block()
+        paddle_api.create_accumulators(opt, block, [p for p in self._params if not p.stop_gradient])
 
     def copy_weights_to_host(self) -> None:
         """Write the device's weights (and optimizer state) into the Layer's

@@ -105,3 +105,10 @@ class PackageError(IpuError, ValueError):
     """A compiled package (``paddle-ipu compile``) or compile-cache entry that cannot be
     read: not a package, a checksum that does not match, or a format from another
     version; the message names the file."""
+
+
+class PrivateApiError(IpuError, RuntimeError):
+    """A private interface of PaddlePaddle, ONNX Runtime or paddle2onnx that paddle-ipu
+    relies on is missing or changed its signature in the installed release, and there is
+    no public fallback: the message names the interface and the release it was checked
+    on (see ``python -m paddle_ipu._internals``)."""

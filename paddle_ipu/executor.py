@@ -9,14 +9,15 @@ eval mode -- and leaves running the graph to the backend.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from paddle_ipu._env import env_flag
 from paddle_ipu._files import write_atomically
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
 from paddle_ipu.errors import BackendError, FeedError, IpuError, RuntimeClosedError
@@ -38,11 +39,7 @@ _SAFE_CASTS = {
 }
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-class Executor:
+class IpuExecutor:
     """Runs one CompiledModel on one backend session.
 
     Thread safety: runs, weight copies, prepare and reset of one executor are
@@ -66,9 +63,13 @@ class Executor:
         scope: Any = None,
         backend: str | None = None,
         lr_scheduler: Any = None,
+        training_source: Any = None,
     ) -> None:
         self.model = model
         self.lr_scheduler = lr_scheduler
+        #: the Paddle program a training model was compiled from
+        #: (:class:`paddle_ipu.compiler.training.TrainingSource`), given to the backend
+        self.training_source = training_source
         self.strategy = strategy
         self._scope = scope
         self._backend_name = backend or strategy.get("backend")
@@ -137,6 +138,7 @@ class Executor:
             gradient_reduction=s.gradient_reduction,
             options=s.popart_options(),
             strategy=s,
+            training_source=self.training_source,
         )
 
     # -- prepare / reset ------------------------------------------------------
@@ -152,7 +154,7 @@ class Executor:
             self._close_session()
             self.released = False
             self._optimizer_key = None
-            self.compile_only = _env_flag("IPU_COMPILE_ONLY")
+            self.compile_only = env_flag("IPU_COMPILE_ONLY")
             session = create_session(self.backend, self.model, self.session_config())
             self.session = session
             if self.compile_only:
@@ -265,7 +267,7 @@ class Executor:
             return float(self.lr_scheduler())
         if optimizer.lr_name:
             tensor = self._scope_tensor(optimizer.lr_name)
-            if tensor is not None and tensor._is_initialized():
+            if tensor is not None and paddle_api.is_initialized(tensor):
                 return float(np.array(tensor).reshape(-1)[0])
         return float(optimizer.lr)
 
@@ -387,7 +389,7 @@ class Executor:
         batch: dict[str, np.ndarray] = {}
         for device_name, paddle_name in self._weight_pairs():
             tensor = self._scope_tensor(paddle_name)
-            if tensor is None or not tensor._is_initialized():
+            if tensor is None or not paddle_api.is_initialized(tensor):
                 continue
             # A zero-copy view: the session makes the one copy it keeps.
             value = as_numpy(tensor, readonly=True)
@@ -498,9 +500,9 @@ def _place_of(tensor: Any, paddle_name: str) -> Any:
     """The place a scope tensor lives on, as ``DenseTensor.set`` takes it."""
     import paddle
 
-    if not tensor._is_initialized():
+    if not paddle_api.is_initialized(tensor):
         return paddle.CPUPlace()
-    place = tensor._place()
+    place = paddle_api.place_of(tensor)
     if place.is_cpu_place():
         return paddle.CPUPlace()
     if place.is_custom_place():
@@ -529,9 +531,9 @@ def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: 
 
 
 def run_numpy(
-    executor: Executor, feed: Mapping[str, Any], names: Sequence[str] | None = None
+    executor: IpuExecutor, feed: Mapping[str, Any], names: Sequence[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """Run and return fetches by name (a convenience over :meth:`Executor.run`)."""
+    """Run and return fetches by name (a convenience over :meth:`IpuExecutor.run`)."""
     outs = executor.run(feed)
     keys = [spec.paddle_name or spec.name for spec in executor.model.outputs]
     result = dict(zip(keys, outs))

@@ -32,6 +32,7 @@ import numpy as np
 
 from paddle_ipu._arrays import same_bytes
 from paddle_ipu._env import env_flag
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import NotSupportedError, UnsupportedOpError
 
 log = logging.getLogger("paddle_ipu")
@@ -376,9 +377,9 @@ class _Entry:
         if var is None:
             return None
         tensor = var.get_tensor()
-        if not tensor._is_initialized():
+        if not paddle_api.is_initialized(tensor):
             return None
-        ptr = int(tensor._ptr())
+        ptr = paddle_api.data_ptr(tensor)
         cached = self._views.get(name)
         if (
             cached is not None

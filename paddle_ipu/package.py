@@ -97,11 +97,11 @@ class Package:
         return s
 
     def executor(self, backend: str | None = None, **options: Any) -> Any:
-        """A prepared :class:`~paddle_ipu.executor.Executor` of the package."""
-        from paddle_ipu.executor import Executor
+        """A prepared :class:`~paddle_ipu.executor.IpuExecutor` of the package."""
+        from paddle_ipu.executor import IpuExecutor
 
         strategy = self.strategy(**options)
-        executor = Executor(self.model, strategy, backend=backend)
+        executor = IpuExecutor(self.model, strategy, backend=backend)
         executor.prepare()
         return executor
 

@@ -1,7 +1,7 @@
 """IpuCompiledProgram: a Paddle program compiled into one whole-graph IPU op.
 
 ``compile(feed_list, fetch_list)`` returns a runnable PIR program holding the feeds,
-one ``ipu_runtime`` op (the whole graph, run by :class:`paddle_ipu.executor.Executor`
+one ``ipu_runtime`` op (the whole graph, run by :class:`paddle_ipu.executor.IpuExecutor`
 on the backend) and the fetches, so ``exe.run(prog, feed=..., fetch_list=...)``
 works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the CPU.
 """
@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClosedError
-from paddle_ipu.executor import Executor
+from paddle_ipu.executor import IpuExecutor
 
 if TYPE_CHECKING:
     from paddle_ipu.runtime import ModelRuntime
@@ -54,7 +55,7 @@ class IpuCompiledProgram:
         self._scope = scope if scope is not None else paddle.static.global_scope()
         self._strategy = ipu_strategy
         self.model: CompiledModel | None = None
-        self.executor: Executor | None = None
+        self.executor: IpuExecutor | None = None
         #: the model runtime (serving), when enable_model_runtime_executor is set
         self.runtime: ModelRuntime | None = None
         self._fetch_ids: dict[Any, int] = {}
@@ -165,7 +166,7 @@ class IpuCompiledProgram:
         return IpuBackend(self)
 
     # -- Paddle 2.x's backend calls --------------------------------------------
-    def _require(self) -> Executor:
+    def _require(self) -> IpuExecutor:
         if self.executor is None:
             raise CompileError("the program is not compiled yet: call compile() first")
         return self.executor
@@ -324,9 +325,8 @@ class IpuCompiledProgram:
 
 def _holds_fp16(program: Any) -> bool:
     """Whether a legacy program computes in float16 (after Paddle's amp cast)."""
-    import paddle
 
-    fp16 = paddle.base.core.VarDesc.VarType.FP16
+    fp16 = paddle_api.legacy_fp16_type()
     return any(getattr(var, "dtype", None) == fp16 for var in program.global_block().vars.values())
 
 
@@ -374,7 +374,7 @@ def compile_executor(
     feed_list: list[Any],
     fetch_list: list[Any],
     progress: Callable[[int], None] | None = None,
-) -> Executor:
+) -> IpuExecutor:
     """Compile ``program`` for ``strategy`` and prepare an executor over it (the
     part of a compile that IpuCompiledProgram and implicit compiles share)."""
     from paddle_ipu.compiler.legacy_reader import is_legacy, pir_mode
@@ -402,7 +402,7 @@ def _compile_executor(
     fetch_list: list[Any],
     progress: Callable[[int], None] | None = None,
     fetch_names: list[str] | None = None,
-) -> Executor:
+) -> IpuExecutor:
     from paddle_ipu.compiler import compile_program
 
     report = progress or (lambda _percent: None)
@@ -429,17 +429,24 @@ def _compile_executor(
                 ],
             )
         report(40)
+        source = None
         if s.is_training:
             from paddle_ipu.compiler.training import attach_training
 
-            model = attach_training(
+            model, source = attach_training(
                 model,
                 program,
                 fetch_list,
                 scope=scope,
                 loss_scaling=float(s.get("loss_scaling")),
             )
-        executor = Executor(model, s, scope, lr_scheduler=getattr(program, "lr_scheduler", None))
+        executor = IpuExecutor(
+            model,
+            s,
+            scope,
+            lr_scheduler=getattr(program, "lr_scheduler", None),
+            training_source=source,
+        )
         report(60)
         executor.prepare()
         report(90)
@@ -577,8 +584,7 @@ def build_runtime_program(
         if len(fetch_names) == 1:
             outs = [outs]
         for col, (value, name) in enumerate(zip(outs, fetch_names)):
-            fetched = paddle._pir_ops.fetch(value, name, col)  # type: ignore[attr-defined]
-            fetched.persistable = True
+            paddle_api.emit_fetch(value, name, col)
     # pir.Program takes new attributes; Paddle 2.x's compiled program had these.
     setattr(prog, "fetch_names", fetch_names)  # noqa: B010
     setattr(prog, "feed_names", feed_names)  # noqa: B010

@@ -1,6 +1,6 @@
 """The model runtime: serving a compiled inference graph with auto-batching.
 
-A :class:`ModelRuntime` sits over a prepared inference :class:`~paddle_ipu.executor.Executor`.
+A :class:`ModelRuntime` sits over a prepared inference :class:`~paddle_ipu.executor.IpuExecutor`.
 Callers put requests on a queue -- synchronously with :meth:`ModelRuntime.run` (blocks
 until the caller's outputs are filled) or asynchronously with :meth:`ModelRuntime.submit`
 (returns a :class:`concurrent.futures.Future`) -- and one worker thread runs the graph,
@@ -59,7 +59,7 @@ from paddle_ipu.errors import (
     RuntimeBusyError,
     RuntimeClosedError,
 )
-from paddle_ipu.executor import Executor, check_ranges
+from paddle_ipu.executor import IpuExecutor, check_ranges
 
 log = logging.getLogger("paddle_ipu")
 
@@ -110,7 +110,7 @@ class ModelRuntime:
     """Queue-based serving over a prepared inference executor.
 
     Args:
-        executor: a prepared inference :class:`~paddle_ipu.executor.Executor`.
+        executor: a prepared inference :class:`~paddle_ipu.executor.IpuExecutor`.
         micro_batch_size, timeout_ms, num_buffers: override the executor's strategy.
         max_request_rows: the most rows one request may have when auto-batching
             (default: :data:`MAX_REQUEST_RUNS` runs' worth); a larger request is a
@@ -123,7 +123,7 @@ class ModelRuntime:
 
     def __init__(
         self,
-        executor: Executor,
+        executor: IpuExecutor,
         *,
         micro_batch_size: int | None = None,
         timeout_ms: float | None = None,
@@ -222,13 +222,13 @@ class ModelRuntime:
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         # The executor refuses direct runs once this runtime is closed (see
-        # Executor._check_serving): they would be checked against the wrong shapes.
+        # IpuExecutor._check_serving): they would be checked against the wrong shapes.
         executor.serving = self
         if start:
             self.start()
 
     # -- start-up checks --------------------------------------------------------
-    def _check_model(self, executor: Executor) -> None:
+    def _check_model(self, executor: IpuExecutor) -> None:
         mbs = self.micro_batch_size
         if self._micro_batches > 1:
             anchors = executor.session_config().anchors
@@ -436,7 +436,7 @@ class ModelRuntime:
         for name, spec in zip(self._feed_names, self._inputs):
             # Dtype and shape first, then the size cap; only then cast or copy.
             array = np.asarray(feed[name])
-            cast = Executor.feed_cast(name, array, spec)
+            cast = IpuExecutor.feed_cast(name, array, spec)
             if self.auto_batch:
                 trailing = tuple(spec.shape[1:])
                 if array.ndim != len(spec.shape) or tuple(array.shape[1:]) != trailing:

@@ -33,12 +33,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import (
     NotSupportedError,
     OptionError,
     OptionTypeError,
     UnknownOptionError,
 )
+from paddle_ipu.layout import check_everyn_period
 
 __all__ = [
     "OPTIONS",
@@ -938,7 +940,7 @@ class IpuStrategy:
         (a scheduler's current value)."""
         from paddle.optimizer.lr import LRScheduler
 
-        lr = getattr(optimizer, "_learning_rate", None)
+        lr = paddle_api.optimizer_attr(optimizer, "learning_rate", None)
         if isinstance(lr, LRScheduler):
             return {"lr": float(lr())}
         if isinstance(lr, numbers.Real) and not isinstance(lr, bool):
@@ -1069,11 +1071,9 @@ class IpuStrategy:
     def _check_anchor(self) -> None:
         if self._values["anchor_return_type"] != "EVERYN":
             return
-        period, bps = self._values["anchor_return_period"], self.batches_per_step
-        if period > bps or bps % period:
-            raise OptionError(
-                f"anchor_return_period ({period}) must divide batches_per_step ({bps}) for EVERYN"
-            )
+        check_everyn_period(
+            self._values["anchor_return_period"], self.batches_per_step, "anchor_return_period"
+        )
 
     # --- host backend support -------------------------------------------------------
 

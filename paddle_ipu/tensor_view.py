@@ -30,6 +30,8 @@ import numpy as np
 import paddle
 from paddle.base import core
 
+from paddle_ipu import dtypes
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import TensorViewError
 
 _core: Any = importlib.import_module("paddle_ipu._core")
@@ -69,17 +71,6 @@ class TensorView(Protocol):
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 
-_DTYPE_NAMES: dict[object, str] = {}
-
-
-def _dtype_name(dtype: object) -> str:
-    # str() of Paddle's dtype enum costs ~2 us; the handful of dtypes are cached.
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("paddle.")
-    return name
-
-
 def view(tensor: Tensorish, *, readonly: bool = False) -> TensorView:
     """A zero-copy view of ``tensor``'s memory.
 
@@ -105,28 +96,28 @@ def view(tensor: Tensorish, *, readonly: bool = False) -> TensorView:
             "expected a paddle.Tensor or a scope tensor "
             f"(scope.find_var(name).get_tensor()), got {type(tensor).__name__}"
         )
-    if not dense._is_initialized():
+    if not paddle_api.is_initialized(dense):
         raise TensorViewError(
             "cannot view a tensor that holds no memory yet (run the startup program, "
             "or set a value first)"
         )
-    place = dense._place()
+    place = paddle_api.place_of(dense)
     try:
         if place.is_cpu_place():
             # DLPack gives pointer, shape, dtype and strides in one call, and its
             # capsule holds a share of the allocation.
-            return _core.TensorView._from_dlpack(dense._to_dlpack(), tensor, readonly)
+            return _core.TensorView._from_dlpack(paddle_api.to_dlpack(dense), tensor, readonly)
         if place.is_custom_place() and place.custom_device_type() in _HOST_MEMORY_DEVICES:
             # Paddle cannot export custom places through DLPack; a DenseTensor sharing
             # the storage holds the allocation instead.
             keep = DenseTensor()
-            keep._share_data_with(dense)
-            numel = keep._numel()
+            paddle_api.share_data(keep, dense)
+            numel = paddle_api.numel(keep)
             # Positional arguments: keyword matching in the binding costs ~1 us.
             return _core.TensorView(
                 tensor,
-                keep._ptr() if numel else 0,
-                _dtype_name(keep._dtype()),
+                paddle_api.data_ptr(keep) if numel else 0,
+                dtypes.name_of(paddle_api.dtype_of(keep)),
                 keep.shape(),
                 readonly,
                 keep,

@@ -433,7 +433,7 @@ def test_cached_gradient_runs_are_bitwise_those_of_executor_run() -> None:
         net = build_mlp(OPTIMIZERS["adam"][1])
         cp, prog = compile_ipu(net, af=2)
         runner = cp.executor.session._trainer.trainer._runner
-        runner._fast = fast
+        runner.fast = fast
         pairs = [
             {k: np.stack([a[k], b[k]]) for k in a} for a, b in zip(batches[::2], batches[1::2])
         ]
@@ -627,3 +627,37 @@ def test_random_seed_makes_dropout_reproducible() -> None:
     first = _dropout_losses(seed=5, noise=1)
     np.testing.assert_array_equal(_dropout_losses(seed=5, noise=2), first)
     assert _dropout_losses(seed=6, noise=1) != first
+
+
+def test_a_compiled_training_model_holds_no_paddle_objects() -> None:
+    """CompiledModel is plain data (ONNX bytes, specs, the optimizer's numbers); the
+    Paddle program reaches the host backend beside it, as SessionConfig.training_source."""
+    import dataclasses as dc
+
+    net = build_mlp(OPTIMIZERS["adam"][1])
+    cp, _ = compile_ipu(net)
+    model = cp.executor.model
+    assert model.optimizer is not None and model.loss
+
+    seen: set[int] = set()
+
+    def walk(obj: Any, path: str) -> None:
+        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+            return
+        seen.add(id(obj))
+        module = type(obj).__module__
+        assert not module.startswith("paddle.") and module != "paddle", f"{path}: {type(obj)}"
+        assert "libpaddle" not in module, f"{path}: {type(obj)}"
+        if dc.is_dataclass(obj):
+            for f in dc.fields(obj):
+                walk(getattr(obj, f.name), f"{path}.{f.name}")
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(k, f"{path}[{k!r}]")
+                walk(v, f"{path}[{k!r}]")
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}[{i}]")
+
+    walk(model, "model")
+    assert cp.executor.session.config.training_source is not None

@@ -22,6 +22,7 @@ import numpy as np
 
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import OptionError
+from paddle_ipu.layout import check_everyn_period
 
 ANCHOR_KINDS = ("ALL", "FINAL", "SUM", "EVERYN")
 
@@ -41,8 +42,8 @@ class AnchorReturnType:
             raise OptionError(
                 f"anchor return type {self.kind!r} is not one of {', '.join(ANCHOR_KINDS)}"
             )
-        if kind == "EVERYN" and self.period < 1:
-            raise OptionError(f"EVERYN anchor needs a period >= 1, got {self.period}")
+        if kind == "EVERYN":
+            check_everyn_period(self.period)
 
 
 @dataclass
@@ -64,6 +65,11 @@ class SessionConfig:
     # The IpuStrategy the model was compiled with, when there is one: a backend
     # checks the settings it cannot honour against it.
     strategy: Any = None
+    # Training: the Paddle program the model was compiled from
+    # (paddle_ipu.compiler.training.TrainingSource), for a backend that computes
+    # gradients with Paddle's kernels (the host); the model itself holds no Paddle
+    # objects.
+    training_source: Any = None
 
 
 class Session(abc.ABC):

@@ -20,25 +20,15 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu import dtypes
 from paddle_ipu._arrays import same_bytes
+from paddle_ipu._internals import ort_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, NotSupportedError
 from paddle_ipu.layout import StepLayout
 
 log = logging.getLogger("paddle_ipu.host")
-
-# ONNX Runtime's type names of the numpy dtypes a graph output can have.
-_ORT_TYPES = {
-    "float32": "float",
-    "float16": "float16",
-    "float64": "double",
-    "int32": "int32",
-    "int64": "int64",
-    "int8": "int8",
-    "uint8": "uint8",
-    "bool": "bool",
-}
 
 
 def available() -> tuple[bool, str]:
@@ -171,10 +161,11 @@ class HostSession(Session):
         return convert_proto(proto)
 
     def _make_trainer(self) -> _Training:
-        if self.model.training is None or self.model.optimizer is None:
+        if self.config.training_source is None or self.model.optimizer is None:
             raise NotSupportedError(
-                "training on the host backend needs the compiled gradient program and "
-                "optimizer; this CompiledModel has neither (compile it with is_training=True)"
+                "training on the host backend computes gradients with Paddle's kernels: it "
+                "needs the optimizer (CompiledModel.optimizer) and the Paddle program "
+                "(SessionConfig.training_source); compile the program with is_training=True"
             )
         return _Training(self.model, self.config)
 
@@ -217,12 +208,11 @@ class HostSession(Session):
             # ONNX Runtime directly (see _run_direct).
             types = {o.name: o.type for o in self._ort.get_outputs()}
             self._direct = self.layout.micro_batches == 1 and all(
-                types.get(spec.name) == f"tensor({_ORT_TYPES.get(spec.dtype, '?')})"
-                for spec in self.model.outputs
+                types.get(spec.name) == dtypes.ort_type(spec.dtype) for spec in self.model.outputs
             )
-            # The binding under InferenceSession.run: the wrapper only re-checks
-            # input names, which the executor has checked already.
-            self._ort_run = getattr(getattr(self._ort, "_sess", None), "run", None)
+            # The binding under InferenceSession.run when it is the one checked:
+            # the wrapper only re-checks input names, which the executor has checked.
+            self._ort_run = ort_api.fast_run(self._ort)
             self._dirty = False
         return self._ort
 
@@ -348,10 +338,7 @@ class HostSession(Session):
             feed[spec.name] = value
         names = self._output_names
         try:
-            if self._ort_run is not None:
-                outs = self._ort_run(names, feed, None)
-            else:
-                outs = self._ort.run(names, feed)
+            outs = self._ort_run(names, feed)
         except Exception as exc:
             raise BackendError(f"the emulated IPU failed to run the graph: {exc}") from exc
         return dict(zip(names, outs))
@@ -447,7 +434,7 @@ class _Training:
         self.model = model
         self.config = config
         self.trainer = HostTrainer(
-            model.training,
+            config.training_source.gradient_program(model.optimizer),
             model.optimizer,
             accumulation_factor=config.accumulation_factor,
             replication_factor=config.replication_factor,

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.gradients import GradientProgram
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_names
 from paddle_ipu.errors import BackendError, FeedError, NotSupportedError, OptionError
@@ -238,65 +239,11 @@ def apply_update(
     raise NotSupportedError(f"the host backend has no update rule for {kind!r}")
 
 
-class _ProgramRunner:
-    """``Executor.run(program, feed, fetch_list, scope)`` for one program, one fetch list
-    and one scope, run many times.
-
-    ``Executor.run`` looks its compiled program up in a cache keyed on ``str(program)``,
-    which prints the whole program on every call; for small models that costs as much
-    as running it.  The runner asks Paddle's executor cache once per feed signature
-    (names, shapes, dtypes) and then feeds and runs the cached interpreter, as
-    ``Executor.run`` itself does after its lookup: the same kernels, the same results.
-    Where those executor internals are missing it falls back to ``Executor.run``.
-    """
-
-    def __init__(self, exe: Any, program: Any, fetch_list: Sequence[Any], scope: Any) -> None:
-        self._exe = exe
-        self._program = program
-        self._fetch_list = list(fetch_list)
-        self._scope = scope
-        self._cache: dict[tuple[Any, ...], tuple[Any, Any, Any]] = {}
-        self._fast = all(
-            hasattr(obj, attr)
-            for obj, attr in (
-                (exe, "_executor_cache"),
-                (exe, "_pir_feed_data"),
-                (exe, "plan"),
-                (getattr(exe, "_executor_cache", None), "get_pir_program_and_executor"),
-            )
-        )
-
-    def run(self, feed: dict[str, np.ndarray]) -> list[Any]:
-        if not self._fast:
-            return list(
-                self._exe.run(
-                    self._program, feed=feed, fetch_list=self._fetch_list, scope=self._scope
-                )
-            )
-        key = tuple((k, v.shape, v.dtype.str) for k, v in feed.items())
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._exe._executor_cache.get_pir_program_and_executor(
-                self._program,
-                feed,
-                self._fetch_list,
-                "feed",
-                "fetch",
-                self._exe.place,
-                self._scope,
-                self._exe.plan,
-            )
-            self._cache[key] = entry
-        program, interpreter, data_ops = entry
-        self._exe._pir_feed_data(program, feed, self._scope, data_ops)
-        return list(interpreter.run(list(feed), True, False))
-
-
 class HostTrainer:
     """One emulated IPU training session on the host.
 
     Args:
-        artifact: the gradient program (``CompiledModel.training`` for the host).
+        artifact: the gradient program (built from ``SessionConfig.training_source``).
         optimizer: the optimizer (default: ``artifact.optimizer``).
         accumulation_factor: micro-batches per replica per step (af).
         replication_factor: replicas (rf).
@@ -354,7 +301,7 @@ class HostTrainer:
             self._scope.var(name).get_tensor().set(np.zeros(shape, dtype), self._place)
         # Gradients stay in the scope (GradientProgram.grad_outputs): only the loss and
         # the user's fetches go through fetch ops.
-        self._runner = _ProgramRunner(
+        self._runner = paddle_api.CachedProgramRunner(
             self._exe, artifact.program, artifact.output_list, self._scope
         )
         self.weights: dict[str, np.ndarray] = {}
@@ -409,8 +356,8 @@ class HostTrainer:
         # _share_data_with refuses).  The capsule's deleter keeps ``arr`` alive; a
         # versioned capsule carries read-only arrays (the compiled model's weights).
         try:
-            shared = self._paddle.base.core.from_dlpack(arr.__dlpack__(max_version=(1, 0)))
-            self._scope.var(name).get_tensor()._share_data_with(shared)
+            shared = paddle_api.dense_from_dlpack(arr.__dlpack__(max_version=(1, 0)))
+            paddle_api.share_data(self._scope.var(name).get_tensor(), shared)
             return
         except Exception:  # a dtype, layout or version DLPack refuses: the copy below
             pass
@@ -482,7 +429,7 @@ class HostTrainer:
         for name in self.names():
             var = scope.find_var(name)
             tensor = var.get_tensor() if var is not None else None
-            if tensor is None or not tensor._is_initialized():
+            if tensor is None or not paddle_api.is_initialized(tensor):
                 if name in state and not require_state:
                     continue
                 if name == self.optimizer.lr_name:
@@ -610,7 +557,7 @@ class HostTrainer:
                 grads.append(np.asarray(next(rest)))
                 continue
             var = self._scope.find_var(name)
-            if var is None or not var.get_tensor()._is_initialized():
+            if var is None or not paddle_api.is_initialized(var.get_tensor()):
                 raise BackendError(f"the gradient program left no gradient {name!r} in its scope")
             grads.append(as_numpy(var.get_tensor(), readonly=True))
         return grads

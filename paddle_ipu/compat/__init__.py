@@ -37,6 +37,7 @@ import threading
 import weakref
 from typing import Any
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compat import names
 from paddle_ipu.errors import CompileError
 from paddle_ipu.strategy import IpuStrategy as _IpuStrategy
@@ -347,8 +348,8 @@ def install() -> None:
             _replace(module, "IpuCompiledProgram", IpuCompiledProgram)
             _replace(module, "ipu_shard_guard", ipu_shard_guard)
             _replace(module, "set_ipu_shard", set_ipu_shard)
-        _replace(paddle.base.core, "IpuBackend", IpuBackend)
-        for program_type in (paddle.pir.Program, paddle.base.framework.Program):
+        _replace(paddle_api.paddle_core(), "IpuBackend", IpuBackend)
+        for program_type in (paddle.pir.Program, paddle_api.legacy_program_type()):
             if not hasattr(program_type, "lr_sheduler"):
                 _replace(program_type, "lr_sheduler", property(_lr_sheduler))
         import paddle.static.amp as amp

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.compiler.ops import check_supported
@@ -172,7 +173,7 @@ def _weight_arrays(weights: Mapping[str, str], scope: Any) -> dict[str, np.ndarr
     arrays: dict[str, np.ndarray] = {}
     for onnx_name, paddle_name in weights.items():
         var = scope.find_var(paddle_name)
-        if var is None or not var.get_tensor()._is_initialized():
+        if var is None or not paddle_api.is_initialized(var.get_tensor()):
             raise CompileError(
                 f"parameter {paddle_name!r} has no value in the scope (run the startup "
                 "program first)"

@@ -28,10 +28,12 @@ copy them in and out with the weights.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from paddle_ipu import dtypes
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.optimizer import OptimizerConfig, extract_optimizer
 from paddle_ipu.errors import CompileError
 
@@ -40,7 +42,7 @@ _PROGRAM_ATTRS_TO_DROP = ("lr_scheduler", "lr_name", "lr_var")
 
 @dataclass
 class GradientProgram:
-    """The host backend's training artefact (``CompiledModel.training``).
+    """The host backend's gradient program (``TrainingSource.gradient_program``).
 
     Attributes:
         program: the pruned clone (a ``paddle.pir.Program``): forward + backward, no
@@ -122,6 +124,7 @@ def build_gradient_program(
     loss_name: str = "loss",
     optimizer: OptimizerConfig | None = None,
     scope: Any = None,
+    grad_values: Mapping[str, Any] | None = None,
 ) -> GradientProgram:
     """Build the gradient program of a PIR training program.
 
@@ -133,6 +136,8 @@ def build_gradient_program(
         loss_name: the name of the loss output.
         optimizer: an already extracted config (else :func:`extract_optimizer` runs).
         scope: passed to :func:`extract_optimizer` (reads the lr).
+        grad_values: parameter name -> raw gradient ``pir.Value``, when ``optimizer``'s
+            slots do not carry them (a CompiledModel's optimizer does not).
 
     Raises:
         CompileError: no optimizer, or a fetch that is not a value of ``program``.
@@ -156,7 +161,13 @@ def build_gradient_program(
 
     targets = [locate(loss, "the loss")]
     targets += [locate(v, f"fetch {n!r}") for v, n in zip(fetch_list, fetch_names)]
-    grad_pos = [locate(slot.grad, f"the gradient of {slot.name!r}") for slot in optimizer.params]
+    grad_of = (
+        dict(grad_values) if grad_values else {slot.name: slot.grad for slot in optimizer.params}
+    )
+    grad_pos = [
+        locate(grad_of.get(slot.name), f"the gradient of {slot.name!r}")
+        for slot in optimizer.params
+    ]
     targets += grad_pos
 
     # Ancestors of the targets (plus the feeds).
@@ -237,8 +248,7 @@ def build_gradient_program(
             # The executor then leaves the gradient in the run's scope under this
             # name (as a startup program leaves the parameters), without a fetch's copy.
             name = f"{param}@PADDLE_IPU_GRAD"
-            value.persistable = True
-            paddle._pir_ops.set_persistable_value(value, name)  # type: ignore[attr-defined]
+            paddle_api.keep_in_scope(value, name)
             grad_outputs.append(name)
 
     return GradientProgram(
@@ -272,6 +282,6 @@ def empty_parameters(program: Any) -> dict[str, tuple[tuple[int, ...], str]]:
             continue
         shape = _static_shape(op.result(0))
         if 0 in shape:
-            dtype = str(op.result(0).dtype).rsplit(".", 1)[-1]
+            dtype = dtypes.name_of(op.result(0).dtype)
             out[str(op.attrs()["parameter_name"])] = (shape, dtype)
     return out

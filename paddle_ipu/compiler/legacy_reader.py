@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.pir_reader import IPU_INDEX_ATTR, IPU_STAGE_ATTR, PirForwardGraph
 from paddle_ipu.errors import CompileError, FeedError
 
@@ -43,7 +44,7 @@ _pir_guard: Any = None
 def _pir_flag() -> bool:
     import paddle
 
-    return bool(paddle.base.framework.get_flags("FLAGS_enable_pir_api")["FLAGS_enable_pir_api"])
+    return bool(paddle.get_flags("FLAGS_enable_pir_api")["FLAGS_enable_pir_api"])
 
 
 @contextlib.contextmanager
@@ -135,7 +136,7 @@ def _seed_loss(program: Any, legacy: Any, values: dict[str, list[Any]]) -> None:
         loss = loss_values[-1]
         try:
             paddle.pir.set_insertion_point(seed_op)
-            one = paddle._pir_ops.full_like(  # type: ignore[attr-defined]
+            one = paddle_api.pir_ops().full_like(
                 loss, float(op.attr("value")), loss.dtype, paddle.CPUPlace()
             )
         finally:
@@ -304,4 +305,4 @@ def legacy_shard_guard(index: int = -1, stage: int = -1) -> Iterator[None]:
         for op in list(block.ops)[before:]:
             for attr, number in ((IPU_INDEX_ATTR, index), (IPU_STAGE_ATTR, stage)):
                 if number >= 0 and not op.has_attr(attr):
-                    op._set_attr(attr, number)
+                    paddle_api.set_legacy_op_attr(op, attr, number)

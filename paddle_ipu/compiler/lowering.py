@@ -2,11 +2,11 @@
 
 The converter is C++ that aborts the process (SIGABRT) on inputs it does not
 handle, and its Python package calls ``sys.exit`` from its logger.  Here the
-C++ entry point is called directly (never ``paddle.onnx.export`` or the
-``save_file=`` path, which run polygraphy and pip-install packages), in a
-forked child process: the child writes the model bytes back through a pipe and
-exits; an abort in the child becomes a :class:`CompileError` in the parent,
-carrying the converter's own error lines.
+C++ entry point is called (through :mod:`paddle_ipu._internals.p2o_api`; never
+``paddle.onnx.export`` or the ``save_file=`` path, which run polygraphy and
+pip-install packages), in a forked child process: the child writes the model
+bytes back through a pipe and exits; an abort in the child becomes a
+:class:`CompileError` in the parent, carrying the converter's own error lines.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
 
+from paddle_ipu._internals import p2o_api
 from paddle_ipu.errors import CompileError
 
 MIN_OPSET = 7
@@ -47,32 +47,6 @@ def check_opset(opset: int | None) -> int:
     return opset
 
 
-def _converter() -> Any:
-    try:
-        from paddle2onnx import paddle2onnx_cpp2py_export as p2o
-    except BaseException as exc:  # the package import may call sys.exit
-        raise CompileError(f"paddle2onnx is not usable: {exc!r}") from None
-    return p2o
-
-
-def _export_args(model: str, params: str, opset: int, auto_upgrade: bool) -> tuple[Any, ...]:
-    return (
-        model,
-        params,
-        opset,
-        auto_upgrade,
-        False,  # verbose
-        True,  # run the ONNX checker
-        True,  # experimental ops
-        False,  # graph optimisation: keep every parameter a Constant we can map back
-        {},  # custom ops
-        "onnxruntime",
-        "",  # calibration file
-        "",  # external data file
-        False,  # fp16 export
-    )
-
-
 def export_onnx(
     model: str,
     params: str,
@@ -90,14 +64,20 @@ def export_onnx(
     ``strip`` are left out of the result (see :func:`weights.strip_constants`): the
     weights stay in the converter's process instead of crossing into this one.
     """
-    p2o = _converter()
-    args = _export_args(model, params, opset, auto_upgrade)
+    try:
+        p2o_api.converter()  # import it here: its import can fail (or sys.exit)
+    except RuntimeError as exc:
+        raise CompileError(str(exc)) from None
+
+    def convert() -> bytes:
+        return p2o_api.export(model, params, opset, auto_upgrade)
+
     if not isolate or not hasattr(os, "fork"):
         try:
-            return _stripped(bytes(p2o.export(*args)), strip)
+            return _stripped(convert(), strip)
         except BaseException as exc:
             raise CompileError(f"paddle2onnx failed: {exc!r}") from None
-    return _export_in_child(p2o, args, log_path, strip)
+    return _export_in_child(convert, log_path, strip)
 
 
 def _stripped(raw: bytes, strip: Collection[str]) -> bytes:
@@ -109,7 +89,7 @@ def _stripped(raw: bytes, strip: Collection[str]) -> bytes:
 
 
 def _export_in_child(
-    p2o: Any, args: tuple[Any, ...], log_path: str, strip: Collection[str] = ()
+    convert: Callable[[], bytes], log_path: str, strip: Collection[str] = ()
 ) -> bytes:
     read_fd, write_fd = os.pipe()
     for stream in (sys.stdout, sys.stderr):
@@ -127,7 +107,7 @@ def _export_in_child(
             # is all the parent needs to see.
             signal.signal(signal.SIGABRT, signal.SIG_DFL)
             try:
-                payload = _OK + _stripped(bytes(p2o.export(*args)), strip)
+                payload = _OK + _stripped(convert(), strip)
             except BaseException as exc:
                 payload = _ERR + repr(exc).encode("utf-8", "replace")
             _write_all(write_fd, struct.pack("<Q", len(payload)) + payload)

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu import dtypes
+
 
 @dataclass(frozen=True)
 class IndexRange:
@@ -55,7 +57,7 @@ class TensorSpec:
 
     @property
     def numpy_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
+        return dtypes.numpy_of(self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -85,8 +87,6 @@ class CompiledModel:
         opset: the ONNX opset of ``onnx``.
         loss: the ONNX name of the loss output (training only).
         optimizer: the optimizer configuration (training only).
-        training: backend-specific training artefacts (for the host backend, the
-            gradient program); opaque to the executor.
         shards: ONNX node name -> its ipu_index / ipu_stage, when set.
         source_ops: the Paddle operator names of the forward graph, for reports.
     """
@@ -99,7 +99,6 @@ class CompiledModel:
     opset: int = 0
     loss: str | None = None
     optimizer: Any = None
-    training: Any = None
     shards: dict[str, ShardSpec] = field(default_factory=dict)
     source_ops: list[str] = field(default_factory=list)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from paddle_ipu._internals import p2o_api
 from paddle_ipu.errors import CompileError, UnsupportedOpError
 
 # PIR operator (without its dialect prefix) -> paddle2onnx converter name, where
@@ -124,10 +125,9 @@ def converter_name(pir_op: str) -> str:
 def converter_ops() -> frozenset[str]:
     """The converter names paddle2onnx registers for PIR programs."""
     try:
-        from paddle2onnx import paddle2onnx_cpp2py_export as p2o
-    except BaseException as exc:  # its package import can sys.exit; never let it
-        raise CompileError(f"paddle2onnx is not usable: {exc!r}") from None
-    return frozenset(str(name) for name in p2o.get_all_supported_operators_pir())
+        return p2o_api.supported_ops()
+    except RuntimeError as exc:  # its package import can sys.exit; never let it
+        raise CompileError(str(exc)) from None
 
 
 def _pir_name(converter: str) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from paddle_ipu import dtypes
 from paddle_ipu.errors import CompileError, NotSupportedError
 
 #: Optimizer types, as :attr:`OptimizerConfig.type` spells them.
@@ -441,15 +442,10 @@ def _global_norm_clip(factor: Any) -> float | None:
     return clip
 
 
-def _dtype_name(value: Any) -> str:
-    text = str(value.dtype)
-    return text.rsplit(".", 1)[-1].lower()
-
-
 def _accl_type(value: Any | None) -> str:
     if value is None:
         return "FLOAT"
-    return "FLOAT16" if _dtype_name(value) in ("float16", "bfloat16") else "FLOAT"
+    return "FLOAT16" if dtypes.name_of(value.dtype) in ("float16", "bfloat16") else "FLOAT"
 
 
 def _check_attrs(op: Any, opt_type: str, param_name: str) -> None:
@@ -669,7 +665,7 @@ def extract_optimizer(
                 weight_decay=decay,
                 clip=trace.clip_norm is not None,
                 shape=tuple(int(d) for d in param.shape),
-                dtype=_dtype_name(param),
+                dtype=dtypes.name_of(param.dtype),
             )
         )
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import paddle
 
+from paddle_ipu import dtypes
+from paddle_ipu._internals import p2o_api, paddle_api
 from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
 from paddle_ipu.errors import CompileError, FeedError, UnsupportedOpError
@@ -28,7 +30,7 @@ _REDUCTIONS = frozenset(
     {"pd_op.mean", "pd_op.sum", "pd_op.max", "pd_op.min", "pd_op.prod", "pd_op.all", "pd_op.any"}
 )
 
-_PIR_OPS: Any = paddle._pir_ops
+_PIR_OPS: Any = paddle_api.pir_ops()
 
 IPU_INDEX_ATTR = "ipu_index"
 IPU_STAGE_ATTR = "ipu_stage"
@@ -55,8 +57,7 @@ def dtype_name(value: Any) -> str:
     """numpy spelling of a PIR value's dtype (``paddle.float32`` -> ``float32``)."""
     if not _is_dense(value):
         return _type_text(value)
-    text = str(value.dtype)
-    return text.split(".", 1)[1] if "." in text else text
+    return dtypes.name_of(value.dtype)
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -161,7 +162,7 @@ class PirForwardGraph:
                 name
                 for name in self.parameters
                 if scope.find_var(name) is None
-                or not scope.find_var(name).get_tensor()._is_initialized()
+                or not paddle_api.is_initialized(scope.find_var(name).get_tensor())
             ]
             hint = (
                 f"; parameters without a value in the scope: {', '.join(missing)} "
@@ -190,7 +191,7 @@ def _fill_empty_parameters(scope: Any, parameters: dict[str, tuple[tuple[int, ..
         if 0 not in shape:
             continue
         var = scope.find_var(name)
-        if var is None or var.get_tensor()._is_initialized():
+        if var is None or paddle_api.is_initialized(var.get_tensor()):
             continue
         try:
             np_dtype = np.dtype(dtype)
@@ -660,7 +661,7 @@ def _describe_op(
     )
     return OpInfo(
         use=use,
-        onnx_names=[f"p2o.{name}.{k}.{j}" for j in range(op.num_results())],
+        onnx_names=[p2o_api.result_name(name, k, j) for j in range(op.num_results())],
         ipu_index=_op_int_attr(op, IPU_INDEX_ATTR),
         ipu_stage=_op_int_attr(op, IPU_STAGE_ATTR),
     )

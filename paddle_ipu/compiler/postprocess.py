@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from paddle_ipu import dtypes
 from paddle_ipu.compiler.model import ShardSpec, TensorSpec
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, ForwardGraph, OpInfo
 from paddle_ipu.errors import CompileError
@@ -313,7 +314,7 @@ def fix_inputs(
         vi = existing.pop(feed.name, None)
         if vi is None:
             # Fed but unused by the fetches: keep it so feeds line up with inputs.
-            elem = helper.np_dtype_to_tensor_dtype(np.dtype(feed.dtype))
+            elem = dtypes.onnx_type(feed.dtype)
             vi = helper.make_tensor_value_info(feed.name, elem, list(feed.shape))
         dims = vi.type.tensor_type.shape.dim
         shape: list[int] = []
@@ -332,7 +333,7 @@ def fix_inputs(
             dim.dim_value = micro_batch_size
             shape.append(micro_batch_size)
         elem_type = vi.type.tensor_type.elem_type
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+        dtype = dtypes.from_onnx(elem_type)
         ordered.append(vi)
         specs.append(
             TensorSpec(name=feed.name, dtype=dtype, shape=tuple(shape), paddle_name=feed.name)
@@ -477,7 +478,7 @@ def infer_outputs(
                 )
             shape.append(int(dim.dim_value))
         out.type.CopyFrom(info.type)
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)).name
+        dtype = dtypes.from_onnx(info.type.tensor_type.elem_type)
         specs.append(
             TensorSpec(
                 name=name,
@@ -500,8 +501,6 @@ def infer_outputs(
 # converter made for the operator are replaced by a lowering of our own, built
 # from the attributes the reader recorded; the conformance suite
 # (tests/conformance) checks every one against Paddle's CPU kernels.
-
-_FLOAT_TYPES = frozenset({"float16", "float32", "float64", "bfloat16"})
 
 
 class _Rewriter:

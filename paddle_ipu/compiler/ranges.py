@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from paddle_ipu import dtypes
 from paddle_ipu.compiler.model import IndexRange, TensorSpec
 
 # Ops whose first operand reaches their first result with the same values (only
@@ -58,8 +59,6 @@ _PASS_THROUGH = {
     "transpose",
     "assign",
 }
-
-_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
 
 
 def _base_name(op: Any) -> str:
@@ -230,7 +229,7 @@ def _consumers(block: Any) -> dict[int, list[tuple[Any, int]]]:
 
 
 def _is_integer(value: Any) -> bool:
-    return any(str(value.dtype).endswith(name) for name in _INT_DTYPES)
+    return dtypes.is_integer(value.dtype)
 
 
 def feed_ranges(program: Any, feed_names: Sequence[str]) -> dict[str, tuple[IndexRange, ...]]:

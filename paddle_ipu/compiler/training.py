@@ -1,11 +1,14 @@
-"""The training part of a compile: loss, optimizer and the host's gradient program.
+"""The training part of a compile: the loss and the optimizer.
 
 After ``optimizer.minimize(loss)`` a PIR program holds the forward ops, the
 backward ops (starting from ``full_like(loss, 1.0)``, the loss gradient) and the
-optimizer ops.  This module finds the loss, extracts the optimizer
-(:mod:`paddle_ipu.compiler.optimizer`) and builds the gradient program the host
-backend runs per micro-batch (:mod:`paddle_ipu.compiler.gradients`), and attaches
-them to the forward CompiledModel.
+optimizer ops.  This module finds the loss and extracts the optimizer
+(:mod:`paddle_ipu.compiler.optimizer`) into the CompiledModel, which stays plain
+data.  The Paddle side of it -- the program, its loss and fetch values -- is a
+:class:`TrainingSource`, handed to the backend beside the model
+(``SessionConfig.training_source``): a backend that computes gradients with Paddle's
+kernels (the host) builds its gradient program from it
+(:func:`paddle_ipu.compiler.gradients.build_gradient_program`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu.compiler.gradients import build_gradient_program
+from paddle_ipu.compiler.gradients import GradientProgram, build_gradient_program
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.compiler.optimizer import extract_optimizer, find_optimizer_ops
 from paddle_ipu.errors import CompileError
@@ -50,6 +53,42 @@ def _resolve(program: Any, item: Any) -> Any:
     return resolve_fetch(program.global_block(), item)[0]
 
 
+@dataclasses.dataclass
+class TrainingSource:
+    """The Paddle objects a training model was compiled from.
+
+    Attributes:
+        program: the ``paddle.pir.Program`` after ``optimizer.minimize``.
+        loss: the loss ``pir.Value``.
+        fetches: the user's other fetch ``pir.Value`` s.
+        fetch_names: their names.
+        loss_name: the name of the loss output.
+        scope: the scope the program's variables live in (None: the global scope).
+    """
+
+    program: Any
+    loss: Any
+    fetches: list[Any]
+    fetch_names: list[str]
+    loss_name: str
+    scope: Any = None
+    #: parameter name -> its raw gradient ``pir.Value`` in :attr:`program`
+    grads: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def gradient_program(self, optimizer: Any) -> GradientProgram:
+        """The forward + backward program (no optimizer) the host runs per micro-batch."""
+        return build_gradient_program(
+            self.program,
+            self.loss,
+            self.fetches,
+            fetch_names=self.fetch_names,
+            loss_name=self.loss_name,
+            optimizer=optimizer,
+            scope=self.scope,
+            grad_values=self.grads,
+        )
+
+
 def attach_training(
     model: CompiledModel,
     program: Any,
@@ -57,8 +96,9 @@ def attach_training(
     *,
     scope: Any = None,
     loss_scaling: float = 1.0,
-) -> CompiledModel:
-    """Add the loss, the optimizer and the gradient program to ``model``."""
+) -> tuple[CompiledModel, TrainingSource]:
+    """Add the loss and the optimizer to ``model``; return it with the
+    :class:`TrainingSource` a backend builds its training from."""
     if not find_optimizer_ops(program):
         raise CompileError(
             "is_training=True, but the program has no optimizer: call "
@@ -80,14 +120,19 @@ def attach_training(
     optimizer = extract_optimizer(
         program, scope=scope, loss_name=loss_name, loss_scaling=float(loss_scaling)
     )
-    gradients = build_gradient_program(
-        program,
-        loss,
-        [v for v, _ in others],
+    # The gradient Values stay with the program; the model's optimizer is plain data.
+    grads = {slot.name: slot.grad for slot in optimizer.params}
+    optimizer = dataclasses.replace(
+        optimizer, params=tuple(dataclasses.replace(p, grad=None) for p in optimizer.params)
+    )
+    source = TrainingSource(
+        program=program,
+        loss=loss,
+        fetches=[v for v, _ in others],
         fetch_names=[n for _, n in others],
         loss_name=loss_name,
-        optimizer=optimizer,
         scope=scope,
+        grads=grads,
     )
     loss_spec = model.outputs[loss_index].name if loss_index is not None else None
-    return dataclasses.replace(model, loss=loss_spec, optimizer=optimizer, training=gradients)
+    return dataclasses.replace(model, loss=loss_spec, optimizer=optimizer), source

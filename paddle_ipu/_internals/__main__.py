@@ -1,0 +1,3 @@
+from paddle_ipu._internals import main
+
+raise SystemExit(main())
