@@ -24,7 +24,7 @@ from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClos
 from paddle_ipu.executor import IpuExecutor
 
 if TYPE_CHECKING:
-    from paddle_ipu.runtime import ModelRuntime
+    from paddle_ipu.serving import ModelRuntime
 
 _runtime_ids = iter(range(1 << 62))
 
@@ -137,7 +137,7 @@ class IpuCompiledProgram:
         self.model = executor.model
         self.executor = executor
         if serving and not executor.compile_only:
-            from paddle_ipu.runtime import ModelRuntime
+            from paddle_ipu.serving import ModelRuntime
 
             self.runtime = ModelRuntime(executor)
         shapes = self.runtime.request_shapes() if self.runtime is not None else None

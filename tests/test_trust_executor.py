@@ -28,7 +28,7 @@ from paddle_ipu.errors import (  # noqa: E402
     IpuError,
     RuntimeClosedError,
 )
-from paddle_ipu.runtime import ModelRuntime  # noqa: E402
+from paddle_ipu.serving import ModelRuntime  # noqa: E402
 
 IPU = paddle.CustomPlace("ipu", 0)
 MBS = 2
