@@ -239,6 +239,17 @@ def test_strategy_options_reach_the_sdk(popart_double: ModuleType) -> None:
     assert "Step___w" not in session.weight_names()  # no bias correction, no step count
 
 
+def test_lamb_trust_ratio_is_not_clipped_at_popart_default(popart_double: ModuleType) -> None:
+    """Paddle's lamb kernel does not bound the weight norm of its trust ratio; PopART's
+    Lamb bounds it by defaultMaxWeightNorm, 10 when unset (adam.hpp): the adapter must
+    lift that bound unless max_weight_norm is set."""
+    session = adapter.create_session(training_model("lamb"), SessionConfig(is_training=True))
+    session.prepare_device()
+    opt = session._session.optimizer
+    assert opt.mode == popart_double.AdamMode.Lamb
+    assert opt.max_weight_norm >= 3.0e38  # float32 max: no bound, as in Paddle
+
+
 def test_fp16_pass_reaches_popart(popart_double: ModuleType) -> None:
     session = adapter.create_session(affine_model(), SessionConfig(enable_fp16=True))
     session.prepare_device()
