@@ -21,8 +21,13 @@ Printed: one table (req/s, rows/s, p50, p99, rows per graph run), the throughput
 ratios at concurrency 32, the p99 bound (timeout + 3x one full batch's compute), the
 queue's overhead per request on a trivial model (``runtime.run`` of a whole
 micro-batch minus ``executor.run`` of it, interleaved, medians), and the HTTP
-server's overhead per request (p50 at concurrency 1, http minus runtime).  With
-``--plot`` an SVG of throughput against p99 latency is written.
+server's overhead per request (p50 at concurrency 1, http minus runtime), and the
+hand-off floor: the requests/s of the cheapest possible in-process request/response
+with Python client threads -- a worker answering waiting clients in batches of up to
+``--micro-batch`` by releasing a lock each, no model, no copies -- beside four times
+one ``exe.run`` per request.  No in-process server with Python client threads can
+answer faster than that floor on the machine.  With ``--plot`` an SVG of throughput
+against p99 latency is written.
 
     python bench/serving.py [--models cnn transformer] [--concurrency 1 4 16 32 64]
         [--seconds 1.5] [--micro-batch 16] [--timeout-ms 2] [--plot docs/serving.svg]
@@ -91,6 +96,48 @@ def closed_loop(
         raise errors[0]
     flat = [x for per in latencies for x in per]
     return len(flat), sum(rows), wall, flat
+
+
+def handoff_floor(clients: int, seconds: float, batch: int) -> tuple[float, float]:
+    """(requests/s, p99 ms) of the cheapest in-process request/response with Python
+    client threads: each request is a lock the client blocks on (without the GIL) and
+    a worker thread releases, up to ``batch`` at a time."""
+    import collections
+
+    pending: collections.deque[Any] = collections.deque()
+    cv = threading.Condition()
+    done = [False]
+
+    def worker() -> None:
+        while True:
+            with cv:
+                while not pending and not done[0]:
+                    cv.wait()
+                if done[0] and not pending:
+                    return
+                answered = [pending.popleft() for _ in range(min(batch, len(pending)))]
+            for lock in answered:
+                lock.release()
+
+    def call(x: np.ndarray) -> np.ndarray:
+        lock = threading.Lock()
+        lock.acquire()
+        with cv:
+            pending.append(lock)
+            cv.notify()
+        lock.acquire()
+        return x
+
+    th = threading.Thread(target=worker, daemon=True)
+    th.start()
+    try:
+        n, _, wall, lat = closed_loop(call, clients, seconds, [np.zeros((1, 1), np.float32)])
+    finally:
+        with cv:
+            done[0] = True
+            cv.notify()
+        th.join()
+    return n / wall, pct(lat, 0.99)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -496,6 +543,15 @@ def main() -> None:
                     f"{kind} {mix}-row: HTTP server overhead per request (p50 at 1 client, "
                     f"http - runtime) {(h['p50'] - rt['p50']) * 1e3:.0f} us"
                 )
+    floor, floor_p99 = handoff_floor(32, args.seconds, args.micro_batch)
+    print(f"hand-off floor, 32 Python client threads: {floor:.0f} req/s (p99 {floor_p99:.2f} ms)")
+    for kind in args.models:
+        base = find(kind, "1", "exe.run", 32)
+        if base:
+            print(
+                f"{kind} 1-row: 4 x exe.run = {4 * base['rps']:.0f} req/s; the floor is "
+                f"{floor / base['rps']:.2f}x exe.run"
+            )
     print(
         f"queue overhead per request (trivial model, micro-batch {args.micro_batch}): "
         f"runtime.run {dq:.1f} us - executor.run {dd:.1f} us = {diff:.1f} us"
