@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from paddle_ipu._internals.paddle_api import probe_mode
 from paddle_ipu.errors import TensorViewError
 from paddle_ipu.tensor_view import DenseTensor, as_numpy, view
 
@@ -24,27 +24,9 @@ if "ipu" in paddle.device.get_all_custom_device_type():
     PLACES.append("ipu")
 
 
-@contextlib.contextmanager
-def graph_mode(static: bool) -> Iterator[None]:
-    # Restores whichever mode the test runner left, so these tests neither depend on
-    # nor change the suite's default.
-    was_static = not paddle.in_dynamic_mode()
-    if static:
-        paddle.enable_static()
-    else:
-        paddle.disable_static()
-    try:
-        yield
-    finally:
-        if was_static:
-            paddle.enable_static()
-        else:
-            paddle.disable_static()
-
-
 @pytest.fixture
 def eager() -> Iterator[None]:
-    with graph_mode(static=False):
+    with probe_mode(static=False):
         yield
 
 
@@ -129,7 +111,7 @@ def test_readonly_view(device: str) -> None:
 )
 def test_property_any_shape_and_dtype(arr: np.ndarray, place: str) -> None:
     p = paddle.CPUPlace() if place == "cpu" else paddle.CustomPlace("ipu", 0)
-    with graph_mode(static=False):
+    with probe_mode(static=False):
         t = paddle.to_tensor(arr, place=p)
     v = view(t)
     assert v.dtype == str(arr.dtype) and v.shape == arr.shape and v.numel == arr.size
@@ -184,7 +166,7 @@ def test_low_level_constructor_checks() -> None:
 
 @pytest.mark.parametrize("place_name", PLACES)
 def test_scope_tensor_view_is_the_weight(place_name: str) -> None:
-    with graph_mode(static=True):
+    with probe_mode(static=True):
         check_scope_tensor_view(place_name)
 
 

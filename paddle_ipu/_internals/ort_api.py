@@ -50,7 +50,7 @@ def fast_run(session: Any) -> Runner:
     _DEP,
     "InferenceSession._sess.run",
     "host inference hot path",
-    fallback="InferenceSession.run (about 2 us more per call)",
+    fallback="InferenceSession.run (re-checks input names per call)",
 )
 def _probe_run() -> str:
     import onnxruntime as ort
