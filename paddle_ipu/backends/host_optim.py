@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,8 +37,19 @@ F16 = np.float16
 _KERNEL_ALIGNMENT = 16
 _ONE = F32(1.0)
 # Adam's update in one pass (csrc/core/optim.cc), bitwise equal to apply_update's
-# numpy formulas (tests/test_core_optim.py).
-_adam_update: Any = importlib.import_module("paddle_ipu._core").adam_update
+# numpy formulas (tests/test_core_optim.py); _adam_update_many does every parameter of
+# a step in one call.
+_core: Any = importlib.import_module("paddle_ipu._core")
+_adam_update: Any = _core.adam_update
+_adam_update_many: Any = _core.adam_update_many
+#: Threads for a step's Adam update.  Paddle's executor runs the program's adam ops,
+#: which depend on nothing but their own parameter, on its pool of host threads
+#: (OMP_NUM_THREADS does not bound it), so its CPU step updates parameters on more than
+#: one core too; two threads is what the host backend's step uses for its update.
+ADAM_THREADS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+# Parameters per adam_update_many call, in elements: bounds the memory held twice
+# (old and new weights and moments) while a step's update runs.
+_ADAM_BATCH_ELEMENTS = 1 << 22
 # PopART state prefix -> the accl*_type option that sets its dtype
 _ACCL_OF_PREFIX = {
     "Accl___": "accl1",
@@ -108,6 +120,88 @@ def clip_by_global_norm(
     return out
 
 
+def _regularised(
+    config: OptimizerConfig, slot: ParamSlot, weight: np.ndarray, grad: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.float32]:
+    """``(w, g, weight_decay)`` in float32, ``g`` with L2 regularisation applied (every
+    optimizer but Momentum, which applies it itself)."""
+    w = weight.astype(F32, copy=False)
+    g = grad.astype(F32, copy=False)
+    wd = _f(slot.weight_decay)
+    if (
+        config.weight_decay_mode == "l2_regularization"
+        and slot.weight_decay
+        and config.type != "momentum"
+    ):
+        g = g + w * wd
+    return w, g, wd
+
+
+def _adam_inputs(
+    config: OptimizerConfig,
+    slot: ParamSlot,
+    w: np.ndarray,
+    g: np.ndarray,
+    state: dict[str, np.ndarray],
+    lr32: np.float32,
+    wd: np.float32,
+    scalars: dict[tuple[float, float], tuple[np.float32, np.float32]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32, np.float32]:
+    """Adam / AdamW up to the moments: AdamW's decay of ``w``, the bias-corrected step
+    ``-lr_t`` and ``eps_t``, and the new ``beta*_pow`` put into ``state``.  Returns
+    ``(w, g, moment1, moment2, -lr_t, eps_t)`` (the moments are the current arrays).
+    ``scalars`` caches ``(-lr_t, eps_t)`` by ``(beta1_pow, beta2_pow)`` over one step's
+    parameters (the same values give the same float32 results)."""
+    names = slot.state
+    b1, b2 = _f(config.beta1), _f(config.beta2)
+    b1p = state[names["beta1_pow"]].reshape(-1)[0].astype(F32)
+    b2p = state[names["beta2_pow"]].reshape(-1)[0].astype(F32)
+    key = (float(b1p), float(b2p))
+    cached = scalars.get(key) if scalars is not None else None
+    if cached is None:
+        lr_t = lr32 * (np.sqrt(_ONE - b2p) / (_ONE - b1p))
+        eps_t = _f(config.epsilon) * np.sqrt(_ONE - b2p)
+        cached = (-lr_t, eps_t)
+        if scalars is not None:
+            scalars[key] = cached
+    if config.type == "adamw" and slot.weight_decay:
+        w = w - lr32 * _ONE * wd * w
+    # m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g * g
+    # w + (-lr_t) * (m1 / (sqrt(m2) + eps_t))
+    # The state gets new arrays (snapshots may hold the old ones).
+    m1_old, m2_old = state[names["moment1"]], state[names["moment2"]]
+    state[names["beta1_pow"]] = np.full([1], b1 * b1p, dtype=F32)
+    state[names["beta2_pow"]] = np.full([1], b2 * b2p, dtype=F32)
+    return w, g, m1_old, m2_old, cached[0], cached[1]
+
+
+def _adam_fusable(w: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray) -> bool:
+    """Whether the core's one-pass loop can update these arrays."""
+    return all(a.dtype == F32 and a.flags.c_contiguous for a in (w, g, m1, m2)) and (
+        w.shape == g.shape == m1.shape == m2.shape
+    )
+
+
+def _adam_numpy(
+    config: OptimizerConfig,
+    slot: ParamSlot,
+    w: np.ndarray,
+    g: np.ndarray,
+    m1_old: np.ndarray,
+    m2_old: np.ndarray,
+    state: dict[str, np.ndarray],
+    neg_lr_t: np.float32,
+    eps_t: np.float32,
+) -> np.ndarray:
+    """Adam's moments and weight with numpy (arrays the core's loop does not take)."""
+    b1, b2 = _f(config.beta1), _f(config.beta2)
+    m1 = b1 * m1_old + (_ONE - b1) * g
+    m2 = b2 * m2_old + (_ONE - b2) * g * g
+    state[slot.state["moment1"]] = m1.astype(F32, copy=False)
+    state[slot.state["moment2"]] = m2.astype(F32, copy=False)
+    return w + neg_lr_t * (m1 / (np.sqrt(m2) + eps_t))
+
+
 def apply_update(
     config: OptimizerConfig,
     slot: ParamSlot,
@@ -119,10 +213,8 @@ def apply_update(
     """One optimizer update of one parameter; returns the new weight and replaces the
     entries of ``state`` (Paddle names) with new arrays.  ``grad`` is already reduced
     and clipped; L2 regularisation is applied here."""
-    w = weight.astype(F32, copy=False)
-    g = grad.astype(F32, copy=False)
+    w, g, wd = _regularised(config, slot, weight, grad)
     lr32 = _f(lr)
-    wd = _f(slot.weight_decay)
     kind = config.type
     names = slot.state
 
@@ -131,9 +223,6 @@ def apply_update(
 
     def put(role: str, value: np.ndarray) -> None:
         state[names[role]] = value.astype(F32, copy=False)
-
-    if config.weight_decay_mode == "l2_regularization" and slot.weight_decay and kind != "momentum":
-        g = g + w * wd
 
     if kind == "sgd":
         return w - lr32 * g
@@ -147,34 +236,17 @@ def apply_update(
         return w - lr32 * v
 
     if kind in ("adam", "adamw"):
-        b1, b2, eps = _f(config.beta1), _f(config.beta2), _f(config.epsilon)
-        b1p = get("beta1_pow").reshape(-1)[0].astype(F32)
-        b2p = get("beta2_pow").reshape(-1)[0].astype(F32)
-        lr_t = lr32 * (np.sqrt(_ONE - b2p) / (_ONE - b1p))
-        eps_t = eps * np.sqrt(_ONE - b2p)
-        if kind == "adamw" and slot.weight_decay:
-            w = w - lr32 * _ONE * wd * w
-        # m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g * g
-        # w + (-lr_t) * (m1 / (sqrt(m2) + eps_t))
-        # The state gets new arrays (snapshots may hold the old ones).
-        m1_old, m2_old = get("moment1"), get("moment2")
-        put("beta1_pow", np.full([1], b1 * b1p, dtype=F32))
-        put("beta2_pow", np.full([1], b2 * b2p, dtype=F32))
-        if all(a.dtype == F32 and a.flags.c_contiguous for a in (w, g, m1_old, m2_old)) and (
-            w.shape == g.shape == m1_old.shape == m2_old.shape
-        ):
+        w, g, m1_old, m2_old, neg_lr_t, eps_t = _adam_inputs(config, slot, w, g, state, lr32, wd)
+        if _adam_fusable(w, g, m1_old, m2_old):
             # the same operations in one pass, rounded alike (tests/test_core_optim.py)
+            b1, b2 = _f(config.beta1), _f(config.beta2)
             new_w, m1, m2 = _adam_update(
-                w, g, m1_old, m2_old, b1, _ONE - b1, b2, _ONE - b2, -lr_t, eps_t
+                w, g, m1_old, m2_old, b1, _ONE - b1, b2, _ONE - b2, neg_lr_t, eps_t
             )
             put("moment1", m1)
             put("moment2", m2)
             return np.asarray(new_w)
-        m1 = b1 * m1_old + (_ONE - b1) * g
-        m2 = b2 * m2_old + (_ONE - b2) * g * g
-        put("moment1", m1)
-        put("moment2", m2)
-        return w + (-lr_t) * (m1 / (np.sqrt(m2) + eps_t))
+        return _adam_numpy(config, slot, w, g, m1_old, m2_old, state, neg_lr_t, eps_t)
 
     if kind == "adamax":
         b1, b2, eps = _f(config.beta1), _f(config.beta2), _f(config.epsilon)
@@ -563,22 +635,74 @@ class HostTrainer:
         return grads
 
     def apply_gradients(self, grads: Mapping[str, np.ndarray]) -> None:
-        """Clip, regularise and update every parameter (one optimizer step)."""
-        grads = clip_by_global_norm(grads, self.optimizer)
+        """Clip, regularise and update every parameter (one optimizer step).
+
+        Adam and AdamW update every parameter the core's loop takes in a few calls of
+        ``adam_update_many`` (on :data:`ADAM_THREADS` threads), the same arithmetic as
+        :func:`apply_update` parameter by parameter."""
+        config = self.optimizer
+        grads = clip_by_global_norm(grads, config)
         half = self._fp16_state()
-        for slot in self.optimizer.params:
+        adam = config.type in ("adam", "adamw")
+        lr32 = _f(self.lr)
+        scalars: dict[tuple[float, float], tuple[np.float32, np.float32]] = {}
+        batch: list[tuple[ParamSlot, tuple[Any, ...]]] = []
+        batch_elements = 0
+        for slot in config.params:
             if slot.name not in self.weights:
                 raise KeyError(f"weight {slot.name!r} was never written to the trainer")
-            new = apply_update(
-                self.optimizer, slot, self.weights[slot.name], grads[slot.name], self.state, self.lr
-            )
-            if half:
-                for var in slot.state.values():
-                    if var in half:
-                        self.state[var] = _round_fp16(self.state[var])
-            new = _round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
-            self.weights[slot.name] = new
-            self._share_weight(slot.name, new)
+        for slot in config.params:
+            weight, grad = self.weights[slot.name], grads[slot.name]
+            if not adam:
+                new = apply_update(config, slot, weight, grad, self.state, self.lr)
+                self._updated(slot, new, half)
+                continue
+            w, g, wd = _regularised(config, slot, weight, grad)
+            inputs = _adam_inputs(config, slot, w, g, self.state, lr32, wd, scalars)
+            if not _adam_fusable(*inputs[:4]):
+                self._updated(
+                    slot, _adam_numpy(config, slot, *inputs[:4], self.state, *inputs[4:]), half
+                )
+                continue
+            batch.append((slot, inputs))
+            batch_elements += inputs[0].size
+            if batch_elements >= _ADAM_BATCH_ELEMENTS:
+                self._adam_batch(batch, half)
+                batch, batch_elements = [], 0
+        if batch:
+            self._adam_batch(batch, half)
+
+    def _adam_batch(
+        self, batch: Sequence[tuple[ParamSlot, tuple[Any, ...]]], half: frozenset[str]
+    ) -> None:
+        """The core's Adam loop over ``batch``: (slot, :func:`_adam_inputs`) pairs."""
+        b1, b2 = _f(self.optimizer.beta1), _f(self.optimizer.beta2)
+        columns = list(zip(*(inputs for _, inputs in batch)))
+        results = _adam_update_many(
+            *(list(c) for c in columns[:4]),
+            b1,
+            _ONE - b1,
+            b2,
+            _ONE - b2,
+            list(columns[4]),
+            list(columns[5]),
+            threads=ADAM_THREADS,
+        )
+        for (slot, _), (new, m1, m2) in zip(batch, results):
+            self.state[slot.state["moment1"]] = m1
+            self.state[slot.state["moment2"]] = m2
+            self._updated(slot, new, half)
+
+    def _updated(self, slot: ParamSlot, new: np.ndarray, half: frozenset[str]) -> None:
+        """Hold ``slot``'s new weight (and its state) as the device does, and point the
+        gradient program's parameter at it."""
+        if half:
+            for var in slot.state.values():
+                if var in half:
+                    self.state[var] = _round_fp16(self.state[var])
+        new = _round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
+        self.weights[slot.name] = new
+        self._share_weight(slot.name, new)
 
     def step(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One training step.  Each feed is ``[af, rf, *micro_batch_shape]``; returns
