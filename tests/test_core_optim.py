@@ -85,6 +85,18 @@ def test_adam_update_many_is_bitwise_numpy(threads: int) -> None:
         del got
 
 
+def test_adam_keeps_freed_outputs_for_reuse_until_released() -> None:
+    """The outputs of an update, once dropped, are held for the next update; releasing
+    frees them (the trainer does when it goes), and nothing is held after."""
+    _core.adam_release_memory()
+    a = np.ones(1 << 16, F)
+    out = _core.adam_update(a, a, a, a, 0.9, 0.1, 0.9, 0.1, -1.0, 1.0)
+    del out
+    held = _core.adam_release_memory()
+    assert held >= 3 * a.nbytes
+    assert _core.adam_release_memory() == 0
+
+
 def test_adam_update_many_checks_its_lists() -> None:
     a = np.zeros(4, F)
     with pytest.raises(ValueError, match="one entry per weight"):

@@ -105,6 +105,21 @@ class BlockPool {
     std::free(block);
   }
 
+  // Frees every block held; returns their bytes.
+  std::size_t Release() {
+    std::unordered_multimap<std::size_t, void*> blocks;
+    std::size_t held = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks.swap(blocks_);
+      std::swap(held, held_);
+    }
+    for (auto& entry : blocks) {
+      std::free(entry.second);
+    }
+    return held;
+  }
+
  private:
   static constexpr std::size_t kPoolBytes = std::size_t{256} << 20;
   std::mutex mutex_;
@@ -280,6 +295,11 @@ void RunJobs(const std::vector<AdamJob>& jobs, const Coefficients& k, int thread
     for (std::size_t c = next.fetch_add(1); c < chunks.size(); c = next.fetch_add(1)) {
       kernel(jobs[chunks[c].job], k, chunks[c].begin, chunks[c].end);
     }
+#if defined(PADDLE_IPU_ADAM_WIDE)
+    // Streaming stores are weakly ordered: each thread fences its own before the join
+    // (and the caller's return) publishes the arrays.
+    _mm_sfence();
+#endif
   };
   const int helpers = static_cast<int>(std::min<py::ssize_t>(
       std::min<py::ssize_t>(threads, static_cast<py::ssize_t>(chunks.size())) - 1,
@@ -292,10 +312,6 @@ void RunJobs(const std::vector<AdamJob>& jobs, const Coefficients& k, int thread
   for (auto& t : pool) {
     t.join();
   }
-#if defined(PADDLE_IPU_ADAM_WIDE)
-  // the streaming stores are visible before the arrays are handed back
-  _mm_sfence();
-#endif
 }
 
 py::tuple MakeJob(const py::array& weight, const py::array& grad, const py::array& moment1,
@@ -378,6 +394,10 @@ void RegisterOptim(py::module_& m) {
         "adam_update of many parameters (lists, one entry per parameter; neg_lr_t and "
         "eps_t per parameter) in one call, on up to `threads` threads: returns a list "
         "of (weight, moment1, moment2).");
+  m.def(
+      "adam_release_memory", []() { return Pool().Release(); },
+      "Frees the memory the Adam updates keep for reuse (freed output arrays, up to "
+      "256 MiB); returns its size in bytes.");
 }
 
 }  // namespace paddle_ipu

@@ -391,6 +391,9 @@ class HostTrainer:
         if scope is not None:
             with contextlib.suppress(Exception):
                 scope.erase(scope.local_var_names())
+        # the freed Adam outputs the core keeps for the next step's update
+        with contextlib.suppress(Exception):
+            _core.adam_release_memory()
 
     # ------------------------------------------------------------------ names and I/O
     @property
