@@ -83,6 +83,28 @@ def test_matches_paddle_cpu_fp16(models: dict[str, Built], kind: str) -> None:
     cp.reset()
 
 
+def test_fp16_graph_carries_no_weights(models: dict[str, Built]) -> None:
+    """With enable_fp16 the graph ONNX Runtime parses holds no weight bytes (the fp16
+    pass runs on the weightless graph); the session holds the scope's weights in
+    float16, rounded to nearest."""
+    import onnx
+
+    built = models["cnn"]
+    cp, _ = compile_model(built, mbs=1, fp16=True)
+    session = cp.executor.session
+    graph = onnx.load_from_string(session._graph)
+    inits = {i.name: i for i in graph.graph.initializer}
+    for device_name, paddle_name in cp.model.weights.items():
+        want = np.array(built.scope.find_var(paddle_name).get_tensor())
+        assert inits[device_name].data_location == onnx.TensorProto.EXTERNAL
+        assert not inits[device_name].raw_data
+        if want.dtype == np.float32:
+            assert inits[device_name].data_type == onnx.TensorProto.FLOAT16
+            got = session.read_weights([device_name])[device_name]
+            np.testing.assert_array_equal(got, want.astype(np.float16))
+    cp.reset()
+
+
 @pytest.mark.parametrize("place", [IPU, paddle.CPUPlace()], ids=["ipu", "cpu"])
 @pytest.mark.parametrize("direct", ["1", "0"], ids=["direct", "paddle-executor"])
 def test_exe_run_on_both_places_and_both_paths(

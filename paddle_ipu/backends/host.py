@@ -120,35 +120,42 @@ class HostSession(Session):
 
         from paddle_ipu.compiler.weights import split_weights
 
-        views: dict[str, np.ndarray] = {}
-        if self.config.enable_fp16:
-            # The fp16 converter rewrites the initializers' data: it needs them all.
-            proto = onnx.load_from_string(self.model.onnx)
-        else:
-            # The weights come out as read-only views of the model's bytes (no
-            # copy); the graph marks them external, and the session hands ONNX
-            # Runtime the arrays (add_external_initializers).
-            proto, views = split_weights(self.model.onnx, self.model.weights, external=_IN_MEMORY)
+        # The weights come out as read-only views of the model's bytes (no copy); the
+        # graph marks them external, and the session hands ONNX Runtime the arrays
+        # (add_external_initializers).  The fp16 pass runs on that weightless graph too:
+        # it only retypes a data-less initializer, and the weights are converted here.
+        proto, views = split_weights(self.model.onnx, self.model.weights, external=_IN_MEMORY)
         self._external = set(views)
         _strip_device_attributes(proto)
         params = set(self.model.weights)
+        arrays: dict[str, tuple[np.ndarray, bool]] = {}
         for init in proto.graph.initializer:
-            if init.name not in params:
-                continue
-            view = views.get(init.name)
-            array = view if view is not None else onnx.numpy_helper.to_array(init)
-            device_dtype = array.dtype
-            if self.config.enable_fp16 and array.dtype == np.float32:
-                device_dtype = np.dtype(np.float16)
-            self._weight_info[init.name] = TensorSpec(
-                init.name, device_dtype.name, tuple(array.shape), self.model.weights[init.name]
-            )
-            if device_dtype == np.float16:
-                self._weights[init.name] = _to_fp16(array)
-            else:
-                self._weights[init.name] = array if view is not None else array.copy()
+            if init.name in params:
+                view = views.get(init.name)
+                if view is not None:
+                    arrays[init.name] = (view, True)
+                else:
+                    arrays[init.name] = (onnx.numpy_helper.to_array(init), False)
+        retyped: dict[str, int] = {}
         if self.config.enable_fp16:
             proto = self._convert_fp16(proto)
+            retyped = {init.name: init.data_type for init in proto.graph.initializer}
+        for name, (array, is_view) in arrays.items():
+            device_dtype = array.dtype
+            # a weight read only by an op the pass keeps in float32 stays float32
+            if (
+                self.config.enable_fp16
+                and array.dtype == np.float32
+                and retyped.get(name) == onnx.TensorProto.FLOAT16
+            ):
+                device_dtype = np.dtype(np.float16)
+            self._weight_info[name] = TensorSpec(
+                name, device_dtype.name, tuple(array.shape), self.model.weights[name]
+            )
+            if device_dtype == np.float16:
+                self._weights[name] = _to_fp16(array)
+            else:
+                self._weights[name] = array if is_view else array.copy()
         self._graph = proto.SerializeToString()
         if self.config.is_training:
             self._trainer = self._make_trainer()
