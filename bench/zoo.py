@@ -10,7 +10,11 @@ time per call of the compiled program (``exe.run`` on the ipu place), of Paddle'
 allows); the fp32 compile time (``IpuCompiledProgram.compile``); the rise of peak RSS
 during that compile (``VmHWM`` reset through /proc/self/clear_refs) and its ratio to
 the weight bytes (for models of a few kB of weights that ratio measures the
-compiler's own working memory, not the weights).  ``--full`` uses each model's full
+compiler's own working memory, not the weights); and the peak of the converter's child
+process (paddle2onnx runs in a forked child, so one crash cannot take the caller down:
+``ru_maxrss`` of the reaped children over this process's resident set before compiling,
+since a forked child starts with the parent's pages mapped) and its ratio to the weight
+bytes, reported on its own because it is another process.  ``--full`` uses each model's full
 input size (224x224, 299 for inception_v3) instead of the zoo tier's small one.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -105,6 +110,9 @@ def measure(name: str, full: bool, repeat: int) -> dict[str, Any]:
     peak = _status_kib("VmHWM") * 1024 - before
     row["peak_mb"] = peak / 1e6
     row["peak_ratio"] = peak / max(model.weight_bytes(), 1)
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 - before
+    row["child_mb"] = child / 1e6
+    row["child_ratio"] = child / max(model.weight_bytes(), 1)
     got = Z.run_ipu(model, prog, feed)
     row["fp32"] = Z.rel_error(got, ref)
     ipu = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
@@ -148,6 +156,7 @@ def main() -> None:
     cols = (
         f"{'model':<22}{'MB':>7}{'fp32 err':>10}{'fp16 err':>10}{'ipu ms':>9}{'exe.run':>9}"
         f"{'p.infer':>9}{'compile s':>10}{'fp16 s':>8}{'peak MB':>9}{'xW':>6}"
+        f"{'child MB':>9}{'xW':>6}"
     )
     print(f"model zoo, batch 1, {'full size' if args.full else 'small inputs'}, "
           f"median of {args.repeat} calls; one fresh process per model")  # fmt: skip
@@ -172,6 +181,7 @@ def main() -> None:
             f"{r['ipu_ms']:>9.2f}{r['exe_ms']:>9.2f}{_fmt(r['infer_ms'], '.2f'):>9}"
             f"{r['compile_s']:>10.2f}{_fmt(r.get('compile16_s'), '.2f'):>8}"
             f"{r['peak_mb']:>9.0f}{r['peak_ratio']:>6.2f}"
+            f"{r['child_mb']:>9.0f}{r['child_ratio']:>6.2f}"
         )
         if r.get("infer_error"):
             print(f"{'':<22}paddle.inference failed: {r['infer_error']}")

@@ -330,9 +330,14 @@ def _micro_batch(program: Any, feed: dict[str, Any]) -> int:
 class _Entry:
     """One compiled variant and the scope state it was last synced with.
 
-    The sync compares the scope's bytes with what was last written there, and
-    writes updates into the scope tensors' own memory (their place and
-    allocation stay), through zero-copy views cached per allocation."""
+    After a training step the scope tensors are pointed at the session's own new
+    arrays where the session has them (:meth:`Session.storage`; the host trainer's
+    float32 weights and optimizer state): no copy, and a write into such a tensor
+    between steps is what the next step reads.  Such a tensor has changed only if it
+    no longer holds that memory (``tensor.set`` with another size, a new variable).
+    The rest is synced by comparing the scope's bytes with what was last written
+    there, and updates are written into the scope tensors' own memory (their place
+    and allocation stay), through zero-copy views cached per allocation."""
 
     def __init__(self, executor: Any, scope: Any, fetch_count: int) -> None:
         self.executor = executor
@@ -340,6 +345,8 @@ class _Entry:
         self.fetch_count = fetch_count
         self.lock = threading.Lock()
         self._synced: dict[str, np.ndarray] = {}
+        # scope name -> (address, shape) of the session array its tensor shares
+        self._shared: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._pairs: list[tuple[str, str]] = []
         self._views: dict[str, tuple[int, np.ndarray]] = {}
 
@@ -394,6 +401,7 @@ class _Entry:
         return array
 
     def _record(self) -> None:
+        self._shared = {}
         synced = {}
         for _, name in self._pairs:
             view = self._view(name)
@@ -403,6 +411,18 @@ class _Entry:
 
     def _scope_changed(self) -> bool:
         for _, name in self._pairs:
+            shared = self._shared.get(name)
+            if shared is not None:
+                var = self.scope.find_var(name)
+                tensor = var.get_tensor() if var is not None else None
+                if (
+                    tensor is None
+                    or not paddle_api.is_initialized(tensor)
+                    or paddle_api.data_ptr(tensor) != shared[0]
+                    or tuple(tensor.shape()) != shared[1]
+                ):
+                    return True
+                continue
             view = self._view(name)
             old = self._synced.get(name)
             if view is None or old is None:
@@ -418,9 +438,17 @@ class _Entry:
         session = self.executor.session
         names = [d for d, _ in self._pairs]
         values = session.read_weights(names, copy=False)  # copied once, into the scope
-        synced = {}
+        synced: dict[str, np.ndarray] = {}
+        shared: dict[str, tuple[int, tuple[int, ...]]] = {}
         for device_name, name in self._pairs:
             value = values[device_name]
+            # a tensor that shares last step's array is float32 of this shape
+            if name in self._shared or self._fits(name, value):
+                tensor = self.scope.find_var(name).get_tensor()
+                if session.share_into(device_name, tensor):
+                    shared[name] = (paddle_api.data_ptr(tensor), tuple(value.shape))
+                    self._views.pop(name, None)
+                    continue
             view = self._view(name)
             if view is None or view.shape != value.shape or view.dtype != value.dtype:
                 # Not a plain copy (an uninitialised variable, a dtype change):
@@ -431,6 +459,11 @@ class _Entry:
             np.copyto(view, value)
             synced[name] = value
         self._synced = synced
+        self._shared = shared
+
+    def _fits(self, name: str, value: np.ndarray) -> bool:
+        view = self._view(name)
+        return view is not None and view.shape == value.shape and view.dtype == value.dtype
 
     def run(self, feed: dict[str, Any]) -> list[np.ndarray]:
         executor = self.executor

@@ -574,3 +574,79 @@ def test_mean_of_an_already_reduced_loss_trains_like_cpu() -> None:
     np.testing.assert_allclose(
         [float(v) for v in ipu["losses"]], [float(v) for v in cpu["losses"]], rtol=2e-5
     )
+
+
+@pytest.mark.parametrize("name", ["adam", "momentum"])
+def test_scope_writes_between_training_steps_are_what_the_next_step_uses(name: str) -> None:
+    """After a step the scope's weights and optimizer state share the trainer's memory;
+    writes into them between steps (``tensor.set`` of the same size writes in place, a
+    CPU executor's step updates in place) must reach the next ipu step exactly as
+    they reach the next CPU step."""
+    feeds = batches(7)
+
+    def run(place: Any) -> dict[str, Any]:
+        main, startup, loss, _ = build_classifier(OPTIMIZERS[name])
+        params = _params(main)
+        scope = paddle.static.Scope()
+        losses = []
+        with paddle.static.scope_guard(scope):
+            exe = paddle.static.Executor(place)
+            cpu = paddle.static.Executor(paddle.CPUPlace())
+            exe.run(startup)
+            state = sorted(n for n in scope.local_var_names() if "moment1" in n or "velocity" in n)
+            assert state
+            for f in feeds[:2]:
+                losses.append(exe.run(main, feed=f, fetch_list=[loss])[0])
+            w = scope.find_var(params[1]).get_tensor()
+            w.set(np.array(w) * 0.5, paddle.CPUPlace())
+            m = scope.find_var(state[0]).get_tensor()
+            m.set(np.full(np.array(m).shape, 0.25, "float32"), paddle.CPUPlace())
+            losses.append(exe.run(main, feed=feeds[2], fetch_list=[loss])[0])
+            losses.append(cpu.run(main, feed=feeds[3], fetch_list=[loss])[0])
+            for f in feeds[4:]:
+                losses.append(exe.run(main, feed=f, fetch_list=[loss])[0])
+            final = {i: np.array(scope.find_var(n).get_tensor()) for i, n in enumerate(params)}
+            moments = [np.array(scope.find_var(n).get_tensor()) for n in state]
+        return {"losses": losses, "final": final, "moments": moments}
+
+    want, got = run(paddle.CPUPlace()), run(IPU)
+    for step, (a, b) in enumerate(zip(got["losses"], want["losses"])):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6, err_msg=f"loss of step {step}")
+    for n in want["final"]:
+        np.testing.assert_allclose(
+            got["final"][n], want["final"][n], rtol=1e-4, atol=1e-5, err_msg=f"weight {n}"
+        )
+    for a, b in zip(got["moments"], want["moments"]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_training_on_the_ipu_place_frees_each_steps_old_weights() -> None:
+    """The scope shares the trainer's arrays (no copy per step); the arrays a step
+    replaced are freed, not kept alive by the scope (Paddle never frees an array
+    that from_dlpack took twice, so each is exported once)."""
+    import gc
+    import weakref
+
+    main, startup, loss, _ = build_classifier(OPTIMIZERS["adam"])
+    feeds = batches(4)
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(IPU)
+        exe.run(startup)
+        exe.run(main, feed=feeds[0], fetch_list=[loss])
+        exe.run(main, feed=feeds[1], fetch_list=[loss])
+        entry = next(
+            o for o in gc.get_objects() if isinstance(o, implicit._Entry) and o.scope is scope
+        )
+        trainer = entry.executor.session._trainer.trainer
+        params = _params(main)
+        # the scope holds the trainer's memory
+        for n in params:
+            tensor = scope.find_var(n).get_tensor()
+            assert tensor._ptr() == trainer.weights[n].ctypes.data
+        old = [weakref.ref(a) for a in (*trainer.weights.values(), *trainer.state.values())]
+        exe.run(main, feed=feeds[2], fetch_list=[loss])
+        exe.run(main, feed=feeds[3], fetch_list=[loss])
+    gc.collect()
+    alive = sum(r() is not None for r in old)
+    assert alive == 0, f"{alive} of {len(old)} arrays replaced two steps ago are still alive"

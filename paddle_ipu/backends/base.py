@@ -107,6 +107,14 @@ class Session(abc.ABC):
         """Run one step group.  ``inputs`` maps ONNX input names to buffers in the
         step layout; returns (or fills ``outputs``) the anchors in their layout."""
 
+    def share_into(self, name: str, tensor: Any) -> bool:
+        """Point the Paddle CPU tensor ``tensor`` at the session's own host memory of
+        weight or optimizer state ``name``, instead of copying into it: memory the
+        session replaces on every update and never writes into, so that what is
+        written there between runs is what the next run reads.  False where there is
+        none (the default: a backend whose state lives on a device)."""
+        return False
+
     def snapshot(self) -> Any:
         """The weight and optimizer state, for :meth:`restore` after a failed run
         (the executor makes a training run all or nothing).  The default reads

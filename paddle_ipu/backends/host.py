@@ -282,6 +282,11 @@ class HostSession(Session):
             out[name] = self._weights[name].copy() if copy else self._weights[name]
         return {n: out[n] for n in wanted}
 
+    def share_into(self, name: str, tensor: Any) -> bool:
+        """Training: point ``tensor`` at the trainer's own array of weight or state
+        ``name`` (:meth:`HostTrainer.share_into`)."""
+        return self._trainer is not None and self._trainer.share_into(name, tensor)
+
     def snapshot(self) -> Any:
         """O(number of tensors), no weight copies: the trainer replaces its arrays
         on every update and never writes into them (see :class:`_Training`)."""
@@ -487,6 +492,10 @@ class _Training:
         wanted = list(self.names) if names is None else [n for n in names if n in self.names]
         values = self.trainer.read([self.names[n] for n in wanted], copy=copy)
         return {n: values[self.names[n]] for n in wanted}
+
+    def share_into(self, name: str, tensor: Any) -> bool:
+        paddle_name = self.names.get(name)
+        return paddle_name is not None and self.trainer.share_into(paddle_name, tensor)
 
     def set_random_seed(self, seed: int) -> None:
         import paddle

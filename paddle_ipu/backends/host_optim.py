@@ -378,6 +378,8 @@ class HostTrainer:
         )
         self.weights: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}
+        # state name -> (array, the DenseTensor over it) exported by share_into
+        self._exported: dict[str, tuple[np.ndarray, Any]] = {}
         self.lr = _f(self.optimizer.lr)
         # per replica: buffer name -> array (only used when rf > 1)
         self._replica_buffers: list[dict[str, np.ndarray]] = [{} for _ in range(self.rf)]
@@ -408,6 +410,58 @@ class HostTrainer:
             *self.buffer_names,
             self.optimizer.lr_name,
         ]
+
+    def share_into(self, name: str, tensor: Any) -> bool:
+        """Point the Paddle tensor ``tensor`` at the trainer's own array of weight or
+        optimizer state ``name``, without a copy (the scope of a program trained on
+        the ipu place); False where that cannot be done (the caller copies).
+
+        Every update makes new arrays and the trainer never writes into one it made,
+        so such a tensor holds the last step's values; a write into it before the
+        next step is what that step reads, as it is the trainer's own state.  Not
+        shared: values held in float16 (a read converts them), read-only arrays (the
+        compiled model's weights, before the first update) and unaligned ones.
+
+        Each array is exported to Paddle once: a weight through the gradient
+        program's scope tensor that already holds it, the state through one cached
+        DenseTensor (Paddle 3.3 never frees an array that ``from_dlpack`` took
+        twice)."""
+        if name in self.weights:
+            if self.fp16:
+                return False
+            value = self.weights[name]
+        elif name in self.state and name not in self._fp16_state():
+            value = self.state[name]
+        else:
+            return False
+        if not (
+            value.dtype == F32
+            and value.flags.writeable
+            and value.flags.c_contiguous
+            and value.ctypes.data % _KERNEL_ALIGNMENT == 0
+        ):
+            return False
+        if name in self.weights:
+            var = self._scope.find_var(name)
+            source = var.get_tensor() if var is not None else None
+            if (
+                source is None
+                or not paddle_api.is_initialized(source)
+                or paddle_api.data_ptr(source) != value.ctypes.data
+            ):
+                return False
+        else:
+            cached = self._exported.get(name)
+            if cached is not None and cached[0] is value:
+                source = cached[1]
+            else:
+                try:
+                    source = paddle_api.dense_from_dlpack(value.__dlpack__(max_version=(1, 0)))
+                except Exception:  # a layout or version DLPack refuses: the caller copies
+                    return False
+                self._exported[name] = (value, source)
+        paddle_api.share_data(tensor, source)
+        return paddle_api.data_ptr(tensor) == value.ctypes.data
 
     def _set_scope(self, name: str, value: np.ndarray) -> None:
         self._scope.var(name).get_tensor().set(np.ascontiguousarray(value), self._place)
