@@ -1,7 +1,9 @@
 """Training on the emulated IPU against Paddle's own CPU training, measured in the same run.
 
-For an MLP and a small CNN (with BatchNorm), and with ``--models resnet18`` Paddle's
-resnet18 on 96x96 images, all trained with Adam, the median time of:
+For an MLP and a small CNN (with BatchNorm), and with ``--models`` Paddle's resnet18 on
+96x96 images (``resnet18``) or the zoo tier's TransformerEncoder classifier with an
+Embedding (``transformer``, tests/zoo/zoo_models.py), all trained with Adam, the median
+time of:
 
 - ``ipu exe.run``: Paddle's ``exe.run`` of the compiled program on the "ipu" place (one
   training step: every micro-batch, then one update);
@@ -23,11 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def paired_median_ms(
@@ -48,10 +53,25 @@ def paired_median_ms(
     return statistics.median(times_a) * 1e3, statistics.median(times_b) * 1e3
 
 
-def build(kind: str) -> tuple[Any, Any, Any, dict[str, tuple[tuple[int, ...], str]]]:
-    """(main program, scope, loss, feed name -> (per-sample shape, dtype))."""
+FeedSpec = dict[str, tuple[Any, ...]]
+
+
+def build(kind: str, batch: int = 16) -> tuple[Any, Any, Any, FeedSpec]:
+    """(main program, scope, loss, feed name -> (per-sample shape, dtype[, integer
+    bound])).  ``batch`` is used by the zoo models, whose programs fix it."""
     import paddle
 
+    if kind == "transformer":
+        sys.path.insert(0, os.path.join(ROOT, "tests", "zoo"))
+        import zoo_models as Z
+
+        model = Z.build(kind, batch=batch, train=True)
+        inner = model.x_shape[1:]
+        specs: FeedSpec = {
+            "x": (inner, model.x_dtype, 50),
+            "label": ((1,), "int64", model.label_classes),
+        }
+        return model.main, model.scope, model.loss, specs
     paddle.seed(1)
     main, startup = paddle.static.Program(), paddle.static.Program()
     scope = paddle.static.Scope()
@@ -62,7 +82,7 @@ def build(kind: str) -> tuple[Any, Any, Any, dict[str, tuple[tuple[int, ...], st
             h = paddle.nn.functional.relu(paddle.static.nn.fc(x, 128))
             h = paddle.nn.functional.relu(paddle.static.nn.fc(h, 64))
             logits = paddle.static.nn.fc(h, 10)
-            feeds: dict[str, tuple[tuple[int, ...], str]] = {"x": ((64,), "float32")}
+            feeds: FeedSpec = {"x": ((64,), "float32")}
         elif kind == "resnet18":
             x = paddle.static.data("x", [-1, 3, 96, 96], "float32")
             logits = paddle.vision.models.resnet18(num_classes=10)(x)
@@ -84,12 +104,13 @@ def build(kind: str) -> tuple[Any, Any, Any, dict[str, tuple[tuple[int, ...], st
 
 
 def make_feed(
-    feeds: dict[str, tuple[tuple[int, ...], str]], lead: tuple[int, ...], rng: np.random.Generator
+    feeds: FeedSpec, lead: tuple[int, ...], rng: np.random.Generator
 ) -> dict[str, np.ndarray]:
     out = {}
-    for name, (shape, dtype) in feeds.items():
+    for name, (shape, dtype, *bound) in feeds.items():
         if dtype == "int64":
-            out[name] = rng.integers(0, 10, size=(*lead, *shape)).astype(dtype)
+            high = bound[0] if bound else 10
+            out[name] = rng.integers(0, high, size=(*lead, *shape)).astype(dtype)
         else:
             out[name] = rng.standard_normal((*lead, *shape)).astype(dtype)
     return out
@@ -101,7 +122,7 @@ def bench_model(kind: str, batch: int, repeat: int, configs: list[tuple[int, int
     import paddle_ipu
 
     rng = np.random.default_rng(0)
-    cpu_main, cpu_scope, cpu_loss, feeds = build(kind)
+    cpu_main, cpu_scope, cpu_loss, feeds = build(kind, batch)
     cpu = paddle.static.Executor(paddle.CPUPlace())
     cpu_feed = make_feed(feeds, (batch,), rng)
 
@@ -112,7 +133,7 @@ def bench_model(kind: str, batch: int, repeat: int, configs: list[tuple[int, int
     rows = []
     ipu = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
     for af, rf in configs:
-        main, scope, loss, feeds = build(kind)
+        main, scope, loss, feeds = build(kind, batch)
         st = paddle_ipu.IpuStrategy()
         st.set_graph_config(num_ipus=rf, is_training=True, micro_batch_size=batch)
         if af > 1:
@@ -145,8 +166,8 @@ def bench_implicit(kind: str, batch: int, repeat: int) -> str:
     import paddle_ipu  # noqa: F401 - routes exe.run on the ipu place
 
     rng = np.random.default_rng(0)
-    cpu_main, cpu_scope, cpu_loss, feeds = build(kind)
-    main, scope, loss, _ = build(kind)
+    cpu_main, cpu_scope, cpu_loss, feeds = build(kind, batch)
+    main, scope, loss, _ = build(kind, batch)
     feed = make_feed(feeds, (batch,), rng)
     cpu = paddle.static.Executor(paddle.CPUPlace())
     ipu = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
@@ -168,7 +189,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--batch", type=int, default=16, help="micro-batch size")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads (both sides)")
-    parser.add_argument("--models", default="mlp,cnn", help="mlp, cnn, resnet18")
+    parser.add_argument("--models", default="mlp,cnn", help="mlp, cnn, resnet18, transformer")
     parser.add_argument(
         "--configs", default="1x1,4x1,1x2", help="af x rf of the compiled rows, comma separated"
     )

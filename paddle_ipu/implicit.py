@@ -345,8 +345,10 @@ class _Entry:
         self.fetch_count = fetch_count
         self.lock = threading.Lock()
         self._synced: dict[str, np.ndarray] = {}
-        # scope name -> (address, shape) of the session array its tensor shares
-        self._shared: dict[str, tuple[int, tuple[int, ...]]] = {}
+        # scope name -> (address, shape as Paddle lists it) of the session array its
+        # tensor shares
+        self._shared: dict[str, tuple[int, list[int]]] = {}
+        self._float32: Any = None  # Paddle's float32 dtype, as a shared tensor has it
         self._pairs: list[tuple[str, str]] = []
         self._views: dict[str, tuple[int, np.ndarray]] = {}
 
@@ -414,12 +416,15 @@ class _Entry:
             shared = self._shared.get(name)
             if shared is not None:
                 var = self.scope.find_var(name)
-                tensor = var.get_tensor() if var is not None else None
+                if var is None:
+                    return True
+                tensor = var.get_tensor()
                 if (
-                    tensor is None
-                    or not paddle_api.is_initialized(tensor)
+                    not paddle_api.is_initialized(tensor)
                     or paddle_api.data_ptr(tensor) != shared[0]
-                    or tuple(tensor.shape()) != shared[1]
+                    or tensor.shape() != shared[1]
+                    # a smaller dtype set in place keeps the address
+                    or paddle_api.dtype_of(tensor) != self._float32
                 ):
                     return True
                 continue
@@ -438,17 +443,23 @@ class _Entry:
         session = self.executor.session
         names = [d for d, _ in self._pairs]
         values = session.read_weights(names, copy=False)  # copied once, into the scope
+        tensors: dict[str, Any] = {}
+        for device_name, name in self._pairs:
+            # a tensor that shares last step's array is float32 of this shape
+            if name in self._shared or self._fits(name, values[device_name]):
+                tensors[device_name] = self.scope.find_var(name).get_tensor()
+        addresses = session.share_into(tensors) if tensors else {}
         synced: dict[str, np.ndarray] = {}
-        shared: dict[str, tuple[int, tuple[int, ...]]] = {}
+        shared: dict[str, tuple[int, list[int]]] = {}
         for device_name, name in self._pairs:
             value = values[device_name]
-            # a tensor that shares last step's array is float32 of this shape
-            if name in self._shared or self._fits(name, value):
-                tensor = self.scope.find_var(name).get_tensor()
-                if session.share_into(device_name, tensor):
-                    shared[name] = (paddle_api.data_ptr(tensor), tuple(value.shape))
-                    self._views.pop(name, None)
-                    continue
+            address = addresses.get(device_name)
+            if address is not None:
+                if self._float32 is None:
+                    self._float32 = paddle_api.dtype_of(tensors[device_name])
+                shared[name] = (address, list(value.shape))
+                self._views.pop(name, None)
+                continue
             view = self._view(name)
             if view is None or view.shape != value.shape or view.dtype != value.dtype:
                 # Not a plain copy (an uninitialised variable, a dtype change):

@@ -107,13 +107,14 @@ class Session(abc.ABC):
         """Run one step group.  ``inputs`` maps ONNX input names to buffers in the
         step layout; returns (or fills ``outputs``) the anchors in their layout."""
 
-    def share_into(self, name: str, tensor: Any) -> bool:
-        """Point the Paddle CPU tensor ``tensor`` at the session's own host memory of
-        weight or optimizer state ``name``, instead of copying into it: memory the
-        session replaces on every update and never writes into, so that what is
-        written there between runs is what the next run reads.  False where there is
-        none (the default: a backend whose state lives on a device)."""
-        return False
+    def share_into(self, tensors: Mapping[str, Any]) -> dict[str, int]:
+        """Point each Paddle CPU tensor of ``tensors`` (by weight or optimizer-state
+        name) at the session's own host memory of that name, instead of copying into
+        it: memory the session replaces on every update and never writes into, so
+        that what is written there between runs is what the next run reads.  Returns
+        the address each shared tensor now holds; a name left out was not shared
+        (the default: a backend whose state lives on a device shares nothing)."""
+        return {}
 
     def snapshot(self) -> Any:
         """The weight and optimizer state, for :meth:`restore` after a failed run

@@ -282,10 +282,10 @@ class HostSession(Session):
             out[name] = self._weights[name].copy() if copy else self._weights[name]
         return {n: out[n] for n in wanted}
 
-    def share_into(self, name: str, tensor: Any) -> bool:
-        """Training: point ``tensor`` at the trainer's own array of weight or state
-        ``name`` (:meth:`HostTrainer.share_into`)."""
-        return self._trainer is not None and self._trainer.share_into(name, tensor)
+    def share_into(self, tensors: Mapping[str, Any]) -> dict[str, int]:
+        """Training: point the tensors at the trainer's own arrays of those weights
+        and state (:meth:`HostTrainer.share_into`)."""
+        return {} if self._trainer is None else self._trainer.share_into(tensors)
 
     def snapshot(self) -> Any:
         """O(number of tensors), no weight copies: the trainer replaces its arrays
@@ -493,9 +493,11 @@ class _Training:
         values = self.trainer.read([self.names[n] for n in wanted], copy=copy)
         return {n: values[self.names[n]] for n in wanted}
 
-    def share_into(self, name: str, tensor: Any) -> bool:
-        paddle_name = self.names.get(name)
-        return paddle_name is not None and self.trainer.share_into(paddle_name, tensor)
+    def share_into(self, tensors: Mapping[str, Any]) -> dict[str, int]:
+        names = self.names
+        by_paddle = {names[n]: (n, t) for n, t in tensors.items() if n in names}
+        shared = self.trainer.share_into({p: t for p, (_, t) in by_paddle.items()})
+        return {by_paddle[p][0]: ptr for p, ptr in shared.items()}
 
     def set_random_seed(self, seed: int) -> None:
         import paddle
@@ -516,6 +518,9 @@ class _Training:
             t.lr,
             {name: t._get_scope(name) for name in t.buffer_names if self._in_scope(name)},
             [dict(copy) for copy in t._replica_buffers],
+            # the DenseTensors over those weights: restore() shares them again
+            # rather than exporting the arrays a second time
+            dict(t._weight_src),
         )
 
     def _in_scope(self, name: str) -> bool:
@@ -523,7 +528,8 @@ class _Training:
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         t = self.trainer
-        weights, state, lr, buffers, replicas = snapshot
+        weights, state, lr, buffers, replicas, sources = snapshot
+        t._weight_src = dict(sources)
         t.weights = dict(weights)
         t.state = dict(state)
         t.lr = lr

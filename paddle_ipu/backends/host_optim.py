@@ -378,8 +378,10 @@ class HostTrainer:
         )
         self.weights: dict[str, np.ndarray] = {}
         self.state: dict[str, np.ndarray] = {}
-        # state name -> (array, the DenseTensor over it) exported by share_into
-        self._exported: dict[str, tuple[np.ndarray, Any]] = {}
+        # name -> (array, the DenseTensor over its memory, its address or 0): the
+        # weights the gradient program's scope shares, the state share_into exported
+        self._weight_src: dict[str, tuple[np.ndarray, Any, int]] = {}
+        self._exported: dict[str, tuple[np.ndarray, Any, int]] = {}
         self.lr = _f(self.optimizer.lr)
         # per replica: buffer name -> array (only used when rf > 1)
         self._replica_buffers: list[dict[str, np.ndarray]] = [{} for _ in range(self.rf)]
@@ -411,10 +413,11 @@ class HostTrainer:
             self.optimizer.lr_name,
         ]
 
-    def share_into(self, name: str, tensor: Any) -> bool:
-        """Point the Paddle tensor ``tensor`` at the trainer's own array of weight or
-        optimizer state ``name``, without a copy (the scope of a program trained on
-        the ipu place); False where that cannot be done (the caller copies).
+    def share_into(self, tensors: Mapping[str, Any]) -> dict[str, int]:
+        """Point each Paddle tensor of ``tensors`` (by weight or optimizer-state name)
+        at the trainer's own array of that name, without a copy (the scope of a
+        program trained on the ipu place).  Returns the address each shared tensor
+        now holds; a name left out was not shared (the caller copies).
 
         Every update makes new arrays and the trainer never writes into one it made,
         so such a tensor holds the last step's values; a write into it before the
@@ -422,46 +425,46 @@ class HostTrainer:
         shared: values held in float16 (a read converts them), read-only arrays (the
         compiled model's weights, before the first update) and unaligned ones.
 
-        Each array is exported to Paddle once: a weight through the gradient
-        program's scope tensor that already holds it, the state through one cached
-        DenseTensor (Paddle 3.3 never frees an array that ``from_dlpack`` took
-        twice)."""
-        if name in self.weights:
-            if self.fp16:
-                return False
-            value = self.weights[name]
-        elif name in self.state and name not in self._fp16_state():
-            value = self.state[name]
-        else:
-            return False
-        if not (
-            value.dtype == F32
-            and value.flags.writeable
-            and value.flags.c_contiguous
-            and value.ctypes.data % _KERNEL_ALIGNMENT == 0
-        ):
-            return False
-        if name in self.weights:
-            var = self._scope.find_var(name)
-            source = var.get_tensor() if var is not None else None
-            if (
-                source is None
-                or not paddle_api.is_initialized(source)
-                or paddle_api.data_ptr(source) != value.ctypes.data
-            ):
-                return False
-        else:
-            cached = self._exported.get(name)
-            if cached is not None and cached[0] is value:
-                source = cached[1]
+        Each array is exported to Paddle once (Paddle 3.3 never frees an array that
+        ``from_dlpack`` took twice): a weight through the DenseTensor the gradient
+        program's scope already shares, the state through one cached DenseTensor."""
+        out: dict[str, int] = {}
+        half = self._fp16_state() if self.state else frozenset()
+        for name, tensor in tensors.items():
+            value = self.weights.get(name)
+            if value is not None:
+                exported = self._weight_src.get(name)
+                if self.fp16 or exported is None or exported[0] is not value or not exported[2]:
+                    continue
             else:
-                try:
-                    source = paddle_api.dense_from_dlpack(value.__dlpack__(max_version=(1, 0)))
-                except Exception:  # a layout or version DLPack refuses: the caller copies
-                    return False
-                self._exported[name] = (value, source)
-        paddle_api.share_data(tensor, source)
-        return paddle_api.data_ptr(tensor) == value.ctypes.data
+                value = self.state.get(name)
+                if value is None or name in half:
+                    continue
+                exported = self._exported.get(name)
+                if exported is None or exported[0] is not value:
+                    exported = self._export(value)
+                    if exported is None:
+                        continue
+                    self._exported[name] = exported
+            paddle_api.share_data(tensor, exported[1])
+            out[name] = exported[2]
+        return out
+
+    @staticmethod
+    def _export(value: np.ndarray) -> tuple[np.ndarray, Any, int] | None:
+        """(value, a DenseTensor over its memory, its address) for a writable, aligned,
+        C-contiguous float32 array; None for any other."""
+        flags = value.flags
+        if value.dtype != F32 or not (flags.writeable and flags.c_contiguous):
+            return None
+        try:
+            dense = paddle_api.dense_from_dlpack(value.__dlpack__(max_version=(1, 0)))
+        except Exception:  # a layout or version DLPack refuses: not shared
+            return None
+        address = paddle_api.data_ptr(dense)
+        if address % _KERNEL_ALIGNMENT:
+            return None
+        return value, dense, address
 
     def _set_scope(self, name: str, value: np.ndarray) -> None:
         self._scope.var(name).get_tensor().set(np.ascontiguousarray(value), self._place)
@@ -478,19 +481,29 @@ class HostTrainer:
         if arr.ctypes.data % _KERNEL_ALIGNMENT:
             # Paddle's CPU kernels compute wrong numbers from float tensors that are
             # not aligned (seen with a view of unpadded ONNX bytes): copy.
+            self._weight_src.pop(name, None)
             self._set_scope(name, arr)
             return
         # Paddle's core converter gives a DenseTensor in static and dygraph mode alike
         # (paddle.utils.dlpack wraps it in an eager Tensor under dygraph, which
         # _share_data_with refuses).  The capsule's deleter keeps ``arr`` alive; a
         # versioned capsule carries read-only arrays (the compiled model's weights).
+        # Each array is exported once (Paddle never frees an array from_dlpack took
+        # twice): the DenseTensor is kept with it, for restore() and share_into().
+        cached = self._weight_src.get(name)
+        if cached is not None and cached[0] is arr:
+            paddle_api.share_data(self._scope.var(name).get_tensor(), cached[1])
+            return
         try:
             shared = paddle_api.dense_from_dlpack(arr.__dlpack__(max_version=(1, 0)))
             paddle_api.share_data(self._scope.var(name).get_tensor(), shared)
-            return
         except Exception:  # a dtype, layout or version DLPack refuses: the copy below
-            pass
-        self._set_scope(name, arr)
+            self._weight_src.pop(name, None)
+            self._set_scope(name, arr)
+            return
+        # the address only for an array share_into may hand out (writable float32)
+        writable = arr.flags.writeable and arr.dtype == F32
+        self._weight_src[name] = (arr, shared, arr.ctypes.data if writable else 0)
 
     def _get_scope(self, name: str) -> np.ndarray:
         var = self._scope.find_var(name)
