@@ -644,6 +644,7 @@ def test_training_on_the_ipu_place_frees_each_steps_old_weights() -> None:
         for n in params:
             tensor = scope.find_var(n).get_tensor()
             assert tensor._ptr() == trainer.weights[n].ctypes.data
+            assert tensor._place().is_cpu_place()  # as the README says
         old = [weakref.ref(a) for a in (*trainer.weights.values(), *trainer.state.values())]
         exe.run(main, feed=feeds[2], fetch_list=[loss])
         exe.run(main, feed=feeds[3], fetch_list=[loss])
