@@ -318,3 +318,107 @@ def test_supported_ops() -> None:
     for name in ("conv2d", "matmul", "mean", "softmax", "batch_norm_", "layer_norm"):
         assert name in ops
     assert "lgamma" not in ops
+
+
+def _wide_mlp() -> tuple[list[Any], list[Any]]:
+    x = paddle.static.data("x", [-1, 64], "float32")
+    h = F.relu(paddle.nn.Linear(64, 256)(x))  # 16384 weights: a placeholder
+    out = paddle.nn.Linear(256, 3)(h)  # 768 weights and the biases: sent as they are
+    return [x], [out]
+
+
+def test_big_weights_reach_the_converter_as_placeholders(monkeypatch: Any) -> None:
+    """The converter's parameter file holds one element for each big float weight,
+    and the compiled model still computes Paddle's numbers from the scope's weights."""
+    import os
+
+    import paddle_ipu.compiler.compile as C
+
+    sizes: list[int] = []
+    convert = C.export_onnx
+
+    def recording(model: str, params: str, *args: Any, **kwargs: Any) -> bytes:
+        sizes.append(os.path.getsize(params))
+        return convert(model, params, *args, **kwargs)
+
+    monkeypatch.setattr(C, "export_onnx", recording)
+    built = _build(_wide_mlp)
+    main, scope, feeds, fetches, arrays = built
+    weight_bytes = sum(np.array(scope.find_var(n).get_tensor()).nbytes for n in _param_names(main))
+    cm = compile_program(main, feeds, fetches, scope=scope, micro_batch_size=4)
+    assert len(sizes) == 1  # converted once: every placeholder came back unchanged
+    assert sizes[0] < weight_bytes - 16384 * 4 + 1024
+    model = onnx.load_from_string(cm.onnx)
+    dims = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    for name in _param_names(main):
+        assert dims[name] == tuple(np.array(scope.find_var(name).get_tensor()).shape)
+    got = _ort_run(cm, arrays, scope)
+    np.testing.assert_allclose(got[0], _paddle_run(built, arrays)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_placeholder_the_converter_changed_means_converting_again(monkeypatch: Any) -> None:
+    import paddle_ipu.compiler.compile as C
+
+    calls: list[frozenset[str]] = []
+    convert = C._convert
+
+    def recording(fg: Any, *args: Any) -> Any:
+        calls.append(args[-1])
+        return convert(fg, *args)
+
+    monkeypatch.setattr(C, "_convert", recording)
+    monkeypatch.setattr(C, "_restore_placeholders", lambda *a: False)
+    built = _build(_wide_mlp)
+    main, scope, feeds, fetches, arrays = built
+    cm = compile_program(main, feeds, fetches, scope=scope, micro_batch_size=4)
+    assert len(calls) == 2 and calls[0] and calls[1] == frozenset()
+    got = _ort_run(cm, arrays, scope)
+    np.testing.assert_allclose(got[0], _paddle_run(built, arrays)[0], rtol=1e-5, atol=1e-6)
+
+
+def _graph_with(nodes: list[Any]) -> Any:
+    from onnx import helper
+
+    return helper.make_model(helper.make_graph(nodes, "g", [], []))
+
+
+def _constant(name: str, dims: tuple[int, ...], dtype: int = onnx.TensorProto.FLOAT) -> Any:
+    from onnx import helper
+
+    value = onnx.TensorProto()
+    value.name = name
+    value.dims.extend(dims)
+    value.data_type = dtype
+    return helper.make_node("Constant", [], [name], value=value)
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        [_constant("w", (1, 1, 1))],  # another rank
+        [_constant("w", (1, 1), onnx.TensorProto.DOUBLE)],  # another dtype
+        [_constant("w", (4, 1))],  # another shape
+        [],  # gone (folded away)
+        [_constant("w", (1, 1)), _constant("w", (1, 1))],  # twice
+        [onnx.helper.make_node("Identity", ["v"], ["w"])],  # made by another op
+    ],
+    ids=["rank", "dtype", "shape", "missing", "twice", "not-a-constant"],
+)
+def test_placeholders_not_carried_through_unchanged_are_refused(nodes: list[Any]) -> None:
+    from paddle_ipu.compiler.compile import _restore_placeholders
+
+    model = _graph_with(nodes)
+    before = model.SerializeToString()
+    params = {"w": ((4, 8), "float32")}
+    assert not _restore_placeholders(model, params, frozenset(params))
+    assert model.SerializeToString() == before
+
+
+def test_placeholders_get_their_declared_shape() -> None:
+    from paddle_ipu.compiler.compile import _restore_placeholders
+
+    model = _graph_with([_constant("w", (1, 1)), _constant("b", (8,))])
+    params = {"w": ((4, 8), "float32"), "b": ((8,), "float32")}
+    assert _restore_placeholders(model, params, frozenset({"w"}))
+    dims = {n.output[0]: tuple(n.attribute[0].t.dims) for n in model.graph.node}
+    assert dims == {"w": (4, 8), "b": (8,)}

@@ -13,6 +13,7 @@ from the scope.  A compile's peak memory is about 1.25x the weights
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import reader_for
 from paddle_ipu.compiler.weights import serialize_with_weights
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError, WorkDirError
+
+log = logging.getLogger("paddle_ipu")
 
 # Scratch folders are named after the compiling process, so that a later compile can
 # tell the folders of a killed process from those of a live one.
@@ -272,6 +275,76 @@ def _static_mode() -> Iterator[None]:
             paddle.disable_static()
 
 
+#: A float32 parameter of at least this many elements goes to the converter as a
+#: placeholder of one element: the converter's process then holds no copy of the
+#: weights, and nothing is spent writing and reading them.
+PLACEHOLDER_MIN_ELEMENTS = 1024
+
+
+def _placeholders(parameters: Mapping[str, tuple[tuple[int, ...], str]]) -> frozenset[str]:
+    return frozenset(
+        name
+        for name, (shape, dtype) in parameters.items()
+        if dtype == "float32" and int(np.prod(shape, dtype=np.int64)) >= PLACEHOLDER_MIN_ELEMENTS
+    )
+
+
+def _convert(
+    fg: Any, requested: int, auto_upgrade: bool, isolate: bool, placeholders: frozenset[str]
+) -> onnx.ModelProto:
+    """The converter's graph of ``fg``, its parameters' Constant nodes emptied."""
+    with _scratch() as scratch:
+        model_path, params_path = fg.write_inference_model(scratch.directory, placeholders)
+        if params_path and scratch.size(params_path) == 0:
+            params_path = ""  # a program without parameters writes none
+        raw = export_onnx(
+            model_path,
+            params_path,
+            requested,
+            auto_upgrade=auto_upgrade,
+            log_path=scratch.log_path,
+            isolate=isolate,
+            strip=frozenset(fg.parameters),
+        )
+    try:
+        return onnx.load_from_string(raw)
+    except Exception as exc:
+        raise CompileError(f"the converter returned an unreadable ONNX model: {exc}") from exc
+
+
+def _restore_placeholders(
+    model: onnx.ModelProto,
+    parameters: Mapping[str, tuple[tuple[int, ...], str]],
+    placeholders: frozenset[str],
+) -> bool:
+    """Give each placeholder's Constant node the parameter's declared shape.  False,
+    with ``model`` unchanged, unless every placeholder is the output of exactly one
+    Constant node, float32 with every dimension 1 (the converter, whose graph
+    optimisation is off, carried each through as it was given)."""
+    found: dict[str, onnx.TensorProto] = {}
+    for node in model.graph.node:
+        outputs = [o for o in node.output if o in placeholders]
+        if not outputs:
+            continue
+        if node.op_type != "Constant" or len(node.output) != 1 or outputs[0] in found:
+            return False
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        shape = parameters[outputs[0]][0]
+        if (
+            value is None
+            or value.data_type != onnx.TensorProto.FLOAT
+            or tuple(value.dims) != (1,) * len(shape)
+        ):
+            return False
+        found[outputs[0]] = value
+    if len(found) != len(placeholders):
+        return False
+    for name, value in found.items():
+        del value.dims[:]
+        value.dims.extend(parameters[name][0])
+    return True
+
+
 def _compile(
     program: Any,
     feed_list: Sequence[Any],
@@ -290,26 +363,18 @@ def _compile(
     fg = reader.read(program, list(feed_list), list(fetch_list), scope)
     check_supported(info.use for info in fg.ops)
 
-    # The converter gets the weights (it reads the saved parameters) but hands back
-    # the graph only; the weights go into the model once, from the scope, at the end.
-    with _scratch() as scratch:
-        model_path, params_path = fg.write_inference_model(scratch.directory)
-        if params_path and scratch.size(params_path) == 0:
-            params_path = ""  # a program without parameters writes none
-        raw = export_onnx(
-            model_path,
-            params_path,
-            requested,
-            auto_upgrade=auto_upgrade,
-            log_path=scratch.log_path,
-            isolate=isolate,
-            strip=frozenset(fg.parameters),
+    # The converter hands back the graph only; the weights go into the model once,
+    # from the scope, at the end.  It gets the big float weights as placeholders of
+    # one element (_placeholders); where its graph does not carry each of them
+    # through unchanged, it converts again from the real weights.
+    placeholders = _placeholders(fg.parameters)
+    model = _convert(fg, requested, auto_upgrade, isolate, placeholders)
+    if placeholders and not _restore_placeholders(model, fg.parameters, placeholders):
+        log.info(
+            "the converter changed a weight it was given as a placeholder: "
+            "converting again with the weights"
         )
-    try:
-        model = onnx.load_from_string(raw)
-    except Exception as exc:
-        raise CompileError(f"the converter returned an unreadable ONNX model: {exc}") from exc
-    del raw
+        model = _convert(fg, requested, auto_upgrade, isolate, frozenset())
 
     inputs, outputs, weights, shards = finalize(
         model,

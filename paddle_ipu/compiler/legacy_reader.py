@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,9 +253,11 @@ class LegacyForwardGraph(PirForwardGraph):
     #: the whole translated program (what the compiler reads index ranges from)
     pir_source: Any = None
 
-    def write_inference_model(self, directory: str) -> tuple[str, str]:
+    def write_inference_model(
+        self, directory: str, placeholders: Collection[str] = ()
+    ) -> tuple[str, str]:
         with pir_mode():
-            return super().write_inference_model(directory)
+            return super().write_inference_model(directory, placeholders)
 
 
 class LegacyReader:

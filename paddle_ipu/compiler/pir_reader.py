@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,13 +143,16 @@ class PirForwardGraph:
     fetch_values: list[Any] = field(default_factory=list)
     scope: Any = None
 
-    def write_inference_model(self, directory: str) -> tuple[str, str]:
+    def write_inference_model(
+        self, directory: str, placeholders: Collection[str] = ()
+    ) -> tuple[str, str]:
         prefix = os.path.join(directory, "model")
         exe = paddle.static.Executor(paddle.CPUPlace())
         scope = self.scope if self.scope is not None else paddle.static.global_scope()
         _fill_empty_parameters(scope, self.parameters)
+        saved_from = _placeholder_scope(scope, self.parameters, placeholders)
         try:
-            with paddle.static.scope_guard(scope):
+            with paddle.static.scope_guard(saved_from if saved_from is not None else scope):
                 paddle.static.save_inference_model(
                     prefix,
                     self.feed_values,
@@ -171,10 +174,36 @@ class PirForwardGraph:
                 else ""
             )
             raise CompileError(f"could not serialise the forward program: {exc}{hint}") from exc
+        finally:
+            if saved_from is not None:
+                # Paddle keeps every Scope made from Python until the process exits
+                saved_from.erase(saved_from.local_var_names())
         params = prefix + ".pdiparams"
         # A program without parameters is saved without a parameter file; the
         # converter reads an empty path as "no parameters".
         return prefix + ".json", params if os.path.exists(params) else ""
+
+
+def _placeholder_scope(
+    scope: Any, parameters: dict[str, tuple[tuple[int, ...], str]], placeholders: Collection[str]
+) -> Any:
+    """A scope to save the program from: the parameters named in ``placeholders`` as
+    one element (every dimension 1), the others sharing the scope's tensors (no
+    copy).  None when there are no placeholders (save from ``scope`` itself)."""
+    import numpy as np
+
+    if not placeholders:
+        return None
+    out = paddle.static.Scope()
+    for name, (shape, dtype) in parameters.items():
+        var = scope.find_var(name)
+        if name in placeholders:
+            out.var(name).get_tensor().set(
+                np.zeros((1,) * len(shape), np.dtype(dtype)), paddle.CPUPlace()
+            )
+        elif var is not None and paddle_api.is_initialized(var.get_tensor()):
+            paddle_api.share_data(out.var(name).get_tensor(), var.get_tensor())
+    return out
 
 
 def _fill_empty_parameters(scope: Any, parameters: dict[str, tuple[tuple[int, ...], str]]) -> None:

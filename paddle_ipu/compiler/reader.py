@@ -9,7 +9,7 @@ ForwardGraph, so a reader for the legacy IR slots in without touching the rest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,8 +71,12 @@ class ForwardGraph(Protocol):
     # forward graph reads.
     parameters: dict[str, tuple[tuple[int, ...], str]]
 
-    def write_inference_model(self, directory: str) -> tuple[str, str]:
-        """Write the model in paddle2onnx's input format; return (model, params) paths."""
+    def write_inference_model(
+        self, directory: str, placeholders: Collection[str] = ()
+    ) -> tuple[str, str]:
+        """Write the model in paddle2onnx's input format; return (model, params) paths.
+        The parameters named in ``placeholders`` are written as one element of their
+        dtype with every dimension 1 (see compile._placeholders)."""
         ...
 
 
