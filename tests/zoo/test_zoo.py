@@ -32,11 +32,8 @@ FAST = [
     "LeNet",
     *Z.BLOCKS,
 ]
-# The largest variants (250-340 MB of weights each, 30-100 s apiece on 2 busy cores,
-# most of it converting the graph to fp16) run in bench/zoo.py, not in the test tiers.
-GIANTS = {"resnet152", "resnext101_64x4d", "resnext152_32x4d", "resnext152_64x4d",
-          "wide_resnet101_2"}  # fmt: skip
-SLOW = [name for name in Z.VISION if name not in FAST and name not in GIANTS]
+# every other model of the zoo, the largest (up to 340 MB of weights) included
+SLOW = [name for name in Z.VISION if name not in FAST]
 
 
 def _check_inference(name: str, size: int | None = None, batch: int = 1) -> None:
