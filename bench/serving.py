@@ -195,7 +195,10 @@ class HttpClient:
         body = resp.read()
         if resp.status != 200:
             raise RuntimeError(body.decode(errors="replace"))
-        n = int(resp.getheader("Inference-Header-Content-Length"))
+        length = resp.getheader("Inference-Header-Content-Length")
+        if length is None:
+            raise RuntimeError("the response has no Inference-Header-Content-Length header")
+        n = int(length)
         doc = json.loads(body[:n])
         out = doc["outputs"][0]
         return np.frombuffer(body, np.float32, offset=n).reshape(out["shape"])
