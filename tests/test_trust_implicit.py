@@ -651,3 +651,45 @@ def test_training_on_the_ipu_place_frees_each_steps_old_weights() -> None:
     gc.collect()
     alive = sum(r() is not None for r in old)
     assert alive == 0, f"{alive} of {len(old)} arrays replaced two steps ago are still alive"
+
+
+def test_a_failed_training_step_restores_and_leaks_nothing(monkeypatch) -> None:
+    """A step that fails inside the update leaves the weights it started from (in the
+    trainer and the scope), and restoring them exports no array twice: the arrays
+    are freed once later steps replace them."""
+    import gc
+    import weakref
+
+    from paddle_ipu.backends.host_optim import HostTrainer
+
+    main, startup, loss, _ = build_classifier(OPTIMIZERS["adam"])
+    feeds = batches(5)
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope):
+        exe = paddle.static.Executor(IPU)
+        exe.run(startup)
+        exe.run(main, feed=feeds[0], fetch_list=[loss])
+        exe.run(main, feed=feeds[1], fetch_list=[loss])
+        entry = next(
+            o for o in gc.get_objects() if isinstance(o, implicit._Entry) and o.scope is scope
+        )
+        trainer = entry.executor.session._trainer.trainer
+        params = _params(main)
+        before = {n: np.array(scope.find_var(n).get_tensor()) for n in params}
+        old = [weakref.ref(a) for a in trainer.weights.values()]
+
+        def fail(self: Any, grads: Any) -> None:
+            raise RuntimeError("update failed")
+
+        with monkeypatch.context() as m:
+            m.setattr(HostTrainer, "apply_gradients", fail)
+            with pytest.raises(RuntimeError, match="update failed"):
+                exe.run(main, feed=feeds[2], fetch_list=[loss])
+        for n in params:
+            np.testing.assert_array_equal(np.array(scope.find_var(n).get_tensor()), before[n])
+            np.testing.assert_array_equal(trainer.weights[n], before[n])
+        exe.run(main, feed=feeds[3], fetch_list=[loss])
+        exe.run(main, feed=feeds[4], fetch_list=[loss])
+    gc.collect()
+    alive = sum(r() is not None for r in old)
+    assert alive == 0, f"{alive} of {len(old)} restored weight arrays are still alive"
