@@ -331,7 +331,7 @@ class _Entry:
     """One compiled variant and the scope state it was last synced with.
 
     After a training step the scope tensors are pointed at the session's own new
-    arrays where the session has them (:meth:`Session.storage`; the host trainer's
+    arrays where the session has them (:meth:`Session.share_into`; the host trainer's
     float32 weights and optimizer state): no copy, and a write into such a tensor
     between steps is what the next step reads.  Such a tensor has changed only if it
     no longer holds that memory (``tensor.set`` with another size, a new variable).
@@ -461,7 +461,7 @@ class _Entry:
                 self._views.pop(name, None)
                 continue
             view = self._view(name)
-            if view is None or view.shape != value.shape or view.dtype != value.dtype:
+            if view is None or not self._fits(name, value):
                 # Not a plain copy (an uninitialised variable, a dtype change):
                 # the executor's general path handles it.
                 self.executor.weights_to_host()

@@ -620,6 +620,22 @@ def test_scope_writes_between_training_steps_are_what_the_next_step_uses(name: s
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def _adam_trained_twice(feeds: list) -> tuple[Any, ...]:
+    """(main, loss, scope, exe, host trainer) of the Adam classifier after two steps
+    on the ipu place (feeds[0] and feeds[1])."""
+    import gc
+
+    main, startup, loss, _ = build_classifier(OPTIMIZERS["adam"])
+    scope = paddle.static.Scope()
+    exe = paddle.static.Executor(IPU)
+    with paddle.static.scope_guard(scope):
+        exe.run(startup)
+        exe.run(main, feed=feeds[0], fetch_list=[loss])
+        exe.run(main, feed=feeds[1], fetch_list=[loss])
+    entry = next(o for o in gc.get_objects() if isinstance(o, implicit._Entry) and o.scope is scope)
+    return main, loss, scope, exe, entry.executor.session._trainer.trainer
+
+
 def test_training_on_the_ipu_place_frees_each_steps_old_weights() -> None:
     """The scope shares the trainer's arrays (no copy per step); the arrays a step
     replaced are freed, not kept alive by the scope (Paddle never frees an array
@@ -627,19 +643,10 @@ def test_training_on_the_ipu_place_frees_each_steps_old_weights() -> None:
     import gc
     import weakref
 
-    main, startup, loss, _ = build_classifier(OPTIMIZERS["adam"])
     feeds = batches(4)
-    scope = paddle.static.Scope()
+    main, loss, scope, exe, trainer = _adam_trained_twice(feeds)
+    params = _params(main)
     with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(IPU)
-        exe.run(startup)
-        exe.run(main, feed=feeds[0], fetch_list=[loss])
-        exe.run(main, feed=feeds[1], fetch_list=[loss])
-        entry = next(
-            o for o in gc.get_objects() if isinstance(o, implicit._Entry) and o.scope is scope
-        )
-        trainer = entry.executor.session._trainer.trainer
-        params = _params(main)
         # the scope holds the trainer's memory
         for n in params:
             tensor = scope.find_var(n).get_tensor()
@@ -662,19 +669,10 @@ def test_a_failed_training_step_restores_and_leaks_nothing(monkeypatch) -> None:
 
     from paddle_ipu.backends.host_optim import HostTrainer
 
-    main, startup, loss, _ = build_classifier(OPTIMIZERS["adam"])
     feeds = batches(5)
-    scope = paddle.static.Scope()
+    main, loss, scope, exe, trainer = _adam_trained_twice(feeds)
+    params = _params(main)
     with paddle.static.scope_guard(scope):
-        exe = paddle.static.Executor(IPU)
-        exe.run(startup)
-        exe.run(main, feed=feeds[0], fetch_list=[loss])
-        exe.run(main, feed=feeds[1], fetch_list=[loss])
-        entry = next(
-            o for o in gc.get_objects() if isinstance(o, implicit._Entry) and o.scope is scope
-        )
-        trainer = entry.executor.session._trainer.trainer
-        params = _params(main)
         before = {n: np.array(scope.find_var(n).get_tensor()) for n in params}
         old = [weakref.ref(a) for a in trainer.weights.values()]
 

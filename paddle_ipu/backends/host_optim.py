@@ -429,7 +429,7 @@ class HostTrainer:
         ``from_dlpack`` took twice): a weight through the DenseTensor the gradient
         program's scope already shares, the state through one cached DenseTensor."""
         out: dict[str, int] = {}
-        half = self._fp16_state() if self.state else frozenset()
+        half = self._fp16_state()
         for name, tensor in tensors.items():
             value = self.weights.get(name)
             if value is not None:

@@ -6,8 +6,9 @@ killed compile leaves no weights on any file system, and the next compile remove
 the folders of dead processes.  The converter's result comes back without the weight
 values (see :mod:`paddle_ipu.compiler.weights`); the graph passes and shape inference
 run on that small graph, and the weights are written into the model once, straight
-from the scope.  A compile's peak memory is about 1.25x the weights
-(``bench/compile_memory.py``).
+from the scope.  The converter itself gets the big float weights as one-element
+placeholders (:func:`_placeholders`), so its process never holds them.  A compile's
+peak memory is about 1.03x the weights (``bench/compile_memory.py``).
 """
 
 from __future__ import annotations
