@@ -36,9 +36,10 @@ class CMakeBuild(build_ext):
         import pybind11
 
         config = os.environ.get("PADDLE_IPU_BUILD_TYPE", "Release")
-        include_dir, version = paddle_headers(build_temp)
+        include_dir, lib_dir, version = paddle_headers(build_temp)
         args = [
             f"-DPADDLE_INCLUDE_DIR={include_dir}",
+            f"-DPADDLE_LIB_DIR={lib_dir}",
             f"-DPADDLE_VERSION={version}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
@@ -66,24 +67,34 @@ class BuildPy(build_py):
 
 #: the PaddlePaddle releases this source builds against
 PADDLE_RANGE = "paddlepaddle>=3.3,<3.4"
+#: what the build takes out of the paddlepaddle wheel: the C++ headers (the plugin needs
+#: paddle/phi/backends/device_ext.h, the ipu kernels the rest) and the two libraries the
+#: kernels link (they are not bundled: they are the ones Paddle loads)
+_WHEEL_INCLUDE = "paddle/include/"
+_WHEEL_LIBS = ("paddle/libs/libphi_core.so", "paddle/libs/libcommon.so")
 _DEVICE_HEADER = "paddle/phi/backends/device_ext.h"
-_headers: tuple[str, str] | None = None
+_headers: tuple[str, str, str] | None = None
 
 
-def paddle_headers(build_temp: Path) -> tuple[str, str]:
-    """(include dir holding paddle/phi/backends/device_ext.h, Paddle version).
+def paddle_headers(build_temp: Path) -> tuple[str, str, str]:
+    """(include dir, library dir, Paddle version) to build against.
 
     From the paddlepaddle installed for this interpreter when there is one (a build
-    without isolation); otherwise the one header is read out of the paddlepaddle
-    wheel, which pip fetches (from its cache when the install already downloaded it),
-    instead of installing a second 700 MB Paddle into the build environment."""
+    without isolation); otherwise the headers and the two libraries the kernels link
+    are read out of the paddlepaddle wheel, which pip fetches (from its cache when the
+    install already downloaded it), instead of installing a second 700 MB Paddle into
+    the build environment."""
     global _headers
     if _headers is not None:
         return _headers
     spec = importlib.util.find_spec("paddle")
     if spec is not None and spec.origin is not None:
         root = Path(spec.origin).resolve().parent
-        _headers = (str(root / "include"), importlib.metadata.version("paddlepaddle"))
+        _headers = (
+            str(root / "include"),
+            str(root / "libs"),
+            importlib.metadata.version("paddlepaddle"),
+        )
         return _headers
     wheels = build_temp / "paddle-wheel"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -97,20 +108,25 @@ def paddle_headers(build_temp: Path) -> tuple[str, str]:
         raise RuntimeError(f"pip download {PADDLE_RANGE!r} gave no wheel in {wheels}")
     wheel = found[-1]
     version = wheel.name.split("-")[1]
-    include = build_temp / "paddle-include"
+    unpacked = build_temp / "paddle-unpacked"
     with zipfile.ZipFile(wheel) as archive:
-        member = f"paddle/include/{_DEVICE_HEADER}"
-        target = include / _DEVICE_HEADER
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(archive.read(member))
-    _headers = (str(include), version)
+        members = [
+            m
+            for m in archive.namelist()
+            if (m.startswith(_WHEEL_INCLUDE) and not m.endswith("/")) or m in _WHEEL_LIBS
+        ]
+        missing = [m for m in (*_WHEEL_LIBS, _WHEEL_INCLUDE + _DEVICE_HEADER) if m not in members]
+        if missing:
+            raise RuntimeError(f"{wheel.name} lacks {missing}: not a wheel paddle-ipu builds on")
+        archive.extractall(unpacked, members)
+    _headers = (str(unpacked / "paddle" / "include"), str(unpacked / "paddle" / "libs"), version)
     return _headers
 
 
 def paddle_requirement() -> str:
     """The runtime pin: exactly the Paddle whose headers the plugin was built with."""
     try:
-        return f"paddlepaddle=={paddle_headers(ROOT / 'build' / 'paddle')[1]}"
+        return f"paddlepaddle=={paddle_headers(ROOT / 'build' / 'paddle')[2]}"
     except Exception:
         return PADDLE_RANGE
 

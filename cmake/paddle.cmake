@@ -5,8 +5,10 @@
 # installing it), or looked up from the wheel installed for the Python interpreter
 # that runs the build (never from a source tree).
 #
-# Sets PADDLE_INCLUDE_DIR and PADDLE_VERSION. The plugin needs one header,
-# paddle/phi/backends/device_ext.h, and links nothing of Paddle's.
+# Sets PADDLE_INCLUDE_DIR, PADDLE_LIB_DIR and PADDLE_VERSION. The plugin needs one
+# header, paddle/phi/backends/device_ext.h, and links nothing of Paddle's; the ipu
+# kernels (csrc/kernels) need Paddle's C++ headers and link its libphi_core and
+# libcommon (from PADDLE_LIB_DIR, the wheel's paddle/libs).
 
 if(NOT PADDLE_INCLUDE_DIR OR NOT PADDLE_VERSION)
   if(NOT Python_EXECUTABLE)
@@ -27,6 +29,9 @@ if(NOT PADDLE_INCLUDE_DIR OR NOT PADDLE_VERSION)
   list(GET _paddle_lines 0 _paddle_root)
   list(GET _paddle_lines 1 PADDLE_VERSION)
   set(PADDLE_INCLUDE_DIR "${_paddle_root}/include")
+  if(NOT PADDLE_LIB_DIR)
+    set(PADDLE_LIB_DIR "${_paddle_root}/libs")
+  endif()
 endif()
 
 if(NOT EXISTS "${PADDLE_INCLUDE_DIR}/paddle/phi/backends/device_ext.h")
@@ -35,4 +40,12 @@ if(NOT EXISTS "${PADDLE_INCLUDE_DIR}/paddle/phi/backends/device_ext.h")
     "paddle/phi/backends/device_ext.h: a wheel with custom-device support is needed.")
 endif()
 
-message(STATUS "PaddlePaddle ${PADDLE_VERSION}: headers in ${PADDLE_INCLUDE_DIR}")
+foreach(_lib libphi_core.so libcommon.so)
+  if(NOT PADDLE_LIB_DIR OR NOT EXISTS "${PADDLE_LIB_DIR}/${_lib}")
+    message(FATAL_ERROR
+      "PaddlePaddle ${PADDLE_VERSION}: no ${_lib} in '${PADDLE_LIB_DIR}' (pass "
+      "-DPADDLE_LIB_DIR=<site-packages>/paddle/libs): the ipu kernels link it.")
+  endif()
+endforeach()
+
+message(STATUS "PaddlePaddle ${PADDLE_VERSION}: headers in ${PADDLE_INCLUDE_DIR}, libraries in ${PADDLE_LIB_DIR}")

@@ -16,6 +16,8 @@ from paddle_ipu.errors import DeviceError
 
 DEVICE_TYPE = "ipu"
 PLUGIN_NAME = "libpaddle-custom-ipu.so"
+#: the ipu kernels of Paddle's eager data transforms (csrc/kernels), in this package
+KERNELS_NAME = "libpaddle-ipu-kernels.so"
 #: environment variable holding the number of visible emulated IPUs (default 1)
 DEVICE_COUNT_ENV = "PADDLE_IPU_VISIBLE_DEVICES"
 
@@ -97,3 +99,31 @@ def place(device: int = 0) -> object:
             f"{PLUGIN_NAME}"
         )
     return paddle.CustomPlace(DEVICE_TYPE, device)
+
+
+_kernels: ctypes.CDLL | None = None
+
+
+def register_kernels() -> int:
+    """Give Paddle the ipu kernels of its eager data transforms (``contiguous``, ``cast``,
+    ``strided_copy``); each runs Paddle's CPU kernel on the same host memory.
+
+    Paddle calls these on the ipu place without falling back to the CPU: without them,
+    ``paddle.concat`` of a transposed ipu tensor raised "kernel contiguous is not
+    registered".  Done once, at ``import paddle_ipu`` (a no-op when the plugin is not
+    loaded); returns the number of kernels added (0 the second time)."""
+    global _kernels
+    if _kernels is not None or not is_registered():
+        return 0
+    path = Path(__file__).resolve().parent / KERNELS_NAME
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise DeviceError(
+            f"the ipu kernels {path} could not be loaded ({exc}); they are built against "
+            "the installed PaddlePaddle: reinstall paddle-ipu (pip install --force-reinstall "
+            "paddle-ipu)"
+        ) from None
+    added = int(library.paddle_ipu_register_kernels())
+    _kernels = library
+    return added

