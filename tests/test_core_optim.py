@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paddle_ipu import _core
-from paddle_ipu.backends.host_optim import apply_update
+from paddle_ipu.backends.host.update_rules import apply_update, initial_state
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot
 
 F = np.float32
@@ -159,7 +159,7 @@ def test_host_adam_matches_paddle_kernel(contiguous: bool) -> None:
 def test_trainer_batched_adam_is_apply_update_per_parameter(kind: str) -> None:
     """HostTrainer.apply_gradients (the core's batched loop, numpy for a strided
     gradient) against apply_update one parameter at a time, bit for bit, two steps."""
-    from paddle_ipu.backends import host_optim
+    from paddle_ipu.backends.host import trainer as host_optim
 
     rng = np.random.default_rng(7)
     shapes = {"a": (33, 7), "b": (5000,), "c": (3, 4, 5), "d": (1200, 900)}
@@ -180,7 +180,7 @@ def test_trainer_batched_adam_is_apply_update_per_parameter(kind: str) -> None:
     trainer.weights = {n: rng.standard_normal(s).astype(F) for n, s in shapes.items()}
     trainer.state = {}
     for slot in slots:
-        trainer.state.update(host_optim.initial_state(config, slot))
+        trainer.state.update(initial_state(config, slot))
     trainer._share_weight = lambda name, value: None  # type: ignore[method-assign]
     weights, state = dict(trainer.weights), dict(trainer.state)
     for _ in range(2):

@@ -12,8 +12,8 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from paddle_ipu.backends.host_optim import HostTrainer, stack_micro_batches  # noqa: E402
-from paddle_ipu.compiler.gradients import build_gradient_program  # noqa: E402
+from paddle_ipu.backends.host.gradients import build_gradient_program  # noqa: E402
+from paddle_ipu.backends.host.trainer import HostTrainer, stack_micro_batches  # noqa: E402
 from paddle_ipu.compiler.optimizer import (  # noqa: E402
     OPTIMIZER_TYPES,
     extract_optimizer,

@@ -667,7 +667,7 @@ def test_a_failed_training_step_restores_and_leaks_nothing(monkeypatch) -> None:
     import gc
     import weakref
 
-    from paddle_ipu.backends.host_optim import HostTrainer
+    from paddle_ipu.backends.host.trainer import HostTrainer
 
     feeds = batches(5)
     main, loss, scope, exe, trainer = _adam_trained_twice(feeds)

@@ -29,7 +29,7 @@ from test_training import (  # noqa: E402
 )
 
 import paddle_ipu  # noqa: E402
-from paddle_ipu.backends import popart as popart_adapter  # noqa: E402
+from paddle_ipu.backends.popart import session as popart_adapter  # noqa: E402
 from paddle_ipu.compiler.optimizer import extract_optimizer  # noqa: E402
 
 STEPS = 8

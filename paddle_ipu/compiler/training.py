@@ -8,7 +8,7 @@ data.  The Paddle side of it -- the program, its loss and fetch values -- is a
 :class:`TrainingSource`, handed to the backend beside the model
 (``SessionConfig.training_source``): a backend that computes gradients with Paddle's
 kernels (the host) builds its gradient program from it
-(:func:`paddle_ipu.compiler.gradients.build_gradient_program`).
+(:func:`paddle_ipu.backends.host.gradients.build_from_source`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu.compiler.gradients import GradientProgram, build_gradient_program
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.compiler.optimizer import extract_optimizer, find_optimizer_ops
 from paddle_ipu.errors import CompileError
@@ -74,19 +73,6 @@ class TrainingSource:
     scope: Any = None
     #: parameter name -> its raw gradient ``pir.Value`` in :attr:`program`
     grads: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def gradient_program(self, optimizer: Any) -> GradientProgram:
-        """The forward + backward program (no optimizer) the host runs per micro-batch."""
-        return build_gradient_program(
-            self.program,
-            self.loss,
-            self.fetches,
-            fetch_names=self.fetch_names,
-            loss_name=self.loss_name,
-            optimizer=optimizer,
-            scope=self.scope,
-            grad_values=self.grads,
-        )
 
 
 def attach_training(

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import paddle_ipu.backends as backends
-import paddle_ipu.backends.popart as adapter
+import paddle_ipu.backends.popart.session as adapter
 from paddle_ipu.backends.base import AnchorReturnType, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot

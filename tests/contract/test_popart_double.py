@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_session_contract import IN, MB, OUT, affine_model
 
 import paddle_ipu
-import paddle_ipu.backends.popart as adapter
+import paddle_ipu.backends.popart.session as adapter
 from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot

@@ -19,7 +19,7 @@ import pytest
 from test_session_contract import IN, MB, OUT, affine_model, expected
 
 import paddle_ipu
-import paddle_ipu.backends.popart as adapter
+import paddle_ipu.backends.popart.session as adapter
 from paddle_ipu import backends
 from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.errors import BackendUnavailableError, NotSupportedError, OptionError

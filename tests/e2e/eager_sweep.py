@@ -1648,6 +1648,7 @@ def worker(args: argparse.Namespace) -> int:
                 }
             res["seconds"] = round(time.time() - t0, 3)
             emit({"result": res})
+        emit({"done": True})
     return 0
 
 
@@ -1709,6 +1710,7 @@ def parent(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     op_list = None
     env: dict[str, Any] = {}
+    exits: list[dict[str, Any]] = []
     tmp = tempfile.mkdtemp(prefix="eager_sweep.")
     remaining = list(names)
     runs = 0
@@ -1736,6 +1738,7 @@ def parent(args: argparse.Namespace) -> int:
         with open(os.path.join(tmp, f"worker{runs}.log"), "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             current, started, pos, timed_out = None, 0.0, 0, False
+            finished_at = None  # when the worker said it ran its last case
             while True:
                 rc = proc.poll()
                 if os.path.exists(progress):
@@ -1761,6 +1764,8 @@ def parent(args: argparse.Namespace) -> int:
                             }
                         elif "start" in rec:
                             current, started = rec["start"], time.time()
+                        elif "done" in rec:
+                            finished_at = time.time()
                         elif "result" in rec:
                             results[rec["result"]["name"]] = rec["result"]
                             current = None
@@ -1773,7 +1778,29 @@ def parent(args: argparse.Namespace) -> int:
                     proc.wait()
                     timed_out = True
                     break
+                if finished_at and time.time() - finished_at > 30:  # hangs in its teardown
+                    proc.kill()
+                    proc.wait()
+                    break
                 time.sleep(0.05)
+        with open(os.path.join(tmp, f"worker{runs}.log"), errors="replace") as f:
+            log_tail = "".join(ln for ln in f.readlines()[-400:] if not ln.startswith("I1"))[-1500:]  # fmt: skip
+        exits.append(
+            {
+                "run": runs,
+                "returncode": proc.returncode,
+                "ran_all_its_cases": finished_at is not None,
+                "hung_at_exit": finished_at is not None and time.time() - finished_at > 30,
+                "log_tail": log_tail if proc.returncode else "",
+            }
+        )
+        if finished_at is not None and proc.returncode:
+            print(
+                f"  WORKER {runs} ran all its cases, then exited with {proc.returncode}"
+                f"{' (hung at exit, killed)' if exits[-1]['hung_at_exit'] else ''}: "
+                f"{log_tail.strip().splitlines()[-1] if log_tail.strip() else ''}",
+                flush=True,
+            )
         done = set(results)
         if current is not None and current not in done:
             with open(os.path.join(tmp, f"worker{runs}.log")) as f:
@@ -1822,6 +1849,7 @@ def parent(args: argparse.Namespace) -> int:
         "worker_runs": runs,
         "preload_kernels": args.preload_kernels,
         "environment": env,
+        "worker_exits": exits,
     }
     if args.json:
         with open(args.json, "w") as f:

@@ -35,6 +35,7 @@ from typing import Any
 from paddle_ipu import dtypes
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.optimizer import OptimizerConfig, extract_optimizer
+from paddle_ipu.compiler.training import TrainingSource
 from paddle_ipu.errors import CompileError
 
 _PROGRAM_ATTRS_TO_DROP = ("lr_scheduler", "lr_name", "lr_var")
@@ -42,7 +43,7 @@ _PROGRAM_ATTRS_TO_DROP = ("lr_scheduler", "lr_name", "lr_var")
 
 @dataclass
 class GradientProgram:
-    """The host backend's gradient program (``TrainingSource.gradient_program``).
+    """The host backend's gradient program (:func:`build_from_source`).
 
     Attributes:
         program: the pruned clone (a ``paddle.pir.Program``): forward + backward, no
@@ -285,3 +286,18 @@ def empty_parameters(program: Any) -> dict[str, tuple[tuple[int, ...], str]]:
             dtype = dtypes.name_of(op.result(0).dtype)
             out[str(op.attrs()["parameter_name"])] = (shape, dtype)
     return out
+
+
+def build_from_source(source: TrainingSource, optimizer: OptimizerConfig) -> GradientProgram:
+    """The forward + backward program (no optimizer) the host runs per micro-batch, from
+    the Paddle program a training model was compiled from."""
+    return build_gradient_program(
+        source.program,
+        source.loss,
+        source.fetches,
+        fetch_names=source.fetch_names,
+        loss_name=source.loss_name,
+        optimizer=optimizer,
+        scope=source.scope,
+        grad_values=source.grads,
+    )

@@ -1,25 +1,17 @@
-"""The host backend's training step: Paddle's CPU kernels for gradients, numpy for the
-optimizer update.
-
-:func:`apply_update` holds the update rules of the ten optimizers, written against
-Paddle 3.3's CPU kernels (``sgd``, ``momentum``, ``adam`` / ``adamw`` (the jit kernels),
-``adamax``, ``lamb``, ``adagrad``, ``adadelta``, ``rmsprop``) in float32 arithmetic, in
-the same order of operations, so that a host run tracks ``Executor.run`` of the original
-program to float32 rounding.  Global-norm clipping and L2 regularisation are applied as
-Paddle's Python optimizer inserts them: clip first, then ``g + coeff * w``.
+"""The host backend's training step: Paddle's CPU kernels for gradients, numpy (and the
+C++ core, for Adam) for the optimizer update (:mod:`.update_rules`).
 
 :class:`HostTrainer` runs one IPU training step on the host: every micro-batch of every
-replica through the gradient program (:mod:`paddle_ipu.compiler.gradients`) in a private
-scope, gradient reduction over ``accumulation_factor x replication_factor`` micro-batches
-(Mean or Sum), then one update.  Weights and optimizer state are numpy arrays held by
-Paddle name (``w``, ``w_moment1_0``, ``w_beta1_pow_acc_0`` ...), so they can be written
-straight back into a Paddle scope.
+replica through the gradient program (:mod:`.gradients`) in a private scope, gradient
+reduction over ``accumulation_factor x replication_factor`` micro-batches (Mean or
+Sum), then one update.  Weights and optimizer state are numpy arrays held by Paddle name
+(``w``, ``w_moment1_0``, ``w_beta1_pow_acc_0`` ...), so they can be written straight
+back into a Paddle scope.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,21 +19,29 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compiler.gradients import GradientProgram
+from paddle_ipu.backends.host.gradients import GradientProgram, empty_parameters
+from paddle_ipu.backends.host.update_rules import (
+    F16,
+    F32,
+    ONE,
+    adam_fusable,
+    adam_inputs,
+    adam_numpy,
+    adam_update_many,
+    apply_update,
+    clip_by_global_norm,
+    core,
+    f32,
+    immutable,
+    initial_state,
+    regularised,
+    round_fp16,
+)
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_names
-from paddle_ipu.errors import BackendError, FeedError, NotSupportedError, OptionError
+from paddle_ipu.errors import BackendError, FeedError, OptionError
 
-F32 = np.float32
-F16 = np.float16
 #: The address alignment a weight array needs to be shared with Paddle's scope.
 _KERNEL_ALIGNMENT = 16
-_ONE = F32(1.0)
-# Adam's update in one pass (csrc/core/optim.cc), bitwise equal to apply_update's
-# numpy formulas (tests/test_core_optim.py); _adam_update_many does every parameter of
-# a step in one call.
-_core: Any = importlib.import_module("paddle_ipu._core")
-_adam_update: Any = _core.adam_update
-_adam_update_many: Any = _core.adam_update_many
 #: Threads for a step's Adam update.  Paddle's executor runs the program's adam ops,
 #: which depend on nothing but their own parameter, on its pool of host threads
 #: (OMP_NUM_THREADS does not bound it), so its CPU step updates parameters on more than
@@ -57,258 +57,6 @@ _ACCL_OF_PREFIX = {
     "Accl2___": "accl2",
     "Accl3___": "accl3",
 }
-
-
-def _immutable(value: np.ndarray) -> bool:
-    """True if ``value`` is a view of a ``bytes`` object (the compiled model's weights):
-    nothing can write to it, so holding it needs no copy."""
-    base: Any = value
-    while isinstance(base, np.ndarray):
-        if base.flags.writeable:
-            return False
-        base = base.base
-    if isinstance(base, memoryview):
-        base = base.obj if base.readonly else None
-    return isinstance(base, bytes)
-
-
-def _round_fp16(value: np.ndarray) -> np.ndarray:
-    """``value`` rounded to float16 (round to nearest even), held as float32."""
-    return np.asarray(value, dtype=F32).astype(F16).astype(F32)
-
-
-def _f(x: float | np.floating[Any]) -> np.float32:
-    return F32(x)
-
-
-def initial_state(config: OptimizerConfig, slot: ParamSlot) -> dict[str, np.ndarray]:
-    """The state Paddle's startup program gives a fresh parameter (zeros; Adam-family
-    ``beta1_pow`` / ``beta2_pow`` start at ``beta1`` / ``beta2``)."""
-    out: dict[str, np.ndarray] = {}
-    for entry in state_names(config.type):
-        var = slot.state.get(entry.role)
-        if var is None:
-            continue
-        if entry.role == "beta1_pow":
-            out[var] = np.full([1], config.beta1, dtype=F32)
-        elif entry.role == "beta2_pow":
-            out[var] = np.full([1], config.beta2, dtype=F32)
-        else:
-            out[var] = np.zeros(slot.shape, dtype=F32)
-    return out
-
-
-def clip_by_global_norm(
-    grads: Mapping[str, np.ndarray], config: OptimizerConfig
-) -> dict[str, np.ndarray]:
-    """``ClipGradByGlobalNorm``: scale the clipped gradients by
-    ``clip_norm / max(global_norm, clip_norm)``, the norm taken over those gradients."""
-    if config.clip_norm is None:
-        return dict(grads)
-    clipped = [slot.name for slot in config.params if slot.clip and slot.name in grads]
-    if not clipped:
-        return dict(grads)
-    squares = np.stack(
-        [np.sum(np.square(grads[n], dtype=F32), dtype=F32).reshape(()) for n in clipped]
-    )
-    norm = np.sqrt(np.sum(squares, dtype=F32))
-    clip = _f(config.clip_norm)
-    factor = clip / np.maximum(norm, clip)
-    out = dict(grads)
-    for n in clipped:
-        out[n] = (grads[n] * factor).astype(F32, copy=False)
-    return out
-
-
-def _regularised(
-    config: OptimizerConfig, slot: ParamSlot, weight: np.ndarray, grad: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.float32]:
-    """``(w, g, weight_decay)`` in float32, ``g`` with L2 regularisation applied (every
-    optimizer but Momentum, which applies it itself)."""
-    w = weight.astype(F32, copy=False)
-    g = grad.astype(F32, copy=False)
-    wd = _f(slot.weight_decay)
-    if (
-        config.weight_decay_mode == "l2_regularization"
-        and slot.weight_decay
-        and config.type != "momentum"
-    ):
-        g = g + w * wd
-    return w, g, wd
-
-
-def _adam_inputs(
-    config: OptimizerConfig,
-    slot: ParamSlot,
-    w: np.ndarray,
-    g: np.ndarray,
-    state: dict[str, np.ndarray],
-    lr32: np.float32,
-    wd: np.float32,
-    scalars: dict[tuple[float, float], tuple[np.float32, np.float32]] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.float32, np.float32]:
-    """Adam / AdamW up to the moments: AdamW's decay of ``w``, the bias-corrected step
-    ``-lr_t`` and ``eps_t``, and the new ``beta*_pow`` put into ``state``.  Returns
-    ``(w, g, moment1, moment2, -lr_t, eps_t)`` (the moments are the current arrays).
-    ``scalars`` caches ``(-lr_t, eps_t)`` by ``(beta1_pow, beta2_pow)`` over one step's
-    parameters (the same values give the same float32 results)."""
-    names = slot.state
-    b1, b2 = _f(config.beta1), _f(config.beta2)
-    b1p = state[names["beta1_pow"]].reshape(-1)[0].astype(F32)
-    b2p = state[names["beta2_pow"]].reshape(-1)[0].astype(F32)
-    key = (float(b1p), float(b2p))
-    cached = scalars.get(key) if scalars is not None else None
-    if cached is None:
-        lr_t = lr32 * (np.sqrt(_ONE - b2p) / (_ONE - b1p))
-        eps_t = _f(config.epsilon) * np.sqrt(_ONE - b2p)
-        cached = (-lr_t, eps_t)
-        if scalars is not None:
-            scalars[key] = cached
-    if config.type == "adamw" and slot.weight_decay:
-        w = w - lr32 * _ONE * wd * w
-    # m1 = b1 * m1 + (1 - b1) * g;  m2 = b2 * m2 + (1 - b2) * g * g
-    # w + (-lr_t) * (m1 / (sqrt(m2) + eps_t))
-    # The state gets new arrays (snapshots may hold the old ones).
-    m1_old, m2_old = state[names["moment1"]], state[names["moment2"]]
-    state[names["beta1_pow"]] = np.full([1], b1 * b1p, dtype=F32)
-    state[names["beta2_pow"]] = np.full([1], b2 * b2p, dtype=F32)
-    return w, g, m1_old, m2_old, cached[0], cached[1]
-
-
-def _adam_fusable(w: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray) -> bool:
-    """Whether the core's one-pass loop can update these arrays."""
-    return all(a.dtype == F32 and a.flags.c_contiguous for a in (w, g, m1, m2)) and (
-        w.shape == g.shape == m1.shape == m2.shape
-    )
-
-
-def _adam_numpy(
-    config: OptimizerConfig,
-    slot: ParamSlot,
-    w: np.ndarray,
-    g: np.ndarray,
-    m1_old: np.ndarray,
-    m2_old: np.ndarray,
-    state: dict[str, np.ndarray],
-    neg_lr_t: np.float32,
-    eps_t: np.float32,
-) -> np.ndarray:
-    """Adam's moments and weight with numpy (arrays the core's loop does not take)."""
-    b1, b2 = _f(config.beta1), _f(config.beta2)
-    m1 = b1 * m1_old + (_ONE - b1) * g
-    m2 = b2 * m2_old + (_ONE - b2) * g * g
-    state[slot.state["moment1"]] = m1.astype(F32, copy=False)
-    state[slot.state["moment2"]] = m2.astype(F32, copy=False)
-    return w + neg_lr_t * (m1 / (np.sqrt(m2) + eps_t))
-
-
-def apply_update(
-    config: OptimizerConfig,
-    slot: ParamSlot,
-    weight: np.ndarray,
-    grad: np.ndarray,
-    state: dict[str, np.ndarray],
-    lr: float | np.floating[Any],
-) -> np.ndarray:
-    """One optimizer update of one parameter; returns the new weight and replaces the
-    entries of ``state`` (Paddle names) with new arrays.  ``grad`` is already reduced
-    and clipped; L2 regularisation is applied here."""
-    w, g, wd = _regularised(config, slot, weight, grad)
-    lr32 = _f(lr)
-    kind = config.type
-    names = slot.state
-
-    def get(role: str) -> np.ndarray:
-        return state[names[role]]
-
-    def put(role: str, value: np.ndarray) -> None:
-        state[names[role]] = value.astype(F32, copy=False)
-
-    if kind == "sgd":
-        return w - lr32 * g
-
-    if kind == "momentum":
-        mu = _f(config.momentum)
-        if slot.weight_decay:
-            g = w * wd + g
-        v = get("velocity") * mu + g
-        put("velocity", v)
-        return w - lr32 * v
-
-    if kind in ("adam", "adamw"):
-        w, g, m1_old, m2_old, neg_lr_t, eps_t = _adam_inputs(config, slot, w, g, state, lr32, wd)
-        if _adam_fusable(w, g, m1_old, m2_old):
-            # the same operations in one pass, rounded alike (tests/test_core_optim.py)
-            b1, b2 = _f(config.beta1), _f(config.beta2)
-            new_w, m1, m2 = _adam_update(
-                w, g, m1_old, m2_old, b1, _ONE - b1, b2, _ONE - b2, neg_lr_t, eps_t
-            )
-            put("moment1", m1)
-            put("moment2", m2)
-            return np.asarray(new_w)
-        return _adam_numpy(config, slot, w, g, m1_old, m2_old, state, neg_lr_t, eps_t)
-
-    if kind == "adamax":
-        b1, b2, eps = _f(config.beta1), _f(config.beta2), _f(config.epsilon)
-        b1p = get("beta1_pow").astype(F32)
-        m = b1 * get("moment") + (_ONE - b1) * g
-        inf = np.maximum(np.abs(g), (b2 * get("inf_norm")) + eps)
-        lr_t = lr32 / (_ONE - b1p.reshape(-1)[0])
-        put("moment", m)
-        put("inf_norm", inf)
-        put("beta1_pow", b1p * b1)
-        return w - lr_t * (m / inf)
-
-    if kind == "lamb":
-        b1, b2, eps = _f(config.beta1), _f(config.beta2), _f(config.epsilon)
-        b1p = get("beta1_pow").reshape(-1)[0].astype(F32)
-        b2p = get("beta2_pow").reshape(-1)[0].astype(F32)
-        m1 = b1 * get("moment1") + (_ONE - b1) * g
-        m2 = b2 * get("moment2") + (_ONE - b2) * g * g
-        m1_hat = m1 / (_ONE - b1p)
-        m2_hat = m2 / (_ONE - b2p)
-        trust = m1_hat / (np.sqrt(m2_hat) + eps) + wd * w
-        ratio = _ONE
-        if wd > 0 or config.lamb_always_adapt:
-            pn = np.sqrt(np.sum(np.square(w, dtype=F32), dtype=F32))
-            tn = np.sqrt(np.sum(np.square(trust, dtype=F32), dtype=F32))
-            if pn > 0 and tn > 0:
-                ratio = pn / tn
-        put("moment1", m1)
-        put("moment2", m2)
-        put("beta1_pow", np.full([1], b1p * b1, dtype=F32))
-        put("beta2_pow", np.full([1], b2p * b2, dtype=F32))
-        return w - (lr32 * ratio) * trust
-
-    if kind == "adagrad":
-        eps = _f(config.epsilon)
-        m = get("moment") + g * g
-        put("moment", m)
-        return w - lr32 * g / (np.sqrt(m) + eps)
-
-    if kind == "adadelta":
-        rho, eps = _f(config.rho), _f(config.epsilon)
-        asg = rho * get("avg_squared_grad") + (_ONE - rho) * np.square(g)
-        update = -((np.sqrt(get("avg_squared_update") + eps)) / (np.sqrt(asg + eps)) * g)
-        asu = rho * get("avg_squared_update") + (_ONE - rho) * np.square(update)
-        put("avg_squared_grad", asg)
-        put("avg_squared_update", asu)
-        return w + lr32 * update
-
-    if kind in ("rmsprop", "centered_rmsprop"):
-        rho, eps, mu = _f(config.rho), _f(config.epsilon), _f(config.momentum)
-        ms = rho * get("mean_square") + (_ONE - rho) * g * g
-        if kind == "centered_rmsprop":
-            mg = rho * get("mean_grad") + (_ONE - rho) * g
-            mom = mu * get("moment") + lr32 * g / np.sqrt(ms - np.square(mg) + eps)
-            put("mean_grad", mg)
-        else:
-            mom = mu * get("moment") + lr32 * g / np.sqrt(ms + eps)
-        put("mean_square", ms)
-        put("moment", mom)
-        return w - mom
-
-    raise NotSupportedError(f"the host backend has no update rule for {kind!r}")
 
 
 class HostTrainer:
@@ -367,8 +115,6 @@ class HostTrainer:
         self._place = paddle.CPUPlace()
         self._exe = paddle.static.Executor(self._place)
         self._scope = paddle.static.Scope()
-        from paddle_ipu.compiler.gradients import empty_parameters
-
         for name, (shape, dtype) in empty_parameters(artifact.program).items():
             self._scope.var(name).get_tensor().set(np.zeros(shape, dtype), self._place)
         # Gradients stay in the scope (GradientProgram.grad_outputs): only the loss and
@@ -382,7 +128,7 @@ class HostTrainer:
         # weights the gradient program's scope shares, the state share_into exported
         self._weight_src: dict[str, tuple[np.ndarray, Any, int]] = {}
         self._exported: dict[str, tuple[np.ndarray, Any, int]] = {}
-        self.lr = _f(self.optimizer.lr)
+        self.lr = f32(self.optimizer.lr)
         # per replica: buffer name -> array (only used when rf > 1)
         self._replica_buffers: list[dict[str, np.ndarray]] = [{} for _ in range(self.rf)]
         for slot in self.optimizer.params:
@@ -397,7 +143,7 @@ class HostTrainer:
                 scope.erase(scope.local_var_names())
         # the freed Adam outputs the core keeps for the next step's update
         with contextlib.suppress(Exception):
-            _core.adam_release_memory()
+            core.adam_release_memory()
 
     # ------------------------------------------------------------------ names and I/O
     @property
@@ -522,7 +268,7 @@ class HostTrainer:
                 self._share_weight(name, self.weights[name])
             elif name in self.state:
                 value = arr.astype(F32, copy=True).reshape(self.state[name].shape)
-                self.state[name] = _round_fp16(value) if name in self._fp16_state() else value
+                self.state[name] = round_fp16(value) if name in self._fp16_state() else value
             elif name in buffers:
                 if self.fp16 and arr.dtype.kind == "f":
                     arr = self._device_value(arr)
@@ -530,7 +276,7 @@ class HostTrainer:
                 for copy in self._replica_buffers:
                     copy[name] = arr.copy()
             elif name == self.optimizer.lr_name:
-                self.lr = _f(float(arr.reshape(-1)[0]))
+                self.lr = f32(float(arr.reshape(-1)[0]))
             else:
                 raise KeyError(f"{name!r} is not a weight, optimizer state or buffer of this model")
 
@@ -589,14 +335,14 @@ class HostTrainer:
             scope.var(name).get_tensor().set(np.ascontiguousarray(value), place)
 
     def set_lr(self, lr: float) -> None:
-        self.lr = _f(lr)
+        self.lr = f32(lr)
 
     def _device_value(self, value: np.ndarray) -> np.ndarray:
         """A weight as the device holds it: float16-rounded in fp16, else float32; a
         copy, unless it is already an immutable float32 array (the compiled weights)."""
         if self.fp16:
-            return _round_fp16(value)
-        if value.dtype == F32 and _immutable(value):
+            return round_fp16(value)
+        if value.dtype == F32 and immutable(value):
             return value
         return np.array(value, dtype=F32, copy=True)
 
@@ -621,11 +367,11 @@ class HostTrainer:
         for name in self.artifact.buffers:
             value = self._get_scope(name)
             if value.dtype == F32:
-                self._set_scope(name, _round_fp16(value))
+                self._set_scope(name, round_fp16(value))
         for copy in self._replica_buffers:
             for name, value in copy.items():
                 if value.dtype == F32:
-                    copy[name] = _round_fp16(value)
+                    copy[name] = round_fp16(value)
 
     # ------------------------------------------------------------------ the step
     def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -714,7 +460,7 @@ class HostTrainer:
         grads = clip_by_global_norm(grads, config)
         half = self._fp16_state()
         adam = config.type in ("adam", "adamw")
-        lr32 = _f(self.lr)
+        lr32 = f32(self.lr)
         scalars: dict[tuple[float, float], tuple[np.float32, np.float32]] = {}
         batch: list[tuple[ParamSlot, tuple[Any, ...]]] = []
         batch_elements = 0
@@ -727,11 +473,11 @@ class HostTrainer:
                 new = apply_update(config, slot, weight, grad, self.state, self.lr)
                 self._updated(slot, new, half)
                 continue
-            w, g, wd = _regularised(config, slot, weight, grad)
-            inputs = _adam_inputs(config, slot, w, g, self.state, lr32, wd, scalars)
-            if not _adam_fusable(*inputs[:4]):
+            w, g, wd = regularised(config, slot, weight, grad)
+            inputs = adam_inputs(config, slot, w, g, self.state, lr32, wd, scalars)
+            if not adam_fusable(*inputs[:4]):
                 self._updated(
-                    slot, _adam_numpy(config, slot, *inputs[:4], self.state, *inputs[4:]), half
+                    slot, adam_numpy(config, slot, *inputs[:4], self.state, *inputs[4:]), half
                 )
                 continue
             batch.append((slot, inputs))
@@ -745,15 +491,15 @@ class HostTrainer:
     def _adam_batch(
         self, batch: Sequence[tuple[ParamSlot, tuple[Any, ...]]], half: frozenset[str]
     ) -> None:
-        """The core's Adam loop over ``batch``: (slot, :func:`_adam_inputs`) pairs."""
-        b1, b2 = _f(self.optimizer.beta1), _f(self.optimizer.beta2)
+        """The core's Adam loop over ``batch``: (slot, :func:`adam_inputs`) pairs."""
+        b1, b2 = f32(self.optimizer.beta1), f32(self.optimizer.beta2)
         columns = list(zip(*(inputs for _, inputs in batch)))
-        results = _adam_update_many(
+        results = adam_update_many(
             *(list(c) for c in columns[:4]),
             b1,
-            _ONE - b1,
+            ONE - b1,
             b2,
-            _ONE - b2,
+            ONE - b2,
             list(columns[4]),
             list(columns[5]),
             threads=ADAM_THREADS,
@@ -769,8 +515,8 @@ class HostTrainer:
         if half:
             for var in slot.state.values():
                 if var in half:
-                    self.state[var] = _round_fp16(self.state[var])
-        new = _round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
+                    self.state[var] = round_fp16(self.state[var])
+        new = round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
         self.weights[slot.name] = new
         self._share_weight(slot.name, new)
 

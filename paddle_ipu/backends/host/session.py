@@ -8,7 +8,7 @@ device's dtype (fp16 when ``enable_fp16`` is on).
 
 Training runs the host backend's gradient program (Paddle's CPU kernels) per
 micro-batch and applies the optimizer update on the session's weights; see
-:mod:`paddle_ipu.backends.host_optim`.
+:mod:`paddle_ipu.backends.host.trainer`.
 """
 
 from __future__ import annotations
@@ -441,12 +441,13 @@ class _Training:
     weights.  Device (PopART) names are translated to Paddle names here."""
 
     def __init__(self, model: CompiledModel, config: SessionConfig) -> None:
-        from paddle_ipu.backends.host_optim import HostTrainer
+        from paddle_ipu.backends.host.gradients import build_from_source
+        from paddle_ipu.backends.host.trainer import HostTrainer
 
         self.model = model
         self.config = config
         self.trainer = HostTrainer(
-            config.training_source.gradient_program(model.optimizer),
+            build_from_source(config.training_source, model.optimizer),
             model.optimizer,
             accumulation_factor=config.accumulation_factor,
             replication_factor=config.replication_factor,

@@ -34,7 +34,7 @@ Environment (the names Paddle 2.x used):
 Serving (``enable_model_runtime_executor`` on an inference graph): after the weights
 are written, the first run exports the executable as PopEF (``compileAndExport``),
 detaches PopART's device and runs every step through the SDK's ``model_runtime``
-(:mod:`paddle_ipu.backends.popef`), as Paddle 2.x's PreparePopefSession/RunPopef did.
+(:mod:`paddle_ipu.backends.popart.popef`), as Paddle 2.x's PreparePopefSession/RunPopef did.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._env import env_flag
-from paddle_ipu.backends import popef as popef_runtime
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
+from paddle_ipu.backends.popart import popef as popef_runtime
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.compiler.optimizer import OptimizerConfig
 from paddle_ipu.errors import (
