@@ -68,8 +68,10 @@ check_paddle_version(_paddle.__version__, _core.paddle_version)
 # The ipu kernels of Paddle's eager data transforms (paddle_ipu.device.register_kernels),
 # and Paddle's launcher kept on its CPU jobs (see paddle_api.hide_ipu_from_launcher).
 importlib.import_module("paddle_ipu.device").register_kernels()
+_paddle_api = importlib.import_module("paddle_ipu._internals.paddle_api")
+_paddle_api.explain_ipu_refusals()
 if not env_flag("PADDLE_IPU_DEFAULT_DEVICE", False):
-    importlib.import_module("paddle_ipu._internals.paddle_api").hide_ipu_from_launcher()
+    _paddle_api.hide_ipu_from_launcher()
 
 # exe.run of compiled programs, and of plain programs on the ipu place (see
 # paddle_ipu._patch; uninstall_hooks() undoes it).

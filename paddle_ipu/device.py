@@ -105,13 +105,16 @@ _kernels: ctypes.CDLL | None = None
 
 
 def register_kernels() -> int:
-    """Give Paddle the ipu kernels of its eager data transforms (``contiguous``, ``cast``,
-    ``strided_copy``); each runs Paddle's CPU kernel on the same host memory.
+    """Give Paddle the ipu kernels of csrc/kernels: Paddle's CPU kernels, run on the ipu
+    tensors' own (host) memory.
 
-    Paddle calls these on the ipu place without falling back to the CPU: without them,
+    They cover the data transforms Paddle runs on the tensor's own device with no CPU
+    fallback (``contiguous``, ``cast``, ``strided_copy``, ``fill``: without them
     ``paddle.concat`` of a transposed ipu tensor raised "kernel contiguous is not
-    registered".  Done once, at ``import paddle_ipu`` (a no-op when the plugin is not
-    loaded); returns the number of kernels added (0 the second time)."""
+    registered"), the ops with an in-place form (Paddle's fallback runs those on a copy,
+    so ``v = x[1]; v.add_(1)`` lost the write) and the optimizers' updates.  Done once,
+    at ``import paddle_ipu`` (a no-op when the plugin is not loaded); returns the number
+    of kernels added (0 the second time)."""
     global _kernels
     if _kernels is not None or not is_registered():
         return 0
@@ -127,3 +130,13 @@ def register_kernels() -> int:
     added = int(library.paddle_ipu_register_kernels())
     _kernels = library
     return added
+
+
+def kernels_not_registered() -> list[str]:
+    """The ipu kernels that could not be registered, as ``"name: reason"`` (empty when
+    every kernel matched the installed Paddle's CPU kernel)."""
+    if _kernels is None:
+        return []
+    _kernels.paddle_ipu_kernels_skipped.restype = ctypes.c_char_p
+    text = _kernels.paddle_ipu_kernels_skipped() or b""
+    return [line for line in text.decode().splitlines() if line]

@@ -551,3 +551,88 @@ def _probe_launcher() -> str:
     if "ipu" in (module.get_all_custom_device_type() or []):
         raise AssertionError("the launcher still sees the ipu device type")
     return f"the launcher's device detection sees {device.dtype!r} without the ipu device"
+
+
+# -- Paddle APIs that refuse the ipu device in Python --------------------------------
+
+_REFUSALS = {
+    # module attribute path -> what to say instead of Paddle's message
+    "paddle.tensor.linalg.lstsq": (
+        "Only support lstsq api for CPU or CUDA device",
+        "paddle.linalg.lstsq checks paddle.get_device() and runs on the CPU and CUDA only "
+        "(Paddle's own rule, paddle/tensor/linalg.py); on the ipu device, call it on CPU "
+        "tensors under paddle.set_device('cpu'): x.cpu(), y.cpu()",
+    ),
+}
+#: (module, attribute, Paddle's function) for every name explain_ipu_refusals replaced
+_refusal_patches: list[tuple[Any, str, Any]] = []
+
+
+def explain_ipu_refusals() -> None:
+    """Make the few Paddle APIs that refuse the ipu device in Python (not in a kernel)
+    say how to run them: their error becomes a NotSupportedError naming the API and the
+    way out.  Only the error changes; :func:`restore_ipu_refusals` undoes it."""
+    import functools
+    import importlib
+    import sys
+
+    import paddle
+
+    from paddle_ipu.errors import NotSupportedError
+
+    if _refusal_patches:
+        return
+    for path, (paddle_message, ours) in _REFUSALS.items():
+        module_name, name = path.rsplit(".", 1)
+        original = getattr(importlib.import_module(module_name), name)
+
+        def wrapper(
+            *args: Any,
+            __original: Any = original,
+            __paddle: str = paddle_message,
+            __ours: str = ours,
+            **kwargs: Any,
+        ) -> Any:
+            try:
+                return __original(*args, **kwargs)
+            except RuntimeError as exc:
+                if __paddle in str(exc) and str(paddle.get_device()).startswith("ipu"):
+                    raise NotSupportedError(__ours) from exc
+                raise
+
+        functools.update_wrapper(wrapper, original)
+        wrapper.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
+        # Every module of paddle that exports it (paddle.linalg, paddle.tensor, ...).
+        for module_path, module in list(sys.modules.items()):
+            if module is None or not (module_path == "paddle" or module_path.startswith("paddle.")):
+                continue
+            for attr, value in list(vars(module).items()):
+                if value is original:
+                    setattr(module, attr, wrapper)
+                    _refusal_patches.append((module, attr, original))
+
+
+def restore_ipu_refusals() -> None:
+    """Undo :func:`explain_ipu_refusals`."""
+    for module, attr, original in _refusal_patches:
+        setattr(module, attr, original)
+    _refusal_patches.clear()
+
+
+@interface(
+    _DEP,
+    "paddle.tensor.linalg.lstsq refusing devices other than CPU and CUDA",
+    "a NotSupportedError naming the way out on the ipu device",
+    fallback="Paddle's own RuntimeError",
+)
+def _probe_refusals() -> str:
+    import inspect as _inspect
+
+    import paddle
+
+    source = _inspect.getsource(
+        getattr(paddle.tensor.linalg.lstsq, "__paddle_ipu_original__", paddle.tensor.linalg.lstsq)
+    )
+    for path, (message, _) in _REFUSALS.items():
+        assert message in source, f"{path} no longer raises {message!r}"
+    return "lstsq's device refusal as checked"
