@@ -70,6 +70,7 @@ check_paddle_version(_paddle.__version__, _core.paddle_version)
 importlib.import_module("paddle_ipu.device").register_kernels()
 _paddle_api = importlib.import_module("paddle_ipu._internals.paddle_api")
 _paddle_api.explain_ipu_refusals()
+_paddle_api.keep_custom_place_on_load()
 if not env_flag("PADDLE_IPU_DEFAULT_DEVICE", False):
     _paddle_api.hide_ipu_from_launcher()
 

@@ -136,8 +136,9 @@ class IpuExecutor:
             random_seed=None if seed is None else int(seed),
             num_threads=int(s.get("host_num_threads")),
             gradient_reduction=s.gradient_reduction,
-            options=s.popart_options(),
-            strategy=s,
+            options=s.values(),
+            explicit=s.explicit_options(),
+            patterns=s.patterns,
             training_source=self.training_source,
         )
 

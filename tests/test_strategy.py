@@ -13,13 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from paddle_ipu import backends
+from paddle_ipu.backends.base import SessionConfig
+from paddle_ipu.backends.popart.options import popart_name, popart_options
 from paddle_ipu.errors import (
     NotSupportedError,
     OptionError,
     OptionTypeError,
     UnknownOptionError,
 )
-from paddle_ipu.strategy import OPTIONS, CustomOp, IpuStrategy
+from paddle_ipu.options import OPTIONS, CustomOp
+from paddle_ipu.strategy import IpuStrategy
 
 # Every option Paddle 2.x's IpuStrategy registered (native, runtime and PopART).
 _PADDLE2_NAMES = """
@@ -130,7 +134,7 @@ def test_constructor_defaults_of_paddle2(s: IpuStrategy) -> None:
     assert s.get("accumulation_and_replication_reduction_type") == 1  # Mean
     assert s.get("mean_accumulation_and_replication_reduction_strategy") == 1  # Post
     assert s.gradient_reduction == "mean"
-    popart = s.popart_options()
+    popart = popart_options(s.values(), s.explicit_options())
     assert popart["accumulationAndReplicationReductionType"] == 1
     assert popart["meanAccumulationAndReplicationReductionStrategy"] == 1
     optimizer = popart["optimizerStateTensorLocationSettings"]
@@ -340,7 +344,7 @@ def test_dispatch_tensor_location(s: IpuStrategy) -> None:
     weight = s.get("location_weight")
     assert weight["on_chip"] == 0 and weight["sharding_domain_with_consecutive"] == 4
     assert "sharding_domain_with_all" not in weight
-    popart = s.popart_options()["weightTensorLocationSettings"]
+    popart = popart_options(s.values(), s.explicit_options())["weightTensorLocationSettings"]
     assert popart["location.storage"] == "OffChip"
     assert popart["location.shardingDomain"] == {"type": "Consecutive", "size": 4}
     with pytest.raises(UnknownOptionError, match="did you mean on_chip"):
@@ -355,7 +359,7 @@ def test_dispatch_callable_and_none(s: IpuStrategy) -> None:
 
     s.set_options({"compilation_progress_logger": logger, "random_seed": 1234})
     assert s.get("compilation_progress_logger") is logger
-    assert s.popart_options()["compilationProgressLogger"] is logger
+    assert popart_options(s.values(), s.explicit_options())["compilationProgressLogger"] is logger
     assert s.random_seed == 1234
     s.set_options({"random_seed": None})
     assert s.random_seed is None
@@ -473,7 +477,7 @@ def test_set_graph_config(s: IpuStrategy) -> None:
     assert (s.num_ipus, s.is_training, s.micro_batch_size) == (4, False, 8)
     assert s.enable_manual_shard and s.get("enable_manual_shard") is True
     assert s.get("virtual_graph_mode") == 1
-    assert s.popart_options()["virtualGraphMode"] == 1
+    assert popart_options(s.values(), s.explicit_options())["virtualGraphMode"] == 1
     s.set_graph_config(num_ipus=4)
     assert s.get("virtual_graph_mode") == 0
 
@@ -488,7 +492,7 @@ def test_set_pipelining_config(s: IpuStrategy) -> None:
     )
     assert s.enable_pipelining and s.enable_gradient_accumulation
     assert (s.batches_per_step, s.accumulation_factor) == (4, 3)
-    popart = s.popart_options()
+    popart = popart_options(s.values(), s.explicit_options())
     assert popart["enablePipelining"] is True
     assert popart["enableGradientAccumulation"] is True
     assert popart["accumulationFactor"] == 3
@@ -500,7 +504,7 @@ def test_accumulation_and_replication_factors(s: IpuStrategy) -> None:
     assert (s.accumulation_factor, s.replication_factor) == (1, 1)  # both switched off
     s.set_options({"enable_gradient_accumulation": True, "enable_replicated_graphs": True})
     assert (s.accumulation_factor, s.replication_factor) == (4, 2)
-    popart = s.popart_options()
+    popart = popart_options(s.values(), s.explicit_options())
     assert popart["replicatedGraphCount"] == 2 and popart["enableReplicatedGraphs"] is True
 
 
@@ -519,7 +523,7 @@ def test_set_precision_config_and_half_partial(s: IpuStrategy) -> None:
     assert s.get("partials_type_matmuls") == "half"
     assert s.get("convolution_options")["partialsType"] == "half"
     assert s.get("enable_half_partial") is True
-    popart = s.popart_options()
+    popart = popart_options(s.values(), s.explicit_options())
     assert popart["partialsTypeMatMuls"] == "half"
     assert popart["convolutionOptions"] == {"partialsType": "half"}
 
@@ -565,7 +569,7 @@ def test_popart_options_use_popart_spelling(s: IpuStrategy) -> None:
             "accumulate_outer_fragment": {2: [0]},
         }
     )
-    popart = s.popart_options()
+    popart = popart_options(s.values(), s.explicit_options())
     assert popart["enableEngineCaching"] is True and popart["cachePath"] == "./cache"
     assert popart["numIOTiles"] == 32
     assert popart["batchSerializationSettings.factor"] == 2
@@ -574,12 +578,12 @@ def test_popart_options_use_popart_spelling(s: IpuStrategy) -> None:
         "excludedVirtualGraphs": [0],
     }
     assert "is_training" not in popart and "enableFloatingPointChecks" not in popart
-    everything = s.popart_options(include_defaults=True)
+    everything = popart_options(s.values(), s.explicit_options(), include_defaults=True)
     assert everything["enableFloatingPointChecks"] is False
     assert everything["timeLimitScheduler"] == 1e9
     assert all("_" not in key for key in everything)
-    with_popart_name = {o.popart_name for o in OPTIONS.values() if o.popart_name}
-    assert set(everything) == with_popart_name - {"compilationProgressLogger"}
+    passed = {popart_name(o) for o in OPTIONS.values() if o.passthrough and o.derived is None}
+    assert set(everything) == passed - {"compilationProgressLogger"}
 
 
 def test_need_compile_follows_paddle2(s: IpuStrategy) -> None:
@@ -628,12 +632,20 @@ def test_resolved_backend(s: IpuStrategy, monkeypatch: pytest.MonkeyPatch) -> No
 # --- host backend classification -----------------------------------------------------
 
 
+HOST = backends.support("host")
+
+
+def _check_host(s: IpuStrategy) -> None:
+    backends.check_support("host", SessionConfig(options=s.values(), explicit=s.explicit_options()))
+
+
 def test_every_option_is_classified_and_documented() -> None:
     for name, spec in OPTIONS.items():
-        assert IpuStrategy.host_support(name) in ("honoured", "ignored", "unsupported")
+        assert HOST.status(name) in ("honoured", "ignored", "unsupported")
         assert spec.doc.endswith((".", ")")), name
-        if spec.host == "unsupported":
-            assert spec.host_note, name
+        if HOST.status(name) != "honoured":
+            assert HOST.note(name), name
+    assert set(HOST.ignored) | set(HOST.unsupported) <= set(OPTIONS)
 
 
 @pytest.mark.parametrize(
@@ -665,16 +677,16 @@ def test_every_option_is_classified_and_documented() -> None:
     ],
 )
 def test_host_support(name: str, expected: str) -> None:
-    assert IpuStrategy.host_support(name) == expected
+    assert HOST.status(name) == expected
 
 
 def test_check_host_support(s: IpuStrategy) -> None:
     s.set_options({"tiles_per_ipu": 1216, "enable_engine_caching": True, "enable_fp16": True})
-    s.check_host_support()  # ignored and honoured options pass
+    _check_host(s)  # ignored and honoured options pass
     s.set_options({"accl1_type": "FLOAT16", "accumulation_and_replication_reduction_type": 2})
     s.add_custom_op("my_op")
     with pytest.raises(NotSupportedError) as info:
-        s.check_host_support()
+        _check_host(s)
     message = str(info.value)
     assert "accl1_type='FLOAT16'" in message and "custom_ops=" in message
     assert "NoReduction" in message and "tiles_per_ipu" not in message

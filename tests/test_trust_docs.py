@@ -17,8 +17,19 @@ paddle = pytest.importorskip("paddle")
 from helpers import fresh_programs  # noqa: E402
 
 import paddle_ipu  # noqa: E402
+from paddle_ipu import backends  # noqa: E402
+from paddle_ipu.backends.base import SessionConfig  # noqa: E402
 from paddle_ipu.errors import NotSupportedError  # noqa: E402
-from paddle_ipu.strategy import OPTIONS, OptionSpec  # noqa: E402
+from paddle_ipu.options import OPTIONS, OptionSpec  # noqa: E402
+
+HOST = backends.support("host")
+
+
+def _check_host(s: Any) -> None:
+    """What the executor does before it makes a host session."""
+    config = SessionConfig(options=s.values(), explicit=s.explicit_options())
+    backends.check_support("host", config)
+
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 _ROW = re.compile(
@@ -90,7 +101,9 @@ def test_row_type_host_and_range_are_the_registry_s(name: str) -> None:
     spec, row = OPTIONS[name], ROWS[name]
     assert row["type"] == spec.type
     host = row["host"].split(" (", 1)[0]
-    assert host == spec.host, f"{name}: docs say {host!r}, strategy.py says {spec.host!r}"
+    assert host == HOST.status(name), (
+        f"{name}: docs say {host!r}, the host backend says {HOST.status(name)!r}"
+    )
     bounds = []
     if spec.minimum is not None:
         bounds.append(f"{'>' if spec.minimum_exclusive else '>='} {_number(spec.minimum)}")
@@ -111,11 +124,11 @@ def test_host_backend_refuses_exactly_the_options_listed_as_unsupported(name: st
     s = paddle_ipu.IpuStrategy()
     s.set_options({name: _non_default(spec)})
     assert s.changed_options(), name
-    if spec.host == "unsupported":
+    if HOST.status(name) == "unsupported":
         with pytest.raises(NotSupportedError, match=re.escape(name)):
-            s.check_host_support()
+            _check_host(s)
     else:
-        s.check_host_support()
+        _check_host(s)
 
 
 def test_no_reduction_is_refused_as_its_row_says() -> None:
@@ -124,7 +137,7 @@ def test_no_reduction_is_refused_as_its_row_says() -> None:
     s = paddle_ipu.IpuStrategy()
     s.set_options({"accumulation_and_replication_reduction_type": "NoReduction"})
     with pytest.raises(NotSupportedError, match="NoReduction"):
-        s.check_host_support()
+        _check_host(s)
 
 
 def _mlp_strategy(options: dict[str, Any], fp16: bool = False) -> tuple[Any, Any, Any]:
@@ -219,6 +232,6 @@ def test_prose_agrees_with_the_table_on_contested_options(doc: str) -> None:
                 continue
             where = f"{doc}: {flat!r}"
             assert len(says) <= 1, f"{where} calls {name} both refused and ignored"
-            assert not says or says == {OPTIONS[name].host}, (
-                f"{where} calls {name} {says.pop()}; strategy.py: {OPTIONS[name].host}"
+            assert not says or says == {HOST.status(name)}, (
+                f"{where} calls {name} {says.pop()}; the host backend: {HOST.status(name)}"
             )

@@ -29,7 +29,7 @@ from test_training import (  # noqa: E402
 )
 
 import paddle_ipu  # noqa: E402
-from paddle_ipu.backends.popart import session as popart_adapter  # noqa: E402
+from paddle_ipu.backends.popart import optimizer as popart_optimizer  # noqa: E402
 from paddle_ipu.compiler.optimizer import extract_optimizer  # noqa: E402
 
 STEPS = 8
@@ -230,7 +230,7 @@ def test_popart_sgd_translation_follows_paddle_under_popart_formula(case: str) -
     with paddle.static.scope_guard(net.scope):
         cfg = extract_optimizer(net.main, scope=net.scope, loss_name="loss")
     popart = _fake_popart()
-    opt = popart_adapter.to_popart_optimizer(cfg, popart)
+    opt = popart_optimizer.to_popart_optimizer(cfg, popart)
     assert type(opt).__name__ == "SGD"
     models = {s.name: PopartSGDModel(opt, popart, s.name, net.array(s.name)) for s in cfg.params}
     device_to_paddle = cfg.device_names()
@@ -269,7 +269,7 @@ def test_popart_lamb_has_no_weight_norm_bound_as_paddle() -> None:
     with paddle.static.scope_guard(net.scope):
         cfg = extract_optimizer(net.main, scope=net.scope, loss_name="loss")
     popart = _fake_popart()
-    opt = popart_adapter.to_popart_optimizer(cfg, popart)
+    opt = popart_optimizer.to_popart_optimizer(cfg, popart)
     assert opt.kw["mode"] == popart.AdamMode.Lamb
     # "defaultMaxWeightNorm" (willow/src/adam.cpp; "maxWeightNorm" is its deprecated alias)
     bound, const = opt.values.get(

@@ -17,7 +17,7 @@ paddle = pytest.importorskip("paddle")
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import OptionError  # noqa: E402
-from paddle_ipu.strategy import OPTIONS  # noqa: E402
+from paddle_ipu.options import OPTIONS  # noqa: E402
 
 DOUBLES = sorted(name for name, spec in OPTIONS.items() if spec.type == "double")
 

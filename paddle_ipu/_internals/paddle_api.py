@@ -636,3 +636,67 @@ def _probe_refusals() -> str:
     for path, (message, _) in _REFUSALS.items():
         assert message in source, f"{path} no longer raises {message!r}"
     return "lstsq's device refusal as checked"
+
+
+# -- paddle.static.load on a scope that lives on the ipu place ------------------------
+
+_load_patch: list[tuple[Any, str, Any]] = []
+
+
+def keep_custom_place_on_load() -> None:
+    """Let ``paddle.static.load`` (PIR) write into tensors on the ipu place whatever the
+    default device is.
+
+    ``paddle/static/pir_io.py``'s ``set_var`` writes each loaded array back on its
+    tensor's place, but names a custom place by the *default* device's type
+    (``paddle.device.get_device().split(':')[0]``): with the CPU as the default (see
+    docs/device.md), a scope trained on the ipu place could not be loaded ("Invalid
+    CustomPlace(cpu, 0)").  The replacement uses the tensor's own device type and hands
+    every other place to Paddle's function; :func:`restore_custom_place_on_load` undoes
+    it."""
+    import paddle
+    from paddle.static import pir_io
+
+    if _load_patch:
+        return
+    original = pir_io.set_var
+
+    def set_var(name: str, ndarray: Any) -> Any:
+        tensor = paddle.static.global_scope().find_var(name).get_tensor()
+        place = tensor._place()
+        if not place.is_custom_place():
+            return original(name, ndarray)
+        custom = paddle.base.core.Place()
+        custom.set_place(place)
+        target = paddle.base.CustomPlace(custom.custom_device_type(), custom.custom_device_id())
+        tensor.set(ndarray, target)
+        return None
+
+    set_var.__paddle_ipu_original__ = original  # type: ignore[attr-defined]
+    pir_io.set_var = set_var
+    _load_patch.append((pir_io, "set_var", original))
+
+
+def restore_custom_place_on_load() -> None:
+    """Undo :func:`keep_custom_place_on_load`."""
+    for module, name, original in _load_patch:
+        setattr(module, name, original)
+    _load_patch.clear()
+
+
+@interface(
+    _DEP,
+    "static.pir_io.set_var(name, ndarray), Place.custom_device_type",
+    "paddle.static.load into a scope on the ipu place",
+    fallback="Paddle's own set_var (needs paddle.set_device('ipu') before loading)",
+)
+def _probe_load() -> str:
+    import inspect as _inspect
+
+    from paddle.static import pir_io
+
+    original = getattr(pir_io.set_var, "__paddle_ipu_original__", pir_io.set_var)
+    params = list(_inspect.signature(original).parameters)
+    assert params == ["name", "ndarray"], params
+    assert "paddle.device.get_device().split(':')[0]" in _inspect.getsource(original)
+    return "pir_io.set_var as checked"

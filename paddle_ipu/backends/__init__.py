@@ -1,8 +1,9 @@
 """The backend registry.
 
-A backend is one module exposing ``create_session(model, config) -> Session`` and
-``available() -> tuple[bool, str]``.  The built-in ones are imported only when first
-asked for, so a backend whose engine is missing (no Poplar SDK, say) never breaks
+A backend is one package exposing ``create_session(model, config) -> Session``,
+``available() -> tuple[bool, str]`` and ``SUPPORT`` (an :class:`~.base.OptionSupport`:
+what it does with the IpuStrategy options).  The built-in ones are imported only when
+first asked for, so a backend whose engine is missing (no Poplar SDK, say) never breaks
 ``import paddle_ipu``:
 
 * ``"host"``: :mod:`paddle_ipu.backends.host`, the emulated IPU; the default everywhere.
@@ -20,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from paddle_ipu.errors import BackendUnavailableError, UnknownOptionError
+from paddle_ipu.errors import BackendUnavailableError, NotSupportedError, UnknownOptionError
 
 if TYPE_CHECKING:
-    from paddle_ipu.backends.base import Session, SessionConfig
+    from paddle_ipu.backends.base import OptionSupport, Session, SessionConfig
     from paddle_ipu.compiler.model import CompiledModel
 
 SessionFactory = Callable[["CompiledModel", "SessionConfig"], "Session"]
@@ -43,19 +44,28 @@ class BackendEntry:
     name: str
     factory: SessionFactory
     available: AvailabilityCheck
+    support: OptionSupport
 
 
 _registry: dict[str, BackendEntry] = {}
 _lock = threading.RLock()
 
 
-def register(name: str, factory: SessionFactory, available: AvailabilityCheck) -> None:
+def register(
+    name: str,
+    factory: SessionFactory,
+    available: AvailabilityCheck,
+    support: OptionSupport | None = None,
+) -> None:
     """Add (or replace) a backend.  ``factory(model, config)`` returns a Session;
-    ``available()`` returns ``(True, description)`` or ``(False, reason)``."""
+    ``available()`` returns ``(True, description)`` or ``(False, reason)``; ``support``
+    says which options it cannot honour (default: it honours them all)."""
+    from paddle_ipu.backends.base import EVERYTHING
+
     if not name or name == AUTO:
         raise ValueError(f"{name!r} cannot name a backend")
     with _lock:
-        _registry[name] = BackendEntry(name, factory, available)
+        _registry[name] = BackendEntry(name, factory, available, support or EVERYTHING)
 
 
 def unregister(name: str) -> None:
@@ -86,7 +96,7 @@ def _entry(name: str) -> BackendEntry:
         # A module may register itself on import; otherwise use its two functions.
         entry = _registry.get(name)
         if entry is None:
-            entry = BackendEntry(name, module.create_session, module.available)
+            entry = BackendEntry(name, module.create_session, module.available, module.SUPPORT)
             _registry[name] = entry
         return entry
 
@@ -120,15 +130,34 @@ def resolve(name: str = AUTO) -> str:
     return name
 
 
+def support(name: str = AUTO) -> OptionSupport:
+    """What backend ``name`` does with the IpuStrategy options."""
+    return _entry(resolve(name)).support
+
+
+def check_support(name: str, config: SessionConfig) -> None:
+    """Raise NotSupportedError naming every setting of ``config`` backend ``name``
+    cannot honour (its :class:`~.base.OptionSupport`)."""
+    resolved = resolve(name)
+    problems = support(resolved).refusals(config)
+    if problems:
+        raise NotSupportedError(
+            f"the {resolved} backend cannot honour these IpuStrategy settings (they would "
+            "change results); reset them or use another backend: " + "; ".join(problems)
+        )
+
+
 def create_session(name: str, model: CompiledModel, config: SessionConfig) -> Session:
-    """A Session of backend ``name`` (or ``"auto"``) for ``model``.
+    """A Session of backend ``name`` (or ``"auto"``) for ``model``, after checking that
+    the backend can honour ``config`` (:func:`check_support`).
 
     Raises BackendUnavailableError, with the backend's own reason, when it cannot
-    be used here."""
+    be used here, and NotSupportedError for settings it cannot honour."""
     resolved = resolve(name)
     ok, reason = availability(resolved)
     if not ok:
         raise BackendUnavailableError(f"the {resolved} backend is not available: {reason}")
+    check_support(resolved, config)
     return _entry(resolved).factory(model, config)
 
 
@@ -139,8 +168,10 @@ __all__ = [
     "availability",
     "available_backends",
     "backend_names",
+    "check_support",
     "create_session",
     "register",
     "resolve",
+    "support",
     "unregister",
 ]

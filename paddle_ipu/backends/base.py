@@ -1,8 +1,12 @@
 """The backend Session protocol: the subset of PopART's session API the executor uses.
 
-A backend is one file implementing :class:`Session` and registering a factory with
-:func:`paddle_ipu.backends.register`.  The executor owns IPU semantics (step layout,
-weight sync, lr updates, eval mode); a backend owns running the compiled graph.
+A backend is one folder (``paddle_ipu/backends/<name>/``) implementing :class:`Session`
+and declaring what it does with the IpuStrategy options (:class:`OptionSupport`); it is
+registered with :func:`paddle_ipu.backends.register`.  The executor owns IPU semantics
+(step layout, weight sync, lr updates, eval mode) and checks a backend's declaration
+before it makes a session; a backend owns running the compiled graph.  A backend is
+given a :class:`SessionConfig` (plain data, option values by their names), never the
+IpuStrategy or a Paddle program.
 
 Data layout (PopART's documented one).  One ``run`` moves ``batches_per_step``
 (bps) steps; each step is ``accumulation_factor`` (af) micro-batches on each of
@@ -16,13 +20,20 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import OptionError
 from paddle_ipu.layout import check_everyn_period
+from paddle_ipu.options import OPTIONS, default_of
+
+if TYPE_CHECKING:
+    from paddle_ipu.compiler.training import TrainingSource
+
+Support = Literal["honoured", "ignored", "unsupported"]
 
 ANCHOR_KINDS = ("ALL", "FINAL", "SUM", "EVERYN")
 
@@ -48,7 +59,13 @@ class AnchorReturnType:
 
 @dataclass
 class SessionConfig:
-    """Everything a backend needs besides the model."""
+    """Everything a backend needs besides the model: plain data.
+
+    ``options`` holds IpuStrategy option values by their names (Paddle 2.x's), and
+    ``explicit`` the names set explicitly; an option left out has its declared default
+    (:meth:`option`).  ``extras`` holds a backend's own settings that are not options
+    (the popart backend's device wait, export paths, ...).
+    """
 
     batches_per_step: int = 1
     accumulation_factor: int = 1
@@ -60,16 +77,65 @@ class SessionConfig:
     num_threads: int = 0  # 0: all cores
     # "mean" or "sum": how gradients are reduced over af and rf.
     gradient_reduction: str = "mean"
-    # Backend-specific pass-through options (PopART SessionOptions names).
-    options: dict[str, Any] = field(default_factory=dict)
-    # The IpuStrategy the model was compiled with, when there is one: a backend
-    # checks the settings it cannot honour against it.
-    strategy: Any = None
-    # Training: the Paddle program the model was compiled from
-    # (paddle_ipu.compiler.training.TrainingSource), for a backend that computes
-    # gradients with Paddle's kernels (the host); the model itself holds no Paddle
-    # objects.
-    training_source: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    explicit: frozenset[str] = frozenset()
+    #: PopART pattern name -> enabled (IpuStrategy.enable_pattern / disable_pattern)
+    patterns: Mapping[str, bool] = field(default_factory=dict)
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    #: training: the Paddle program the model was compiled from, for a backend that
+    #: computes gradients with Paddle's kernels (the host); the model holds no Paddle
+    #: objects
+    training_source: TrainingSource | None = None
+
+    def option(self, name: str) -> Any:
+        """The value of IpuStrategy option ``name`` (its default when not given)."""
+        if name in self.options:
+            return self.options[name]
+        return default_of(OPTIONS[name])
+
+    def changed(self, name: str) -> bool:
+        """Whether option ``name`` differs from its default."""
+        return name in self.options and self.options[name] != default_of(OPTIONS[name])
+
+
+@dataclass(frozen=True)
+class OptionSupport:
+    """What a backend does with the IpuStrategy options: an option not listed is
+    honoured (emulated or passed on faithfully); ``ignored`` ones are accepted because
+    they cannot change results (placement, memory, scheduling, logging ...);
+    ``unsupported`` ones would change results and cannot be honoured, so a strategy
+    that sets one away from its default is refused before a session is made.  Each
+    entry says why.  ``refuse`` adds checks of values (an option supported except for
+    one of its values)."""
+
+    ignored: Mapping[str, str] = field(default_factory=dict)
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    notes: Mapping[str, str] = field(default_factory=dict)
+    refuse: Any = None  # Callable[[SessionConfig], list[str]] | None
+
+    def status(self, name: str) -> Support:
+        if name in self.unsupported:
+            return "unsupported"
+        if name in self.ignored:
+            return "ignored"
+        return "honoured"
+
+    def note(self, name: str) -> str:
+        return self.unsupported.get(name) or self.ignored.get(name) or self.notes.get(name, "")
+
+    def refusals(self, config: SessionConfig) -> list[str]:
+        """The settings of ``config`` this backend cannot honour, each with the reason."""
+        problems = [
+            f"{name}={config.option(name)!r} ({why})"
+            for name, why in sorted(self.unsupported.items())
+            if config.changed(name)
+        ]
+        if self.refuse is not None:
+            problems += list(self.refuse(config))
+        return problems
+
+
+EVERYTHING = OptionSupport(notes=MappingProxyType({}))
 
 
 class Session(abc.ABC):

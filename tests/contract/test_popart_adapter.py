@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import paddle_ipu.backends as backends
+import paddle_ipu.backends.popart.optimizer as popart_optimizer
 import paddle_ipu.backends.popart.session as adapter
 from paddle_ipu.backends.base import AnchorReturnType, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
@@ -410,7 +411,7 @@ def test_available_reports_the_fake_version(sdk: FakeSDK) -> None:
 
 
 def test_inference_call_sequence(sdk: FakeSDK) -> None:
-    cfg = SessionConfig(batches_per_step=2, options={"device_wait_seconds": 0})
+    cfg = SessionConfig(batches_per_step=2, extras={"device_wait_seconds": 0})
     with backends.create_session("popart", model(), cfg) as session:
         assert session.backend == "popart"
         assert sdk.calls == []  # nothing is built before prepare_device
@@ -458,7 +459,7 @@ def test_buffer_layout_is_bps_af_rf_not_the_seeds_reverse(sdk: FakeSDK) -> None:
             "y": AnchorReturnType("ALL"),
             "loss": AnchorReturnType("FINAL"),
         },
-        options={"device_wait_seconds": 0},
+        extras={"device_wait_seconds": 0},
     )
     session = backends.create_session("popart", model(training=True), cfg)
     session.prepare_device()
@@ -519,7 +520,9 @@ def test_training_session_options_and_optimizer(sdk: FakeSDK) -> None:
         is_training=True,
         gradient_reduction="mean",
         random_seed=42,
-        options={"enableStochasticRounding": True, "virtualGraphMode": "Auto"},
+        # IpuStrategy names; the backend spells them in PopART's
+        options={"enable_stochastic_rounding": True, "virtual_graph_mode": 2},
+        explicit=frozenset({"enable_stochastic_rounding", "virtual_graph_mode"}),
     )
     session = adapter.create_session(model(training=True), cfg)
     session.prepare_device()
@@ -569,15 +572,19 @@ def test_sum_reduction_and_bad_reduction(sdk: FakeSDK) -> None:
 def test_unknown_or_mistyped_option_is_refused_before_a_device_is_taken(
     sdk: FakeSDK,
 ) -> None:
-    session = adapter.create_session(model(), SessionConfig(options={"enableStochastic": True}))
+    session = adapter.create_session(
+        model(), SessionConfig(extras={"session_options": {"enableStochastic": True}})
+    )
     with pytest.raises(UnknownOptionError, match="enableStochastic"):
         session.prepare_device()
     session = adapter.create_session(
-        model(), SessionConfig(options={"virtualGraphMode": "Sideways"})
+        model(), SessionConfig(extras={"session_options": {"virtualGraphMode": "Sideways"}})
     )
     with pytest.raises(OptionError, match="Manual"):
         session.prepare_device()
-    session = adapter.create_session(model(), SessionConfig(options={"replicatedGraphCount": "2"}))
+    session = adapter.create_session(
+        model(), SessionConfig(extras={"session_options": {"replicatedGraphCount": "2"}})
+    )
     with pytest.raises(OptionError, match="refused"):
         session.prepare_device()
     assert "acquireAvailableDevice" not in sdk.names()
@@ -590,7 +597,7 @@ def test_ipu_count_is_rounded_up_and_acquisition_retries(
     monkeypatch.setattr(adapter, "_monotonic", lambda: clock[0])
     monkeypatch.setattr(adapter, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     sdk.acquire_failures = 2
-    cfg = SessionConfig(options={"num_ipus": 3, "device_wait_seconds": 10})
+    cfg = SessionConfig(options={"num_ipus": 3}, extras={"device_wait_seconds": 10})
     session = adapter.create_session(model(), cfg)
     session.prepare_device()
     asks = [arg for name, arg in sdk.calls if name == "acquireAvailableDevice"]
@@ -604,7 +611,7 @@ def test_acquisition_gives_up_with_a_clear_error(
     monkeypatch.setattr(adapter, "_monotonic", lambda: clock[0])
     monkeypatch.setattr(adapter, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     sdk.acquire_failures = 10**6
-    cfg = SessionConfig(options={"num_ipus": 3, "device_wait_seconds": 5})
+    cfg = SessionConfig(options={"num_ipus": 3}, extras={"device_wait_seconds": 5})
     session = adapter.create_session(model(), cfg)
     with pytest.raises(BackendError) as info:
         session.prepare_device()
@@ -635,7 +642,7 @@ def test_compile_only_exports_and_refuses_to_run(
 ) -> None:
     monkeypatch.setenv("IPU_COMPILE_ONLY", "1")
     path = str(tmp_path / "exe.popef")
-    session = adapter.create_session(model(), SessionConfig(options={"export_path": path}))
+    session = adapter.create_session(model(), SessionConfig(extras={"export_path": path}))
     session.prepare_device()
     session.write_weights({"w": np.ones((3, 4), np.float32)})  # no device: skipped
     assert dict(sdk.calls)["createOfflineIPUDevice"]["tilesPerIPU"] == "1472"
@@ -759,7 +766,7 @@ def test_optimizer_translation(
 ) -> None:
     popart = sys.modules["popart"]
     cfg = OptimizerConfig(type=kind, lr=0.5, momentum=0.9, weight_decay=0.0)
-    opt = adapter.to_popart_optimizer(cfg, popart)
+    opt = popart_optimizer.to_popart_optimizer(cfg, popart)
     assert type(opt).__name__ == cls
     assert opt.values["defaultLearningRate"] == (0.5, False)
     for key, value in extra.items():
@@ -776,18 +783,18 @@ def test_optimizer_translation(
 def test_optimizer_clipping_and_rejections(sdk: FakeSDK) -> None:
     popart = sys.modules["popart"]
     params = (ParamSlot("w", clip=True), ParamSlot("b", clip=False))
-    opt = adapter.to_popart_optimizer(
+    opt = popart_optimizer.to_popart_optimizer(
         OptimizerConfig(type="sgd", clip_norm=1.0, params=params), popart, {"w": "w_dev"}
     )
     assert opt.args[0] == [(["w_dev"], 1.0)]
     with pytest.raises(NotSupportedError, match="clipping"):
-        adapter.to_popart_optimizer(OptimizerConfig(type="rmsprop", clip_norm=1.0), popart)
+        popart_optimizer.to_popart_optimizer(OptimizerConfig(type="rmsprop", clip_norm=1.0), popart)
     with pytest.raises(NotSupportedError, match="decoupled"):
-        adapter.to_popart_optimizer(
+        popart_optimizer.to_popart_optimizer(
             OptimizerConfig(type="momentum", weight_decay_mode="decay"), popart
         )
     with pytest.raises(NotSupportedError, match="ftrl"):
-        adapter.to_popart_optimizer(OptimizerConfig(type="ftrl"), popart)
+        popart_optimizer.to_popart_optimizer(OptimizerConfig(type="ftrl"), popart)
 
 
 # ---------------------------------------------------------------- real SDK only

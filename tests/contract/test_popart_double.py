@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_session_contract import IN, MB, OUT, affine_model
 
 import paddle_ipu
+import paddle_ipu.backends.popart.options as popart_options_module
 import paddle_ipu.backends.popart.session as adapter
 from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
@@ -109,10 +110,12 @@ def test_the_double_refuses_what_pybind11_refuses(popart_double: ModuleType) -> 
 def test_every_strategy_option_reaches_the_bindings(popart_double: ModuleType) -> None:
     strategy = paddle_ipu.IpuStrategy()
     opts = popart_double.SessionOptions()
-    passed = strategy.popart_options(include_defaults=True)
+    passed = popart_options_module.popart_options(
+        strategy.values(), strategy.explicit_options(), include_defaults=True
+    )
     assert len(passed) > 90
     for name, value in passed.items():
-        adapter.set_session_option(popart_double, opts, name, value)
+        popart_options_module.set_session_option(popart_double, opts, name, value)
     # spot checks of the translations
     assert opts.accumulationAndReplicationReductionType == popart_double.ReductionType.Mean
     assert opts.hardwareInstrumentations == {popart_double.Instrumentation.Outer}
@@ -124,12 +127,14 @@ def test_every_strategy_option_reaches_the_bindings(popart_double: ModuleType) -
 def test_option_values_are_translated_or_refused_by_name(popart_double: ModuleType) -> None:
     p = popart_double
     opts = p.SessionOptions()
-    adapter.set_session_option(p, opts, "batchSerializationSettings.factor", 4)
-    adapter.set_session_option(p, opts, "autoRecomputation", 0)  # C++ None -> NoRecompute
-    adapter.set_session_option(p, opts, "mergeVarUpdate", "None")  # bound as Off
-    adapter.set_session_option(p, opts, "hardwareInstrumentations", [0, 1])
-    adapter.set_session_option(p, opts, "numIOTiles", 32)
-    adapter.set_session_option(p, opts, "engineOptions", {"debug.instrument": True})
+    popart_options_module.set_session_option(p, opts, "batchSerializationSettings.factor", 4)
+    popart_options_module.set_session_option(
+        p, opts, "autoRecomputation", 0
+    )  # C++ None -> NoRecompute
+    popart_options_module.set_session_option(p, opts, "mergeVarUpdate", "None")  # bound as Off
+    popart_options_module.set_session_option(p, opts, "hardwareInstrumentations", [0, 1])
+    popart_options_module.set_session_option(p, opts, "numIOTiles", 32)
+    popart_options_module.set_session_option(p, opts, "engineOptions", {"debug.instrument": True})
     assert opts.batchSerializationSettings.factor == 4
     assert opts.autoRecomputation == p.RecomputationType.NoRecompute
     assert opts.mergeVarUpdate == p.MergeVarUpdateType.Off
@@ -137,12 +142,14 @@ def test_option_values_are_translated_or_refused_by_name(popart_double: ModuleTy
     assert opts.numIOTiles.n == 32
     assert opts.engineOptions == {"debug.instrument": "true"}
     with pytest.raises(NotSupportedError, match="enableSerializedMatmuls"):
-        adapter.set_session_option(p, opts, "enableSerializedMatmuls", False)
-    adapter.set_session_option(p, opts, "enableSerializedMatmuls", True)  # the default: skipped
+        popart_options_module.set_session_option(p, opts, "enableSerializedMatmuls", False)
+    popart_options_module.set_session_option(
+        p, opts, "enableSerializedMatmuls", True
+    )  # the default: skipped
     with pytest.raises(OptionError, match=r"virtualGraphMode.*7"):
-        adapter.set_session_option(p, opts, "virtualGraphMode", 7)
+        popart_options_module.set_session_option(p, opts, "virtualGraphMode", 7)
     with pytest.raises(OptionError, match=r"batchSerializationSettings\.nope"):
-        adapter.set_session_option(p, opts, "batchSerializationSettings.nope", 1)
+        popart_options_module.set_session_option(p, opts, "batchSerializationSettings.nope", 1)
 
 
 # 3-5. has_info, constantWeights, export ----------------------------------------------
@@ -158,7 +165,7 @@ def test_tensor_lookup_without_has_info_and_weights_load(popart_double: ModuleTy
     np.testing.assert_array_equal(session.read_weights(["b"])["b"], np.ones(OUT, np.float32))
     session.close()
     session = adapter.create_session(
-        affine_model(), SessionConfig(options={"constantWeights": True})
+        affine_model(), SessionConfig(extras={"session_options": {"constantWeights": True}})
     )
     session.prepare_device()
     with pytest.raises(OptionError, match="constantWeights"):
@@ -227,7 +234,9 @@ def test_strategy_options_reach_the_sdk(popart_double: ModuleType) -> None:
     s.set_options({"tiles_per_ipu": 64, "max_weight_norm": 100.0,
                    "scaled_optimizer_state": True, "use_no_bias_optimizer": True})  # fmt: skip
     s.enable_pattern("TiedGather")
-    cfg = SessionConfig(is_training=True, strategy=s)
+    cfg = SessionConfig(
+        is_training=True, options=s.values(), explicit=s.explicit_options(), patterns=s.patterns
+    )
     session = adapter.create_session(training_model("lamb"), cfg)
     session.prepare_device()
     device, sdk_session = session._device, session._session

@@ -10,5 +10,6 @@
 """
 
 from paddle_ipu.backends.host.session import HostSession, available, create_session
+from paddle_ipu.backends.host.support import SUPPORT
 
-__all__ = ["HostSession", "available", "create_session"]
+__all__ = ["SUPPORT", "HostSession", "available", "create_session"]

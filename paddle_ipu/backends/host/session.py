@@ -24,6 +24,7 @@ from paddle_ipu import dtypes
 from paddle_ipu._arrays import same_bytes
 from paddle_ipu._internals import ort_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
+from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, NotSupportedError
 from paddle_ipu.layout import StepLayout
@@ -41,27 +42,6 @@ def available() -> tuple[bool, str]:
 
 def create_session(model: CompiledModel, config: SessionConfig) -> HostSession:
     return HostSession(model, config)
-
-
-def _check_options(config: SessionConfig) -> None:
-    """Refuse settings that would change results on an IPU but cannot be emulated
-    here (the strategy's host classification), rather than ignore them."""
-    from paddle_ipu.strategy import OPTIONS
-
-    if config.strategy is not None:
-        config.strategy.check_host_support()
-        return
-    by_popart = {spec.popart_name: spec for spec in OPTIONS.values() if spec.popart_name}
-    problems = []
-    for name, value in config.options.items():
-        spec = by_popart.get(name)
-        if spec is not None and spec.host == "unsupported" and value != spec.default:
-            problems.append(f"{spec.name}={value!r} ({spec.host_note})")
-    if problems:
-        raise NotSupportedError(
-            "the host backend cannot emulate these settings (they would change results): "
-            + "; ".join(problems)
-        )
 
 
 def _strip_device_attributes(proto: Any) -> None:
@@ -90,7 +70,6 @@ class HostSession(Session):
 
     def __init__(self, model: CompiledModel, config: SessionConfig) -> None:
         super().__init__(model, config)
-        _check_options(config)
         self.layout = StepLayout(
             config.batches_per_step, config.accumulation_factor, config.replication_factor
         )
@@ -444,6 +423,7 @@ class _Training:
         from paddle_ipu.backends.host.gradients import build_from_source
         from paddle_ipu.backends.host.trainer import HostTrainer
 
+        assert config.training_source is not None and model.optimizer is not None
         self.model = model
         self.config = config
         self.trainer = HostTrainer(

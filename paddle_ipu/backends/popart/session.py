@@ -13,16 +13,11 @@ Import order.  ``import popart`` raises ImportError when ``onnx`` is already imp
 anything of its own that imports onnx, and ``import paddle_ipu`` imports this module
 first on machines where ``popart`` can be found.
 
-Options.  ``SessionConfig.options`` holds PopART ``SessionOptions`` attributes under
-their own camelCase names (``enableStochasticRounding``, ``virtualGraphMode`` ...),
-nested settings dotted (``batchSerializationSettings.factor``).  Each value is
-translated to the type the binding takes (pybind11 refuses anything else): an int or
-a name to the enum member, a list to a set where the field is a ``std::set``, a dict
-to the settings object (``TensorLocationSettings`` ...).  An option this SDK has no
-binding for raises, naming it (see :data:`UNBOUND_OPTIONS`).  A few snake_case keys
-are read by the adapter itself (see :data:`ADAPTER_OPTIONS`); the IpuStrategy the
-model was compiled with supplies the rest (``num_ipus``, ``tiles_per_ipu``, patterns,
-``enable_distribution``, the optimizer settings).
+Options.  ``SessionConfig.options`` holds the IpuStrategy options by their names; the
+ones passed through to PopART become ``SessionOptions`` fields under PopART's names
+(:mod:`.options`), the rest are read here (``num_ipus``, ``tiles_per_ipu``,
+``enable_distribution``, the optimizer settings).  ``SessionConfig.extras`` holds this
+backend's own settings (:data:`.options.EXTRAS`).
 
 Environment (the names Paddle 2.x used):
 
@@ -34,7 +29,7 @@ Environment (the names Paddle 2.x used):
 Serving (``enable_model_runtime_executor`` on an inference graph): after the weights
 are written, the first run exports the executable as PopEF (``compileAndExport``),
 detaches PopART's device and runs every step through the SDK's ``model_runtime``
-(:mod:`paddle_ipu.backends.popart.popef`), as Paddle 2.x's PreparePopefSession/RunPopef did.
+(:mod:`.popef`), as Paddle 2.x's PreparePopefSession/RunPopef did.
 """
 
 from __future__ import annotations
@@ -73,8 +68,10 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._env import env_flag
-from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
+from paddle_ipu.backends.base import AnchorReturnType, OptionSupport, Session, SessionConfig
 from paddle_ipu.backends.popart import popef as popef_runtime
+from paddle_ipu.backends.popart.optimizer import specific_decay_weights, to_popart_optimizer
+from paddle_ipu.backends.popart.options import EXTRAS, popart_options, set_session_option
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.compiler.optimizer import OptimizerConfig
 from paddle_ipu.errors import (
@@ -92,18 +89,10 @@ log = logging.getLogger(__name__)
 
 NAME = "popart"
 
-#: Keys of ``SessionConfig.options`` that the adapter reads itself.
-ADAPTER_OPTIONS: dict[str, str] = {
-    "num_ipus": "IPUs to acquire, replicas included (default: shards x replicas)",
-    "tiles_per_ipu": "tiles per IPU for the IPU Model / offline device",
-    "ipu_version": 'IPU architecture for the IPU Model / offline device (default "ipu2")',
-    "enable_distribution": "take the device and replica layout from popdist (poprun)",
-    "device_wait_seconds": "how long to retry acquiring busy IPUs (default 30)",
-    "patterns": "PopART pattern name -> enabled",
-    "export_path": 'where IPU_COMPILE_ONLY writes the executable ("offline_cache.popart")',
-    "enable_model_runtime_executor": "inference runs through model_runtime over a PopEF export",
-    "popef_path": "where the PopEF file for model_runtime is exported (default: a temporary file)",
-}
+#: What this backend does with the IpuStrategy options (the rest are honoured).
+SUPPORT = OptionSupport(
+    ignored={"host_num_threads": "the host backend's thread count"},
+)
 
 #: Prefixes PopART gives optimizer state and accumulator tensors of a weight.
 STATE_PREFIXES = ("Accl___", "Accl1___", "Accl2___", "Accl3___", "Accum___", "Step___")
@@ -165,355 +154,6 @@ def _sdk_installed() -> bool:
         return "popart" in sys.modules
 
 
-# --------------------------------------------------------------------------- options
-
-#: SessionOptions fields IpuStrategy knows (Paddle 2.x set them through the C++ API)
-#: that no Python binding of PopART 3.0-3.4 has (popart.cpp), with the value that
-#: means "the SDK's own behaviour": that value is skipped, any other raises.
-UNBOUND_OPTIONS: dict[str, Any] = {
-    "compilationProgressLogger": None,
-    "compilationProgressTotal": 100,
-    "enableSerializedMatmuls": True,
-    "looseThresholdAtPeak": 8000,
-    "autodiffSettings.stitchStrategy": 1,
-}
-
-# The C++ enumerator ``None`` is bound under another name (popart.cpp):
-# RecomputationType::None as "NoRecompute", MergeVarUpdateType::None as "Off".
-_ENUM_ALIASES = {"None": ("NoRecompute", "Off")}
-
-# std::set fields whose elements are enums (sessionoptions.hpp).
-_SET_ENUM_FIELDS = {"hardwareInstrumentations": "Instrumentation"}
-
-# std::map<std::string, std::string> fields (popart/__init__.py.in wraps them).
-_STRING_MAPS = frozenset(
-    {"engineOptions", "convolutionOptions", "lstmOptions", "matmulOptions",
-     "reportOptions", "gclOptions"}
-)  # fmt: skip
-
-
-def _refused(name: str, value: Any, why: str) -> OptionError:
-    return OptionError(f"SessionOptions.{name} = {value!r} was refused: {why}")
-
-
-def _enum_member(enum_type: Any, value: Any, name: str) -> Any:
-    """A pybind11 enum member from a member, its name, or its C++ value (pybind11
-    enums refuse plain ints on assignment)."""
-    members: Mapping[str, Any] = enum_type.__members__
-    if isinstance(value, enum_type):
-        return value
-    if isinstance(value, str):
-        for candidate in (value, *_ENUM_ALIASES.get(value, ())):
-            if candidate in members:
-                return members[candidate]
-        raise _refused(name, value, f"not one of {', '.join(members)}")
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        for member in members.values():
-            if int(member) == int(value):
-                return member
-        raise _refused(name, value, f"no member of {enum_type.__name__} has the value {int(value)}")
-    raise _refused(name, value, f"expected a {enum_type.__name__} member or its name")
-
-
-def _option_string(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"  # Poplar's option parser spells them so
-    return str(value)
-
-
-def _coerce(popart: Any, current: Any, value: Any, name: str, field: str) -> Any:
-    """``value`` in the type the binding of the field holding ``current`` takes."""
-    if hasattr(type(current), "__members__"):
-        return _enum_member(type(current), value, name)
-    if isinstance(current, bool):
-        if isinstance(value, (bool, np.bool_)) or (
-            isinstance(value, (int, np.integer)) and int(value) in (0, 1)
-        ):
-            return bool(value)
-        raise _refused(name, value, "expected a bool")
-    if isinstance(current, int):
-        if isinstance(value, (int, np.integer)) or (
-            isinstance(value, float) and value.is_integer()
-        ):
-            return int(value)
-        raise _refused(name, value, "expected an integer")
-    if isinstance(current, float):
-        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-            return float(value)
-        raise _refused(name, value, "expected a number")
-    if isinstance(current, str):
-        if isinstance(value, str):
-            return value
-        raise _refused(name, value, "expected a string")
-    if isinstance(current, (set, frozenset)):
-        if isinstance(value, (str, Mapping)) or not hasattr(value, "__iter__"):
-            raise _refused(name, value, "expected a set")
-        enum_name = _SET_ENUM_FIELDS.get(field)
-        if enum_name is not None:
-            enum_type = getattr(popart, enum_name)
-            return {_enum_member(enum_type, item, name) for item in value}
-        return set(value)
-    if isinstance(current, list):
-        if isinstance(value, (str, Mapping)) or not hasattr(value, "__iter__"):
-            raise _refused(name, value, "expected a list")
-        return list(value)
-    if isinstance(current, Mapping):
-        if not isinstance(value, Mapping):
-            raise _refused(name, value, "expected a dict")
-        if field in _STRING_MAPS:
-            return {str(k): _option_string(v) for k, v in value.items()}
-        return dict(value)
-    if type(current).__name__ == "NumIOTiles":  # bound with an int constructor only
-        if isinstance(value, type(current)):
-            return value
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            return type(current)(int(value))
-        raise _refused(name, value, "expected an integer")
-    if isinstance(value, type(current)):
-        return value
-    raise _refused(name, value, f"expected a {type(current).__name__}")
-
-
-def _assign(popart: Any, obj: Any, path: Sequence[str], value: Any, name: str) -> None:
-    head, rest = path[0], path[1:]
-    if not hasattr(obj, head):
-        where = "SessionOptions" if name == ".".join(path) else name[: -len(".".join(path))]
-        raise UnknownOptionError(
-            f"{name!r} is not a PopART SessionOptions attribute ({head!r} is not an "
-            f"attribute of {where.rstrip('.')} in this SDK; the adapter's own options "
-            f"are {', '.join(sorted(ADAPTER_OPTIONS))})"
-        )
-    current = getattr(obj, head)
-    if rest:
-        # pybind11's def_readwrite hands out the nested struct by reference; setting
-        # it back afterwards also covers a binding that hands out a copy.
-        _assign(popart, current, rest, value, name)
-        new = current
-    elif head == "shardingDomain" and isinstance(value, Mapping):
-        # TensorLocation.shardingDomain is a CommGroup(type, replicaGroupSize)
-        # (popart._internal.ir bindings/commgroup.cpp).
-        kind = _enum_member(popart.CommGroupType, value.get("type", "All"), name)
-        new = popart.CommGroup(kind, int(value.get("size", 0)))
-    elif isinstance(value, Mapping) and not isinstance(current, Mapping):
-        for key, item in value.items():
-            _assign(popart, current, str(key).split("."), item, f"{name}.{key}")
-        new = current
-    else:
-        new = _coerce(popart, current, value, name, head)
-    try:
-        setattr(obj, head, new)
-    except (TypeError, ValueError, AttributeError, RuntimeError) as exc:
-        raise _refused(name, value, str(exc) or type(exc).__name__) from exc
-
-
-def set_session_option(popart: Any, opts: Any, name: str, value: Any) -> None:
-    """Set one ``SessionOptions`` field, dotted name or not, translated to its bound
-    type.  Raises UnknownOptionError for a field this SDK does not bind,
-    NotSupportedError for a bound-nowhere field set to a non-default value, and
-    OptionError for a value the field cannot take."""
-    if name in UNBOUND_OPTIONS:
-        default = UNBOUND_OPTIONS[name]
-        if value is default or (default is not None and value == default):
-            return  # the SDK's behaviour already
-        raise NotSupportedError(
-            f"SessionOptions.{name} = {value!r}: PopART's Python API (3.0-3.4) has no "
-            f"binding for {name!r}; leave it at {default!r}"
-        )
-    _assign(popart, opts, name.split("."), value, name)
-
-
-# --------------------------------------------------------------------------- optimizer
-
-
-# The largest float32: a weight-norm bound that never applies.
-_NO_WEIGHT_NORM_BOUND = 3.4028234663852886e38
-
-
-def _accl_type(popart: Any, value: Any, default: Any) -> Any:
-    if value is None or value == "":
-        return default
-    text = str(value).upper()
-    if text in ("FLOAT", "FLOAT32", "FP32"):
-        return popart.DataType.FLOAT
-    if text in ("FLOAT16", "HALF", "FP16"):
-        return popart.DataType.FLOAT16
-    raise OptionError(f"optimizer state type {value!r} is not FLOAT or FLOAT16")
-
-
-def specific_decay_weights(
-    cfg: OptimizerConfig, device_names: Mapping[str, str] | None = None
-) -> list[str]:
-    """Device names of the parameters whose decay differs from the common one
-    (ParamAttr regularizers, AdamW's apply_decay_param_fun, Lamb's exclusions)."""
-    names = device_names or {}
-    return [
-        names.get(slot.name, slot.name)
-        for slot in cfg.params
-        if float(slot.weight_decay) != float(cfg.weight_decay)
-    ]
-
-
-def to_popart_optimizer(
-    cfg: OptimizerConfig,
-    popart: Any,
-    device_names: Mapping[str, str] | None = None,
-    specific: Sequence[str] | None = None,
-    *,
-    max_weight_norm: float | None = None,
-    scaled_optimizer_state: bool = False,
-    no_bias: bool = False,
-) -> Any:
-    """Translate an :class:`~paddle_ipu.compiler.optimizer.OptimizerConfig` into a
-    ``popart.SGD``, ``popart.Adam`` or ``popart.Adaptive``.
-
-    Fields read: ``type``, ``lr``, ``weight_decay``, ``weight_decay_mode``,
-    ``momentum``, ``beta1``, ``beta2``, ``epsilon``, ``rho``, ``clip_norm``,
-    ``loss_scaling``, ``accl1_type``/``accl2_type``/``accl3_type``, and per parameter
-    ``params[i].name``, ``.weight_decay`` and ``.clip``.  ``device_names`` maps a
-    Paddle parameter name to its device tensor name where the two differ.
-
-    Per-parameter decays go in with ``insertSpecific`` for the weights in
-    ``specific`` (default: :func:`specific_decay_weights`).  A replacement optimizer
-    must carry the same specific weights as the one the session was built with, so
-    the session passes the list it started with on every update.
-
-    From the IpuStrategy: ``max_weight_norm`` bounds Lamb's trust ratio (PopART's
-    ``defaultMaxWeightNorm``, 10 when unset, adam.hpp; ``None``: no bound, as Paddle's
-    kernel), ``scaled_optimizer_state`` is Adam's ``scaled_optimizer_state``, and
-    ``no_bias`` picks ``AdamNoBias`` / ``LambNoBias`` (adam.hpp).
-
-    The learning rate and the weight decay are non-const (``(value, False)``) so that
-    lr schedules and eval mode (lr 0, decay 0) can change them through
-    ``updateOptimizerFromHost``; the other hyper-parameters are const.
-    """
-    kind = cfg.type
-    names = dict(device_names or {})
-    wd_mode_name = (cfg.weight_decay_mode or "none").lower()
-    if wd_mode_name not in ("none", "decay", "l2_regularization"):
-        raise OptionError(
-            f"weight_decay_mode {cfg.weight_decay_mode!r} is not one of "
-            "'none', 'decay', 'l2_regularization'"
-        )
-    values: dict[str, tuple[float, bool]] = {
-        "defaultLearningRate": (float(cfg.lr), False),
-        "defaultWeightDecay": (float(cfg.weight_decay), False),
-        "lossScaling": (float(cfg.loss_scaling), True),
-    }
-
-    clip: list[Any] = []
-    if cfg.clip_norm:
-        clipped = [names.get(p.name, p.name) for p in cfg.params if p.clip]
-        if not cfg.params or len(clipped) == len(cfg.params):
-            clip = [popart.ClipNormSettings.clipAllWeights(float(cfg.clip_norm))]
-        elif clipped:
-            clip = [popart.ClipNormSettings.clipWeights(clipped, float(cfg.clip_norm))]
-
-    def decay_mode(default: str) -> Any:
-        mode = default if wd_mode_name == "none" else wd_mode_name
-        if mode == "decay":
-            return popart.WeightDecayMode.Decay
-        return popart.WeightDecayMode.L2Regularization
-
-    opt: Any
-    if kind in ("sgd", "momentum"):
-        if wd_mode_name == "decay":
-            raise NotSupportedError(
-                f"decoupled weight decay with {kind} has no PopART SGD equivalent"
-            )
-        # Paddle's sgd and momentum kernels have neither dampening nor velocity scaling;
-        # PopART's dampening scales the gradient even without momentum (its SGD0
-        # update is w -= lr * (1 - dm) * (g + wd * w)), so it is set in both cases.
-        values["defaultDampening"] = (0.0, True)
-        values["defaultVelocityScaling"] = (1.0, True)
-        # PopART's SGD adds the decay to the gradient, as Paddle's L2 regularizer does.
-        if kind == "momentum" and cfg.momentum:
-            values["defaultMomentum"] = (float(cfg.momentum), True)
-            # Separate keeps Paddle's velocity as it is in Accl1___<w>.  The default,
-            # Combined, stores in Accl___<w> the next step's precomputed
-            # "v * mm / rf + wd * vs * w" (PopART's sgd.hpp), which is not Paddle's
-            # velocity: weights_to_host and a resumed checkpoint would be wrong.
-            opt = popart.SGD(
-                values,
-                clip,
-                accumulatorAndMomentum=popart.SGDAccumulatorAndMomentum.Separate,
-                accl1Type=_accl_type(popart, cfg.accl1_type, popart.DataType.UNDEFINED),
-            )
-        else:
-            opt = popart.SGD(values, clip)
-    elif kind in ("adam", "adamw", "adamax", "lamb"):
-        values["defaultBeta1"] = (float(cfg.beta1), True)
-        values["defaultBeta2"] = (float(cfg.beta2), True)
-        values["defaultEps"] = (float(cfg.epsilon), True)
-        if kind == "lamb":
-            # Paddle's lamb kernel does not bound the weight norm of its trust ratio;
-            # PopART's Lamb bounds it by defaultMaxWeightNorm, 10 when unset
-            # (adam.hpp getUnsetMaxWeightNorm; "maxWeightNorm" is its deprecated key
-            # in willow/src/adam.cpp).
-            bound = _NO_WEIGHT_NORM_BOUND if max_weight_norm is None else max_weight_norm
-            values["defaultMaxWeightNorm"] = (float(bound), True)
-        mode = {
-            "adam": popart.AdamMode.AdamNoBias if no_bias else popart.AdamMode.Adam,
-            "adamw": popart.AdamMode.AdamNoBias if no_bias else popart.AdamMode.Adam,
-            # AdaMax has no bias-free variant in PopART (AdamMode, adam.hpp).
-            "adamax": popart.AdamMode.AdaMax,
-            "lamb": popart.AdamMode.LambNoBias if no_bias else popart.AdamMode.Lamb,
-        }[kind]
-        opt = popart.Adam(
-            values,
-            mode=mode,
-            # adam/adamax: Paddle adds the decay to the gradient; adamw/lamb: decoupled.
-            weight_decay_mode=decay_mode(
-                "decay" if kind in ("adamw", "lamb") else "l2_regularization"
-            ),
-            accl1_type=_accl_type(popart, cfg.accl1_type, popart.DataType.FLOAT),
-            accl2_type=_accl_type(popart, cfg.accl2_type, popart.DataType.FLOAT),
-            clip_norm_settings=clip,
-            scaled_optimizer_state=bool(scaled_optimizer_state),
-        )
-    elif kind in ("adagrad", "rmsprop", "centered_rmsprop", "adadelta"):
-        mode = {
-            "adagrad": popart.AdaptiveMode.AdaGrad,
-            "adadelta": popart.AdaptiveMode.AdaDelta,
-            "rmsprop": popart.AdaptiveMode.RMSProp,
-            "centered_rmsprop": popart.AdaptiveMode.CenteredRMSProp,
-        }[kind]
-        values["defaultEps"] = (float(cfg.epsilon), True)
-        if kind != "adagrad":
-            values["defaultAlpha"] = (float(cfg.rho), True)
-        if kind in ("rmsprop", "centered_rmsprop"):
-            values["defaultMomentum"] = (float(cfg.momentum), True)
-        if clip:
-            raise NotSupportedError(
-                f"global-norm gradient clipping with {kind} has no PopART equivalent "
-                "(PopART clips only SGD and Adam-family optimizers)"
-            )
-        opt = popart.Adaptive(
-            values,
-            mode=mode,
-            weight_decay_mode=decay_mode("l2_regularization"),
-            accl1_type=_accl_type(popart, cfg.accl1_type, popart.DataType.FLOAT),
-            accl2_type=_accl_type(popart, cfg.accl2_type, popart.DataType.FLOAT),
-            accl3_type=_accl_type(popart, cfg.accl3_type, popart.DataType.UNDEFINED),
-            # Paddle's rmsprop adds eps inside the square root and applies lr to the
-            # momentum term: PopART's "TF variant" of RMSProp.
-            rmsprop_tf_variant=kind in ("rmsprop", "centered_rmsprop"),
-        )
-    else:
-        raise NotSupportedError(
-            f"optimizer type {kind!r} has no PopART equivalent (supported: sgd, momentum, "
-            "adam, adamw, adamax, lamb, adagrad, adadelta, rmsprop, centered_rmsprop)"
-        )
-    decays = {names.get(slot.name, slot.name): float(slot.weight_decay) for slot in cfg.params}
-    wanted = specific_decay_weights(cfg, names) if specific is None else specific
-    for weight in wanted:
-        decay = decays.get(weight, float(cfg.weight_decay))
-        opt.insertSpecific(weight, {"weightDecay": (decay, False)})
-    return opt
-
-
-# --------------------------------------------------------------------------- session
-
-
 class PopartSession(Session):
     """One compiled graph in one PopART session on one acquired device."""
 
@@ -522,7 +162,12 @@ class PopartSession(Session):
     def __init__(self, model: CompiledModel, config: SessionConfig) -> None:
         super().__init__(model, config)
         self._popart: Any = _import_popart()
-        self._options: dict[str, Any] = dict(config.options)
+        self._extras: dict[str, Any] = dict(config.extras)
+        unknown = sorted(set(self._extras) - set(EXTRAS))
+        if unknown:
+            raise UnknownOptionError(
+                f"unknown popart backend setting(s) {unknown}; known: {', '.join(sorted(EXTRAS))}"
+            )
         self._device: Any = None
         self._session: Any = None
         self._prepared = False
@@ -535,7 +180,8 @@ class PopartSession(Session):
         # InferenceSession's constantWeights (True by default, sessionoptions.hpp)
         # makes writeWeights raise (willow/src/session.cpp, 3.1+): the executor loads
         # the scope's weights after prepare, so it is off unless asked for.
-        self._constant_weights = bool(config.options.get("constantWeights", False))
+        raw = dict(self._extras.get("session_options") or {})
+        self._constant_weights = bool(raw.get("constantWeights", False))
         self.compile_only = env_flag("IPU_COMPILE_ONLY")
         self.export_path: str | None = None
         if config.is_training and not model.loss:
@@ -549,7 +195,7 @@ class PopartSession(Session):
         self._anchors = self._anchor_types()
         # The PopEF path (see paddle_ipu/backends/popef.py): inference only.
         self.model_runtime = not config.is_training and bool(
-            self._strategy_value("enable_model_runtime_executor", False)
+            config.option("enable_model_runtime_executor")
         )
         self._runtime_modules: tuple[Any, Any] | None = None
         self._popef: popef_runtime.PopefRunner | None = None
@@ -576,32 +222,11 @@ class PopartSession(Session):
                 )
         return anchors
 
-    def _strategy_value(self, name: str, default: Any) -> Any:
-        """An adapter option from ``options``, else from the IpuStrategy, else default."""
-        if name in self._options:
-            return self._options[name]
-        strategy = self.config.strategy
-        if strategy is not None:
-            with suppress(Exception):
-                return strategy.get(name)
-        return default
-
-    def _strategy_changed(self, name: str) -> bool:
-        """Whether ``options`` or the IpuStrategy sets ``name`` away from its default."""
-        if name in self._options:
-            return True
-        strategy = self.config.strategy
-        if strategy is None:
-            return False
-        with suppress(Exception):
-            return name in strategy.changed_options()
-        return False
-
     def _num_ipus(self) -> int:
         needed = self._ipus_per_replica() * max(1, self.config.replication_factor)
-        asked = self._strategy_value("num_ipus", None)
-        if asked is None:
+        if not self.config.changed("num_ipus"):
             return needed
+        asked = self.config.option("num_ipus")
         if int(asked) < needed:
             raise OptionError(
                 f"num_ipus is {int(asked)}, but {self._ipus_per_replica()} IPU(s) per "
@@ -614,10 +239,10 @@ class PopartSession(Session):
         return max(indices) + 1 if indices else 1
 
     def _device_opts(self, for_offline: bool) -> dict[str, str]:
-        version = str(self._options.get("ipu_version", "ipu2"))
+        version = str(self._extras.get("ipu_version", "ipu2"))
         tiles: Any = None
-        if not for_offline or self._strategy_changed("tiles_per_ipu"):
-            tiles = self._strategy_value("tiles_per_ipu", None)
+        if not for_offline or self.config.changed("tiles_per_ipu"):
+            tiles = self.config.option("tiles_per_ipu")
         if tiles is None:
             # Paddle 2.x used 4 tiles for the IPU Model; an offline executable meant
             # for real IPUs is compiled for the whole chip unless told otherwise.
@@ -647,7 +272,7 @@ class PopartSession(Session):
     def _acquire_hardware(self, manager: Any) -> Any:
         asked = self._num_ipus()
         request = next_power_of_two(asked)
-        wait = float(self._options.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S))
+        wait = float(self._extras.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S))
         deadline = _monotonic() + max(0.0, wait)
         delay = 0.5
         attempts = 0
@@ -670,12 +295,12 @@ class PopartSession(Session):
         raise BackendError(
             f"could not acquire {request} IPU(s){rounded} after {attempts} attempt(s) over "
             f"{wait:g} s: {last_error}. Other processes may hold the IPUs (see `gc-monitor`); "
-            "raise options['device_wait_seconds'] to wait longer, or set POPLAR_IPUMODEL=1 "
+            "raise extras['device_wait_seconds'] to wait longer, or set POPLAR_IPUMODEL=1 "
             "to use the simulated IPU Model."
         )
 
     def _distributed(self) -> bool:
-        return bool(self._strategy_value("enable_distribution", False))
+        return bool(self.config.option("enable_distribution"))
 
     def _import_popdist(self) -> Any:
         try:
@@ -719,9 +344,9 @@ class PopartSession(Session):
         if cache:
             opts.enableEngineCaching = True
             opts.cachePath = cache
-        for name, value in self._options.items():
-            if name in ADAPTER_OPTIONS:
-                continue
+        fields = popart_options(cfg.options, cfg.explicit)
+        fields.update(self._extras.get("session_options") or {})
+        for name, value in fields.items():
             self._set_option(opts, name, value)
         if self._distributed():
             self._import_popdist().configureSessionOptions(opts)
@@ -744,15 +369,9 @@ class PopartSession(Session):
             raise BackendError(f"the engine cache directory {path!r} is not writable")
 
     def _patterns(self) -> Any:
-        """IpuStrategy.enable_pattern / disable_pattern, then options["patterns"]."""
-        wanted: dict[str, bool] = {}
-        strategy = self.config.strategy
-        chosen = getattr(strategy, "patterns", None) if strategy is not None else None
-        if callable(chosen):
-            chosen = chosen()
-        if isinstance(chosen, Mapping):
-            wanted.update(chosen)
-        wanted.update(dict(self._options.get("patterns") or {}))
+        """IpuStrategy.enable_pattern / disable_pattern, then extras["patterns"]."""
+        wanted: dict[str, bool] = dict(self.config.patterns)
+        wanted.update(dict(self._extras.get("patterns") or {}))
         if not wanted:
             return None
         patterns = self._popart.Patterns()
@@ -826,15 +445,20 @@ class PopartSession(Session):
         device_names = {paddle: onnx for onnx, paddle in self.model.weights.items()}
         if self._specific is None:
             self._specific = specific_decay_weights(optimizer, device_names)
-        bound = self._strategy_value("max_weight_norm", None)
+        # Paddle's lamb kernel has no bound: only a max_weight_norm set explicitly sets one.
+        bound = (
+            self.config.option("max_weight_norm")
+            if self.config.changed("max_weight_norm")
+            else None
+        )
         return to_popart_optimizer(
             optimizer,
             self._popart,
             device_names,
             self._specific,
             max_weight_norm=None if bound is None else float(bound),
-            scaled_optimizer_state=bool(self._strategy_value("scaled_optimizer_state", False)),
-            no_bias=bool(self._strategy_value("use_no_bias_optimizer", False)),
+            scaled_optimizer_state=bool(self.config.option("scaled_optimizer_state")),
+            no_bias=bool(self.config.option("use_no_bias_optimizer")),
         )
 
     def _with_strategy(self, cfg: OptimizerConfig) -> OptimizerConfig:
@@ -842,12 +466,12 @@ class PopartSession(Session):
         import dataclasses
 
         changes: dict[str, Any] = {}
-        mode = self._strategy_value("weight_decay_mode", "")
+        mode = self.config.option("weight_decay_mode")
         if mode:
             changes["weight_decay_mode"] = str(mode)
         for field in ("accl1_type", "accl2_type", "accl3_type"):
-            if self._strategy_changed(field):
-                changes[field] = str(self._strategy_value(field, "FLOAT"))
+            if self.config.changed(field):
+                changes[field] = str(self.config.option(field))
         return dataclasses.replace(cfg, **changes) if changes else cfg
 
     @contextmanager
@@ -872,7 +496,7 @@ class PopartSession(Session):
 
     def prepare_device(self) -> None:
         if self.compile_only:
-            path = str(self._options.get("export_path", "offline_cache.popart"))
+            path = str(self._extras.get("export_path", "offline_cache.popart"))
             self.compile_and_export(path)
             return
         if self.model_runtime:
@@ -1172,7 +796,7 @@ class PopartSession(Session):
         self._runtime_modules = popef_runtime.import_runtime()
 
     def _popef_target(self) -> str:
-        asked = self._options.get("popef_path")
+        asked = self._extras.get("popef_path")
         if asked:
             return str(asked)
         if self._popef_dir is None:
@@ -1196,7 +820,7 @@ class PopartSession(Session):
             str(self.popef_path),
             inputs,
             outputs,
-            device_wait_s=float(self._options.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S)),
+            device_wait_s=float(self._extras.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S)),
             modules=self._runtime_modules,
         )
         self._popef = runner
@@ -1309,14 +933,12 @@ class PopartSession(Session):
 
 
 __all__ = [
-    "ADAPTER_OPTIONS",
+    "DEFAULT_DEVICE_WAIT_S",
     "NAME",
-    "UNBOUND_OPTIONS",
+    "STATE_PREFIXES",
+    "SUPPORT",
     "PopartSession",
     "available",
     "create_session",
     "next_power_of_two",
-    "set_session_option",
-    "specific_decay_weights",
-    "to_popart_optimizer",
 ]

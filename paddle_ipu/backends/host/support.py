@@ -1,0 +1,154 @@
+"""What the host backend (the emulated IPU) does with the IpuStrategy options.
+
+An option not listed is honoured: emulated faithfully.  ``ignored`` options are
+accepted because they cannot change results (placement, memory, scheduling, compile
+caching, logging, precision hints the host exceeds); ``unsupported`` ones would change
+results and cannot be emulated, so a strategy that sets one away from its default is
+refused (``NotSupportedError`` naming each) before a session is made.  docs/strategy.md
+shows this table beside every option.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from paddle_ipu.backends.base import OptionSupport, SessionConfig
+
+#: options the host honours, with what it checks
+_NOTES: dict[str, str] = {
+    "num_ipus": "checked against replication and shard indices",
+    "accumulation_and_replication_reduction_type": "NoReduction is unsupported",
+    "enable_pipelining": "checked; results equal those of gradient accumulation",
+}
+#: accepted and ignored: they cannot change results
+_IGNORED: dict[str, str] = {
+    "need_avg_shard": "placement only",
+    "scaled_optimizer_state": "the update is the same in exact arithmetic",
+    "tiles_per_ipu": "no tiles to simulate",
+    "available_memory_proportion": "memory planning only",
+    "loss_scaling": (
+        "the host computes gradients in float32, where the scaling cancels out; it is not applied"
+    ),
+    "enable_manual_shard": "placement only",
+    "enable_half_partial": "precision hint; the host accumulates in float32",
+    "autodiff_settings.stitch_strategy": "scheduling",
+    "batch_serialization_settings.transform_context": "memory/scheduling",
+    "batch_serialization_settings.method": "memory/scheduling",
+    "batch_serialization_settings.batch_schedule": "scheduling",
+    "auto_recomputation": "memory only",
+    "merge_var_update": "scheduling",
+    "virtual_graph_mode": "placement only",
+    "subgraph_copying_strategy": "scheduling",
+    "mean_accumulation_and_replication_reduction_strategy": "the same mean up to rounding",
+    "log_dir": "logging",
+    "cache_path": "compile caching",
+    "partials_type_matmuls": "precision hint; the host uses float32",
+    "custom_codelet_compile_flags": "IPU compile only",
+    "serialized_poprithms_shift_graphs_dir": "debugging output",
+    "kahn_tie_breaker": "scheduling",
+    "execution_phase_settings.phases": "placement/scheduling",
+    "execution_phase_settings.stages": "placement/scheduling",
+    "batch_serialization_settings.factor": "memory only",
+    "first_dot_op": "debugging output",
+    "final_dot_op": "debugging output",
+    "num_io_tiles": "memory only",
+    "merge_var_update_mem_threshold": "scheduling",
+    "loose_threshold_at_peak": "scheduling",
+    "swap_limit_scheduler": "scheduling",
+    "default_prefetch_buffering_depth": "IO only",
+    "compilation_progress_total": "progress reporting",
+    "transitive_closure_optimization_threshold": "compile time only",
+    "batch_serialization_settings.concat_on_virtual_graph_change": "memory/scheduling",
+    "batch_serialization_settings.concat_on_execution_phase_change": "memory/scheduling",
+    "batch_serialization_settings.concat_on_pipeline_stage_change": "memory/scheduling",
+    "strict_op_versions": "IPU compile check",
+    "opx_alias_checking": "debugging",
+    "opx_modify_checking": "debugging",
+    "dot_op_names": "debugging output",
+    "export_poplar_computation_graph": "debugging output",
+    "export_poplar_vertex_graph": "debugging output",
+    "separate_call_op_pdfs": "debugging output",
+    "enable_outlining": "code size only",
+    "enable_outlining_copy_cost_pruning": "code size only",
+    "rearrange_anchors_on_host": "IO only",
+    "enable_prefetch_datastreams": "IO only",
+    "enable_non_stable_softmax": "precision hint; the host always uses the stable form",
+    "instrument_with_hardware_cycle_counter": "profiling",
+    "disable_grad_accumulation_tensor_streams": "IO only",
+    "compile_engine": "IPU compile only",
+    "constant_weights": "the same values",
+    "enable_engine_caching": "compile caching",
+    "enable_merge_exchange": "IO only",
+    "enable_floating_point_checks": "the host does not trap; non-finite values propagate",
+    "explicit_recomputation": "memory only",
+    "enable_explicit_main_loops": "scheduling",
+    "use_host_copy_ops": "IO only",
+    "alias_zero_copy": "memory only",
+    "delay_var_updates": "scheduling",
+    "enable_fully_connected_pass": "planning",
+    "enable_serialized_matmuls": "memory only",
+    "enable_stable_norm": "precision hint; the host uses float32",
+    "decompose_grad_sum": "memory only",
+    "group_host_sync": "IO only",
+    "enable_supported_data_type_casting": "the compiler already feeds int32",
+    "schedule_non_weight_update_gradient_consumers_early": "scheduling",
+    "create_implicit_pipelining_fwd_only_program": "compile only",
+    "outline_sequence_break_cost": "code size only",
+    "outline_threshold": "code size only",
+    "time_limit_scheduler": "scheduling",
+    "automatic_loss_scaling_settings.bin_edge_location": "used only by automatic loss scaling",
+    "automatic_loss_scaling_settings.threshold_upper_count_proportion": (
+        "used only by automatic loss scaling"
+    ),
+    "engine_options": "Poplar library tuning",
+    "report_options": "Poplar library tuning",
+    "convolution_options": "Poplar library tuning",
+    "lstm_options": "Poplar library tuning",
+    "gcl_options": "Poplar library tuning",
+    "replicated_collectives_settings": "scheduling",
+    "accumulate_outer_fragment": "scheduling",
+    "dot_checks": "debugging output",
+    "hardware_instrumentations": "profiling",
+    "custom_codelets": "IPU compile only",
+    "location_activation": "memory placement only",
+    "location_weight": "memory placement only",
+    "location_optimizer": "memory placement only",
+    "location_accumulator": "memory placement only",
+}
+#: they would change results and cannot be emulated
+_UNSUPPORTED: dict[str, str] = {
+    "use_no_bias_optimizer": (
+        "the host's optimizers follow Paddle's kernels, which correct the bias"
+    ),
+    "enable_distribution": "needs the other instances of the job",
+    "max_weight_norm": "the host's Lamb follows Paddle's kernel, which has no such bound",
+    "accl1_type": "the host keeps optimizer state in float32",
+    "accl2_type": "the host keeps optimizer state in float32",
+    "accl3_type": "the host keeps optimizer state in float32",
+    "weight_decay_mode": "the host applies weight decay the way the program's optimizer does",
+    "custom_ops": "PopART custom ops exist only on the IPU",
+    "synthetic_data_mode": "the feeds would be replaced",
+    "global_replication_factor": "needs the other instances of the job",
+    "global_replica_offset": "needs the other instances of the job",
+    "enable_stochastic_rounding": "rounding mode; the host rounds to nearest",
+    "enable_distributed_replicated_graphs": "needs the other instances of the job",
+    "automatic_loss_scaling_settings.enabled": "the loss scaling would follow device statistics",
+    "group_norm_strided_channel_grouping": "changes which channels are normalised together",
+}
+
+
+def _refuse(config: SessionConfig) -> list[str]:
+    if config.option("accumulation_and_replication_reduction_type") == 2:
+        return [
+            "accumulation_and_replication_reduction_type=2 (NoReduction: the host reduces "
+            "gradients by Mean or Sum)"
+        ]
+    return []
+
+
+SUPPORT = OptionSupport(
+    ignored=MappingProxyType(_IGNORED),
+    unsupported=MappingProxyType(_UNSUPPORTED),
+    notes=MappingProxyType(_NOTES),
+    refuse=_refuse,
+)
