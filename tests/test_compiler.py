@@ -19,7 +19,7 @@ from paddle_ipu.compiler import (
     set_ipu_shard,
     supported_ops,
 )
-from paddle_ipu.compiler.reader import reader_for
+from paddle_ipu.compiler.compile import reader_for
 from paddle_ipu.errors import CompileError, FeedError, UnsupportedOpError
 
 paddle.enable_static()

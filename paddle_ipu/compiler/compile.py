@@ -27,12 +27,14 @@ import numpy as np
 import onnx
 
 from paddle_ipu._internals import paddle_api
+from paddle_ipu.compiler import converter_fixes, onnx_passes
+from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
-from paddle_ipu.compiler.model import CompiledModel
+from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
 from paddle_ipu.compiler.ops import check_supported
-from paddle_ipu.compiler.postprocess import finalize
+from paddle_ipu.compiler.pir_reader import PirReader
 from paddle_ipu.compiler.ranges import attach_ranges
-from paddle_ipu.compiler.reader import reader_for
+from paddle_ipu.compiler.reader import ForwardGraph, ProgramReader
 from paddle_ipu.compiler.weights import serialize_with_weights
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError, WorkDirError
 
@@ -377,7 +379,7 @@ def _compile(
         )
         model = _convert(fg, requested, auto_upgrade, isolate, frozenset())
 
-    inputs, outputs, weights, shards = finalize(
+    inputs, outputs, weights, shards = _finalize(
         model,
         fg,
         micro_batch_size=micro_batch_size,
@@ -413,3 +415,54 @@ def _compile(
     if onnx_dump_path:
         compiled.save_model_proto(onnx_dump_path)
     return compiled
+
+
+def _finalize(
+    model: onnx.ModelProto,
+    fg: ForwardGraph,
+    *,
+    micro_batch_size: int,
+    manual_shard: bool,
+    pipelining: bool,
+) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec]]:
+    """The converter's ONNX model made the one the executor runs: its mistakes fixed
+    (:mod:`.converter_fixes`), then the generic passes (:mod:`.onnx_passes`)."""
+    graph = model.graph
+    converter_fixes.name_nodes(graph)
+    weights = converter_fixes.constants_to_initializers(graph, fg.parameters)
+    converter_fixes.repair_fetch_aliases(graph, fg.ops, fg.fetches)
+    producers = {
+        out.name: fetch.producer
+        for out, fetch in zip(graph.output, fg.fetches)
+        if fetch.producer >= 0
+    }
+    owner = onnx_passes.attribute_nodes(graph, fg.ops, producers)
+    converter_fixes.correct_lowerings(graph, fg.ops, owner, fg.fetches)
+    shards = onnx_passes.apply_shards(
+        graph, fg.ops, owner, manual_shard=manual_shard, pipelining=pipelining
+    )
+    names = onnx_passes.rename_outputs(graph, fg.fetches)
+    onnx_passes.drop_identities(graph)
+    inputs = onnx_passes.fix_inputs(graph, fg.feeds, micro_batch_size)
+    onnx_passes.fold_shape_arithmetic(model, set(weights))
+    converter_fixes.omit_empty_resize_inputs(graph)
+    onnx_passes.drop_dead_nodes(graph)
+    onnx_passes.drop_unused_weights(graph, weights)
+    outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
+    model.producer_name = "paddle-ipu"
+    return inputs, outputs, weights, shards
+
+
+def reader_for(program: Any) -> ProgramReader:
+    """The reader for ``program``'s IR (:mod:`.reader` is the interface; the readers
+    are :mod:`.pir_reader` and :mod:`.legacy_reader`)."""
+    import paddle
+
+    if isinstance(program, paddle.pir.Program):
+        return PirReader()
+    if is_legacy(program):
+        return LegacyReader()
+    raise NotSupportedError(
+        f"cannot compile a {type(program).__name__}: expected a paddle.static.Program "
+        "(PIR, or a legacy-IR program)"
+    )

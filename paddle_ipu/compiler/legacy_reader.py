@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compiler.pir_reader import IPU_INDEX_ATTR, IPU_STAGE_ATTR, PirForwardGraph
+from paddle_ipu.compiler.pir_reader import PirForwardGraph
+from paddle_ipu.compiler.pir_values import IPU_INDEX_ATTR, IPU_STAGE_ATTR
 from paddle_ipu.errors import CompileError, FeedError
 
 # op_role of the op that seeds the backward with d(loss) = 1 (Backward | Loss).

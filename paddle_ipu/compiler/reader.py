@@ -5,6 +5,9 @@ forward part of the program pruned to the fetches, described in plain Python
 objects, plus a way to write it in the format paddle2onnx reads.  Everything
 after the reader (op checks, lowering, ONNX post-processing) only sees a
 ForwardGraph, so a reader for the legacy IR slots in without touching the rest.
+This module is the interface only: the readers (:mod:`.pir_reader`,
+:mod:`.legacy_reader`) implement it, and the compile step picks one
+(:func:`paddle_ipu.compiler.compile.reader_for`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from paddle_ipu.compiler.ops import OpUse
-from paddle_ipu.errors import NotSupportedError
 
 
 @dataclass(frozen=True)
@@ -88,21 +90,3 @@ class ProgramReader(Protocol):
         fetch_list: Sequence[Any],
         scope: Any = None,
     ) -> ForwardGraph: ...
-
-
-def reader_for(program: Any) -> ProgramReader:
-    """The reader for ``program``'s IR."""
-    import paddle
-
-    if isinstance(program, paddle.pir.Program):
-        from paddle_ipu.compiler.pir_reader import PirReader
-
-        return PirReader()
-    from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
-
-    if is_legacy(program):
-        return LegacyReader()
-    raise NotSupportedError(
-        f"cannot compile a {type(program).__name__}: expected a paddle.static.Program "
-        "(PIR, or a legacy-IR program)"
-    )

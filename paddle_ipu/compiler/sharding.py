@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import paddle
 
-from paddle_ipu.compiler.pir_reader import IPU_INDEX_ATTR, IPU_STAGE_ATTR
+from paddle_ipu.compiler.pir_values import IPU_INDEX_ATTR, IPU_STAGE_ATTR
 from paddle_ipu.errors import NotSupportedError, OptionError
 
 F = TypeVar("F", bound=Callable[..., Any])

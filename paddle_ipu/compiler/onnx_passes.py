@@ -1,4 +1,4 @@
-"""Turning the converter's ONNX model into the one the executor runs.
+"""ONNX passes that turn the converter's model into the one the executor runs.
 
 - Parameters: the converter emits every Paddle parameter as a ``Constant`` node
   whose output is named after the parameter.  Those become initializers with the
@@ -24,58 +24,11 @@ from onnx import helper, numpy_helper
 
 from paddle_ipu import dtypes
 from paddle_ipu.compiler.model import ShardSpec, TensorSpec
-from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, ForwardGraph, OpInfo
+from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
 from paddle_ipu.errors import CompileError
 
 IPU_NUMBER_ATTR = "__ipu_number"
 PIPELINE_STAGE_ATTR = "__pipeline_stage"
-
-
-def name_nodes(graph: onnx.GraphProto) -> None:
-    """Give every node a unique name (the converter leaves Constant nodes unnamed)."""
-    taken = {n.name for n in graph.node if n.name}
-    counter = 0
-    for node in graph.node:
-        if node.name:
-            continue
-        while f"{node.op_type}.anon{counter}" in taken:
-            counter += 1
-        node.name = f"{node.op_type}.anon{counter}"
-        taken.add(node.name)
-
-
-def constants_to_initializers(
-    graph: onnx.GraphProto, parameters: dict[str, tuple[tuple[int, ...], str]]
-) -> dict[str, str]:
-    """Move the Constant nodes holding Paddle parameters into initializers."""
-    weights: dict[str, str] = {}
-    keep: list[onnx.NodeProto] = []
-    for node in graph.node:
-        out = node.output[0] if len(node.output) == 1 else ""
-        if node.op_type != "Constant" or out not in parameters:
-            keep.append(node)
-            continue
-        attr = next((a for a in node.attribute if a.name == "value"), None)
-        if attr is None:
-            keep.append(node)
-            continue
-        tensor = attr.t
-        shape, _ = parameters[out]
-        if tuple(tensor.dims) != tuple(shape) and int(np.prod(shape, dtype=np.int64)) != int(
-            np.prod(tuple(tensor.dims), dtype=np.int64)
-        ):
-            raise CompileError(
-                f"parameter {out!r}: the converter emitted shape {list(tensor.dims)}, "
-                f"the program declares {list(shape)}"
-            )
-        init = onnx.TensorProto()
-        init.CopyFrom(tensor)
-        init.name = out
-        graph.initializer.append(init)
-        weights[out] = out
-    del graph.node[:]
-    graph.node.extend(keep)
-    return weights
 
 
 def attribute_nodes(
@@ -191,34 +144,6 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
         graph.node.extend(reversed(keep))
 
 
-def _empty_tensors(graph: onnx.GraphProto) -> set[str]:
-    """Names of the zero-element constants (Constant nodes and initializers)."""
-    empty = {i.name for i in graph.initializer if 0 in i.dims}
-    for node in graph.node:
-        if node.op_type == "Constant" and len(node.output) == 1:
-            for attr in node.attribute:
-                if attr.name == "value" and 0 in attr.t.dims:
-                    empty.add(node.output[0])
-    return empty
-
-
-def omit_empty_resize_inputs(graph: onnx.GraphProto) -> None:
-    """Leave out a Resize's empty ``roi`` and ``scales`` operands when it has ``sizes``.
-
-    The converter passes them as empty float constants.  ONNX reads an empty
-    ``scales`` as absent, but a graph rewrite that routes it through a node (the
-    fp16 conversion casts every float constant) makes it a computed tensor, and
-    ONNX Runtime then refuses the Resize for having both sizes and scales.  An
-    omitted optional operand (an empty name) means the same and survives that."""
-    empty = _empty_tensors(graph)
-    for node in graph.node:
-        if node.op_type != "Resize" or len(node.input) < 4 or not node.input[3]:
-            continue
-        for k in (1, 2):
-            if node.input[k] in empty:
-                node.input[k] = ""
-
-
 def drop_unused_weights(graph: onnx.GraphProto, weights: dict[str, str]) -> None:
     """Remove parameter initializers that no node reads, and their weight entries.
 
@@ -236,14 +161,14 @@ def drop_unused_weights(graph: onnx.GraphProto, weights: dict[str, str]) -> None
         del weights[name]
 
 
-def _all_names(graph: onnx.GraphProto) -> set[str]:
+def all_names(graph: onnx.GraphProto) -> set[str]:
     names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     for node in graph.node:
         names.update(node.output)
     return names
 
 
-def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
+def rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
     for node in graph.node:
         for i, n in enumerate(node.input):
             if n == old:
@@ -256,7 +181,7 @@ def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
             out.name = new
 
 
-def _unique(base: str, taken: set[str]) -> str:
+def unique_name(base: str, taken: set[str]) -> str:
     name = base
     n = 1
     while name in taken:
@@ -272,26 +197,26 @@ def rename_outputs(graph: onnx.GraphProto, fetches: Sequence[FetchInfo]) -> list
             f"the converter produced {len(graph.output)} outputs for {len(fetches)} fetches"
         )
     inputs = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    taken = _all_names(graph)
+    taken = all_names(graph)
     names: list[str] = []
     for out, fetch in zip(list(graph.output), fetches):
         old = out.name
         wanted = fetch.paddle_name or fetch.default_name
-        new = wanted if wanted == old else _unique(wanted, taken)
+        new = wanted if wanted == old else unique_name(wanted, taken)
         if old in inputs:
             # A feed or parameter fetched as is: the output needs its own tensor.
-            new = _unique(f"{wanted}.out" if wanted == old else new, taken)
+            new = unique_name(f"{wanted}.out" if wanted == old else new, taken)
             graph.node.append(helper.make_node("Identity", [old], [new], name=f"{new}.identity"))
             out.name = new
         elif new != old:
-            _rename(graph, old, new)
+            rename_tensor(graph, old, new)
         taken.add(new)
         if fetch.shape == () and new not in inputs:
-            pre = _unique(f"{new}.as_tensor", taken)
+            pre = unique_name(f"{new}.as_tensor", taken)
             taken.add(pre)
-            _rename(graph, new, pre)
+            rename_tensor(graph, new, pre)
             out.name = new
-            shape_name = _unique(f"{new}.scalar_shape", taken)
+            shape_name = unique_name(f"{new}.scalar_shape", taken)
             taken.add(shape_name)
             graph.initializer.append(
                 numpy_helper.from_array(np.zeros((0,), dtype=np.int64), shape_name)
@@ -501,304 +426,3 @@ def infer_outputs(
 # converter made for the operator are replaced by a lowering of our own, built
 # from the attributes the reader recorded; the conformance suite
 # (tests/conformance) checks every one against Paddle's CPU kernels.
-
-
-class _Rewriter:
-    """Replaces the nodes attributed to one operator by new ones."""
-
-    def __init__(
-        self,
-        graph: onnx.GraphProto,
-        ops: Sequence[OpInfo],
-        owner: dict[str, int],
-        fetches: Sequence[FetchInfo],
-    ) -> None:
-        self.graph = graph
-        self.ops = ops
-        self.owner = owner
-        self.taken = {n.name for n in graph.node} | _all_names(graph)
-        # (operator index, result index) -> the ONNX tensor holding it.  A fetched
-        # result is named after the fetch (``fetch_name_N``), the others after
-        # the converter's ``p2o.<op>.<k>.<j>`` scheme.
-        self.results: dict[tuple[int, int], str] = {
-            (i, j): name for i, info in enumerate(ops) for j, name in enumerate(info.onnx_names)
-        }
-        for out, fetch in zip(graph.output, fetches):
-            if fetch.producer >= 0:
-                self.results[(fetch.producer, fetch.result)] = out.name
-
-    def fresh(self, base: str) -> str:
-        name = _unique(base, self.taken)
-        self.taken.add(name)
-        return name
-
-    def operand(self, idx: int, k: int) -> str:
-        info = self.ops[idx]
-        src = info.use.sources[k] if k < len(info.use.sources) else None
-        name = self.results.get(src, "") if isinstance(src, tuple) else src or ""
-        if not name or name == "?" or name not in self.taken:
-            raise CompileError(
-                f"cannot correct the lowering of {info.use.describe()}: operand {k} has no "
-                "tensor in the converted graph"
-            )
-        return name
-
-    def result(self, idx: int, j: int) -> str:
-        return self.results[(idx, j)]
-
-    def const(self, nodes: list[onnx.NodeProto], value: Any, dtype: str, base: str) -> str:
-        name = self.fresh(base)
-        array = np.asarray(value, dtype=np.dtype(dtype))
-        nodes.append(
-            helper.make_node(
-                "Constant", [], [name], name=name, value=numpy_helper.from_array(array, name)
-            )
-        )
-        return name
-
-    def node(
-        self,
-        nodes: list[onnx.NodeProto],
-        op_type: str,
-        inputs: list[str],
-        out: str = "",
-        **attrs: Any,
-    ) -> str:
-        out = out or self.fresh(f"{op_type}.fix")
-        nodes.append(
-            helper.make_node(op_type, inputs, [out], name=self.fresh(f"{op_type}.fix"), **attrs)
-        )
-        return out
-
-    def replace(self, idx: int, nodes: list[onnx.NodeProto]) -> None:
-        """Put ``nodes`` where operator ``idx``'s nodes were; they must produce
-        every tensor of those nodes that anything else still reads."""
-        graph = self.graph
-        mine = [i for i, n in enumerate(graph.node) if self.owner.get(n.name) == idx]
-        info = self.ops[idx]
-        if not mine:
-            raise CompileError(
-                f"cannot correct the lowering of {info.use.describe()}: the converter "
-                "emitted no node for it"
-            )
-        removed = {o for i in mine for o in graph.node[i].output}
-        produced = {o for n in nodes for o in n.output}
-        mine_set = set(mine)
-        read_elsewhere = {
-            name
-            for i, n in enumerate(graph.node)
-            if i not in mine_set
-            for name in n.input
-            if name in removed
-        } | {o.name for o in graph.output if o.name in removed}
-        missing = read_elsewhere - produced
-        if missing:
-            raise CompileError(
-                f"cannot correct the lowering of {info.use.describe()}: the converted graph "
-                f"reads {sorted(missing)} from it"
-            )
-        kept = [n for i, n in enumerate(graph.node) if i not in mine_set]
-        at = mine[0]
-        for n in nodes:
-            self.owner[n.name] = idx
-        new = kept[:at] + nodes + kept[at:]
-        del graph.node[:]
-        graph.node.extend(new)
-
-
-def _x_dtype(info: OpInfo, k: int = 0) -> str:
-    types = info.use.operand_types
-    t = types[k] if k < len(types) else None
-    if t is None:
-        raise CompileError(
-            f"cannot correct the lowering of {info.use.describe()}: operand {k} "
-            "is not a dense tensor"
-        )
-    return t[0]
-
-
-def _fix_hardtanh(rw: _Rewriter, idx: int, info: OpInfo) -> None:
-    dtype = _x_dtype(info)
-    a = info.use.attrs
-    nodes: list[onnx.NodeProto] = []
-    lo = rw.const(nodes, float(a.get("t_min", 0.0)), dtype, "hardtanh.fix.min")
-    hi = rw.const(nodes, float(a.get("t_max", 24.0)), dtype, "hardtanh.fix.max")
-    rw.node(nodes, "Clip", [rw.operand(idx, 0), lo, hi], rw.result(idx, 0))
-    rw.replace(idx, nodes)
-
-
-def _fix_leaky_relu(rw: _Rewriter, idx: int, info: OpInfo) -> None:
-    slope = float(info.use.attrs.get("negative_slope", 0.02))
-    nodes: list[onnx.NodeProto] = []
-    rw.node(nodes, "LeakyRelu", [rw.operand(idx, 0)], rw.result(idx, 0), alpha=slope)
-    rw.replace(idx, nodes)
-
-
-def _fix_gelu(rw: _Rewriter, idx: int, info: OpInfo) -> None:
-    if not info.use.attrs.get("approximate", False):
-        return
-    dtype = _x_dtype(info)
-    nodes: list[onnx.NodeProto] = []
-    x = rw.operand(idx, 0)
-    # Paddle's kernel: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
-    x3 = rw.node(nodes, "Mul", [rw.node(nodes, "Mul", [x, x]), x])
-    inner = rw.node(
-        nodes, "Add", [x, rw.node(nodes, "Mul", [x3, rw.const(nodes, 0.044715, dtype, "gelu.c")])]
-    )
-    k = rw.const(nodes, float(np.sqrt(2.0 / np.pi)), dtype, "gelu.k")
-    t = rw.node(nodes, "Tanh", [rw.node(nodes, "Mul", [inner, k])])
-    one_t = rw.node(nodes, "Add", [t, rw.const(nodes, 1.0, dtype, "gelu.one")])
-    half_x = rw.node(nodes, "Mul", [x, rw.const(nodes, 0.5, dtype, "gelu.half")])
-    rw.node(nodes, "Mul", [half_x, one_t], rw.result(idx, 0))
-    rw.replace(idx, nodes)
-
-
-def _fix_cross_entropy(rw: _Rewriter, idx: int, info: OpInfo) -> None:
-    a = info.use.attrs
-    if a.get("use_softmax", True):
-        return
-    dtype = _x_dtype(info)
-    xt = info.use.operand_types[0]
-    lt = info.use.operand_types[1] if len(info.use.operand_types) > 1 else None
-    if xt is None or lt is None or len(xt[1]) != len(lt[1]):
-        raise CompileError(
-            f"cannot lower {info.use.describe()}: use_softmax=False needs the label with "
-            "the rank of the input"
-        )
-    axis = int(a.get("axis", -1))
-    nodes: list[onnx.NodeProto] = []
-    x = rw.operand(idx, 0)
-    label = rw.operand(idx, 1)
-    # Without the softmax, Paddle's kernel passes the input through as the
-    # "softmax" result and takes the loss from it directly:
-    # hard labels: -log(x[label]) (0 where label == ignore_index);
-    # soft labels: -sum(label * log(x)) over the axis.
-    rw.node(nodes, "Identity", [x], rw.result(idx, 0))
-    logx = rw.node(nodes, "Log", [x])
-    if a.get("soft_label", False):
-        prod = rw.node(nodes, "Mul", [label, logx])
-        axes = rw.const(nodes, [axis], "int64", "ce.axes")
-        total = rw.node(nodes, "ReduceSum", [prod, axes], keepdims=1)
-        rw.node(nodes, "Neg", [total], rw.result(idx, 1))
-    else:
-        index = rw.node(nodes, "Cast", [label], to=onnx.TensorProto.INT64)
-        ignore = rw.const(nodes, int(a.get("ignore_index", -100)), "int64", "ce.ignore")
-        skip = rw.node(nodes, "Equal", [index, ignore])
-        safe = rw.node(nodes, "Where", [skip, rw.const(nodes, 0, "int64", "ce.zero_i"), index])
-        picked = rw.node(nodes, "GatherElements", [logx, safe], axis=axis)
-        loss = rw.node(nodes, "Neg", [picked])
-        zero = rw.const(nodes, 0.0, dtype, "ce.zero")
-        rw.node(nodes, "Where", [skip, zero, loss], rw.result(idx, 1))
-    rw.replace(idx, nodes)
-
-
-def _fix_thresholded_relu(rw: _Rewriter, idx: int, info: OpInfo) -> None:
-    dtype = _x_dtype(info)
-    a = info.use.attrs
-    nodes: list[onnx.NodeProto] = []
-    x = rw.operand(idx, 0)
-    # Paddle's kernel: x > threshold ? x : value
-    thr = rw.const(nodes, float(a.get("threshold", 1.0)), dtype, "thresholded_relu.threshold")
-    value = rw.const(nodes, float(a.get("value", 0.0)), dtype, "thresholded_relu.value")
-    above = rw.node(nodes, "Greater", [x, thr])
-    rw.node(nodes, "Where", [above, x, value], rw.result(idx, 0))
-    rw.replace(idx, nodes)
-
-
-def _fix_group_norm(rw: _Rewriter, idx: int, info: OpInfo) -> None:
-    # The converter normalises each group with an InstanceNormalization whose
-    # epsilon it leaves at 0.
-    eps = float(info.use.attrs.get("epsilon", 1e-5))
-    found = False
-    for node in rw.graph.node:
-        if rw.owner.get(node.name) == idx and node.op_type == "InstanceNormalization":
-            kept = [a for a in node.attribute if a.name != "epsilon"]
-            del node.attribute[:]
-            node.attribute.extend(kept)
-            node.attribute.append(helper.make_attribute("epsilon", eps))
-            found = True
-    if not found:
-        raise CompileError(
-            f"cannot correct the lowering of {info.use.describe()}: no InstanceNormalization "
-            "node to carry its epsilon"
-        )
-
-
-_CORRECTIONS = {
-    "pd_op.thresholded_relu": _fix_thresholded_relu,
-    "pd_op.group_norm": _fix_group_norm,
-    "pd_op.hardtanh": _fix_hardtanh,
-    "pd_op.leaky_relu": _fix_leaky_relu,
-    "pd_op.gelu": _fix_gelu,
-    "pd_op.cross_entropy_with_softmax": _fix_cross_entropy,
-}
-
-
-def correct_lowerings(
-    graph: onnx.GraphProto,
-    ops: Sequence[OpInfo],
-    owner: dict[str, int],
-    fetches: Sequence[FetchInfo],
-) -> None:
-    """Replace the converter's lowering of the operators it gets wrong (see above)."""
-    rw: _Rewriter | None = None
-    for idx, info in enumerate(ops):
-        fix = _CORRECTIONS.get(info.type)
-        if fix is None:
-            continue
-        if rw is None:
-            rw = _Rewriter(graph, ops, owner, fetches)
-        fix(rw, idx, info)
-
-
-def repair_fetch_aliases(
-    graph: onnx.GraphProto, ops: Sequence[OpInfo], fetches: Sequence[FetchInfo]
-) -> None:
-    """Point each output back at the value the fetch asked for.
-
-    Paddle's ``save_inference_model`` fetches ``scale(v, 1.0, bias)`` as ``v``
-    itself when ``v`` has a name (a feed or a parameter): it takes such a scale
-    for the one it appends to fetches, whatever the bias, so the bias is lost.
-    The converter still lowers the scale, under its ``p2o`` name; a fetched
-    result keeps that name only when the fetch was redirected like this.
-    """
-    produced = {o for n in graph.node for o in n.output}
-    for out, fetch in zip(graph.output, fetches):
-        if fetch.producer < 0:
-            continue
-        names = ops[fetch.producer].onnx_names
-        own = names[fetch.result] if fetch.result < len(names) else ""
-        if own and own != out.name and own in produced:
-            out.name = own
-
-
-def finalize(
-    model: onnx.ModelProto,
-    fg: ForwardGraph,
-    *,
-    micro_batch_size: int,
-    manual_shard: bool,
-    pipelining: bool,
-) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec]]:
-    graph = model.graph
-    name_nodes(graph)
-    weights = constants_to_initializers(graph, fg.parameters)
-    repair_fetch_aliases(graph, fg.ops, fg.fetches)
-    producers = {
-        out.name: fetch.producer
-        for out, fetch in zip(graph.output, fg.fetches)
-        if fetch.producer >= 0
-    }
-    owner = attribute_nodes(graph, fg.ops, producers)
-    correct_lowerings(graph, fg.ops, owner, fg.fetches)
-    shards = apply_shards(graph, fg.ops, owner, manual_shard=manual_shard, pipelining=pipelining)
-    names = rename_outputs(graph, fg.fetches)
-    drop_identities(graph)
-    inputs = fix_inputs(graph, fg.feeds, micro_batch_size)
-    fold_shape_arithmetic(model, set(weights))
-    omit_empty_resize_inputs(graph)
-    drop_dead_nodes(graph)
-    drop_unused_weights(graph, weights)
-    outputs = infer_outputs(model, names, fg.fetches)
-    model.producer_name = "paddle-ipu"
-    return inputs, outputs, weights, shards

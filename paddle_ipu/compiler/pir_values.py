@@ -1,0 +1,113 @@
+"""Reading PIR values: dtype, static shape and attributes, as the readers and the
+program rewrites need them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paddle_ipu import dtypes
+from paddle_ipu._internals import paddle_api
+
+PIR_OPS: Any = paddle_api.pir_ops()
+
+
+IPU_INDEX_ATTR = "ipu_index"
+
+
+IPU_STAGE_ATTR = "ipu_stage"
+
+
+def is_dense(value: Any) -> bool:
+    """True for a value of a dense tensor type; False for the list values of
+    ``builtin.combine`` / ``builtin.split``, tensor arrays and null types, whose
+    ``dtype`` and ``shape`` Paddle refuses with a bare ValueError."""
+    try:
+        return bool(value.is_dense_tensor_type())
+    except Exception:
+        return False
+
+
+def type_text(value: Any) -> str:
+    try:
+        return str(value.type())
+    except Exception:
+        return "?"
+
+
+def dtype_name(value: Any) -> str:
+    """numpy spelling of a PIR value's dtype (``paddle.float32`` -> ``float32``)."""
+    if not is_dense(value):
+        return type_text(value)
+    return dtypes.name_of(value.dtype)
+
+
+def shape_of(value: Any) -> tuple[int, ...]:
+    if not is_dense(value):
+        return ()
+    try:
+        return tuple(int(d) for d in value.shape)
+    except Exception:
+        return ()
+
+
+def dense_type(value: Any) -> tuple[str, tuple[int, ...]] | None:
+    if not is_real(value) or not is_dense(value):
+        return None
+    return dtype_name(value), shape_of(value)
+
+
+def type_desc(value: Any) -> str:
+    """``float32[3, 4]`` for a dense tensor, Paddle's own type text otherwise."""
+    if not is_dense(value):
+        return type_text(value)
+    return f"{dtype_name(value)}{list(shape_of(value))}"
+
+
+# Attribute values that are not plain data (places, dtypes, op call stacks)
+# are kept as their text; the checks and corrections only read numbers,
+# booleans and strings.
+_SKIPPED_ATTRS = frozenset({"op_callstack", "stop_gradient", "struct_name", "persistable"})
+
+
+def plain_attrs(op: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        attrs = op.attrs()
+    except Exception:
+        return out
+    for key, value in attrs.items():
+        if key in _SKIPPED_ATTRS:
+            continue
+        if isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        elif isinstance(value, (list, tuple)) and all(
+            isinstance(v, (bool, int, float, str)) for v in value
+        ):
+            out[key] = list(value)
+        else:
+            out[key] = str(value)
+    return out
+
+
+def has_name(value: Any) -> bool:
+    try:
+        return bool(value.has_name)
+    except Exception:
+        return False
+
+
+def is_real(value: Any) -> bool:
+    """False for the null value PIR puts in an optional operand left empty."""
+    try:
+        return bool(value.initialized())
+    except Exception:
+        return False
+
+
+def op_int_attr(op: Any, name: str) -> int:
+    if not op.has_attr(name):
+        return -1
+    try:
+        return int(op.attrs()[name])
+    except Exception:
+        return -1
