@@ -251,7 +251,7 @@ def bench_model(
     from serving_models import save
 
     import paddle_ipu
-    from paddle_ipu.package import compile_model
+    from paddle_ipu.serving.package import compile_model
 
     paddle.enable_static()
     built = build(kind)

@@ -14,8 +14,8 @@ from typing import Any
 
 import paddle as _paddle
 
-from paddle_ipu._compat import check_paddle_version
-from paddle_ipu._env import env_flag
+from paddle_ipu._infra.env import env_flag
+from paddle_ipu._infra.versions import check_paddle_version
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
     BackendError,
@@ -75,8 +75,8 @@ if not env_flag("PADDLE_IPU_DEFAULT_DEVICE", False):
     _paddle_api.hide_ipu_from_launcher()
 
 # exe.run of compiled programs, and of plain programs on the ipu place (see
-# paddle_ipu._patch; uninstall_hooks() undoes it).
-_patch = importlib.import_module("paddle_ipu._patch")
+# paddle_ipu._internals.run_hook; uninstall_hooks() undoes it).
+_patch = importlib.import_module("paddle_ipu._internals.run_hook")
 _patch.install()
 
 
@@ -101,16 +101,16 @@ if env_flag("PADDLE_IPU_COMPAT", True):
 # `import paddle_ipu` stays cheap.
 _LAZY = {
     "IpuStrategy": "paddle_ipu.strategy",
-    "IpuCompiledProgram": "paddle_ipu.program",
-    "IpuExecutor": "paddle_ipu.executor",
-    "ModelRuntime": "paddle_ipu.serving",
+    "IpuCompiledProgram": "paddle_ipu.frontends.program",
+    "IpuExecutor": "paddle_ipu.executor.ipu_executor",
+    "ModelRuntime": "paddle_ipu.serving.model_runtime",
     "ipu_shard_guard": "paddle_ipu.compiler",
     "set_ipu_shard": "paddle_ipu.compiler",
     "supported_ops": "paddle_ipu.compiler",
     "compile_program": "paddle_ipu.compiler",
     "available_backends": "paddle_ipu.backends",
-    "inference_model": "paddle_ipu.dygraph",
-    "training_model": "paddle_ipu.dygraph",
+    "inference_model": "paddle_ipu.frontends.dygraph",
+    "training_model": "paddle_ipu.frontends.dygraph",
 }
 
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu import dtypes as _dtypes
-from paddle_ipu._files import write_atomically
+from paddle_ipu._infra import dtypes as _dtypes
+from paddle_ipu._infra.files import write_atomically
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import CheckpointError
 
@@ -53,7 +53,7 @@ def _resolve(target: Any, scope: Any) -> tuple[Any, Any, Any]:
     """(program, scope, compiled program or None) from what the caller passed."""
     import paddle
 
-    from paddle_ipu.program import IpuCompiledProgram
+    from paddle_ipu.frontends.program import IpuCompiledProgram
 
     compiled = None
     if isinstance(target, IpuCompiledProgram):

@@ -63,7 +63,7 @@ def _load_or_compile(model: str, micro_batch: int, quiet: bool = False) -> Any:
     """A package file, or a saved inference model prefix compiled through the cache."""
     from pathlib import Path
 
-    from paddle_ipu.package import compile_model, load_package, progress_printer
+    from paddle_ipu.serving.package import compile_model, load_package, progress_printer
 
     if Path(model).is_file():
         return load_package(model)
@@ -76,7 +76,7 @@ def _load_or_compile(model: str, micro_batch: int, quiet: bool = False) -> Any:
 def _cmd_compile(args: argparse.Namespace) -> int:
     import time
 
-    from paddle_ipu.package import compile_model, progress_printer
+    from paddle_ipu.serving.package import compile_model, progress_printer
 
     t0 = time.perf_counter()
     package, cached = compile_model(
@@ -114,8 +114,8 @@ def _parse_inputs(items: Sequence[str]) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from paddle_ipu.package import load_package
-    from paddle_ipu.serving import ModelRuntime
+    from paddle_ipu.serving.model_runtime import ModelRuntime
+    from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
     feed = _parse_inputs(args.input)
@@ -142,8 +142,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from paddle_ipu.package import load_package
-    from paddle_ipu.serving import ModelRuntime
+    from paddle_ipu.serving.model_runtime import ModelRuntime
+    from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
     rng = np.random.default_rng(0)
@@ -212,8 +212,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from paddle_ipu.server import InferenceServer
-    from paddle_ipu.serving import ModelRuntime
+    from paddle_ipu.serving.http import InferenceServer
+    from paddle_ipu.serving.model_runtime import ModelRuntime
 
     package = _load_or_compile(args.model, args.micro_batch)
     runtime = ModelRuntime(
@@ -228,7 +228,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_cache(args: argparse.Namespace) -> int:
     import time
 
-    from paddle_ipu.package import cache_clear, cache_dir, cache_entries
+    from paddle_ipu.serving.package import cache_clear, cache_dir, cache_entries
 
     if args.action == "clear":
         print(f"removed {cache_clear()} entries from {cache_dir()}")
@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command == "selftest":
-        from paddle_ipu import selftest
+        from paddle_ipu.backends import selftest
 
         return selftest.main(["--backend", args.backend])
     if args.command == "info":

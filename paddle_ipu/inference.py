@@ -15,7 +15,7 @@ It mirrors ``paddle.inference``'s API, as Paddle 2.x scripts used it on the IPU:
     out = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
 
 The model is compiled once (through the compile cache, see
-:mod:`paddle_ipu.package`) into one whole graph.  Without the model runtime a run
+:mod:`paddle_ipu.serving.package`) into one whole graph.  Without the model runtime a run
 takes exactly ``ipu_micro_batch_size x ipu_batches_per_step`` rows, as on Paddle
 2.x; with ``set_ipu_config(ipu_enable_model_runtime_executor=True)`` a run takes any
 number of rows, and predictors made by :meth:`Predictor.clone` share one runtime
@@ -206,7 +206,7 @@ class _Shared:
     """What clones of one predictor share: the package, the executor, the runtime."""
 
     def __init__(self, config: Config) -> None:
-        from paddle_ipu.package import compile_model
+        from paddle_ipu.serving.package import compile_model
 
         prefix = config.model_prefix()
         if prefix is None:
@@ -226,7 +226,7 @@ class _Shared:
         self.executor = self.package.executor(**options)
         self.runtime: Any = None
         if config.enable_model_runtime_executor:
-            from paddle_ipu.serving import ModelRuntime
+            from paddle_ipu.serving.model_runtime import ModelRuntime
 
             self.runtime = ModelRuntime(self.executor, timeout_ms=config.timeout_ms)
         self.lock = threading.Lock()

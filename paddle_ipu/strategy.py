@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import NotSupportedError, OptionError
-from paddle_ipu.layout import check_everyn_period
+from paddle_ipu.executor.layout import check_everyn_period
 from paddle_ipu.options import ALIASES, OPTIONS, CustomOp, OptionSpec, coerce, default_of, resolve
 from paddle_ipu.options.spec import coerce_bool, coerce_string, is_int, type_error
 
@@ -267,14 +267,14 @@ class IpuStrategy:
 
     def register_patch(self) -> None:
         """Paddle 2.x's switch that made ``paddle.jit.to_static`` Layers compile for
-        the IPU (see :mod:`paddle_ipu.dygraph`); :meth:`release_patch` undoes it."""
-        from paddle_ipu.dygraph import register_patch
+        the IPU (see :mod:`paddle_ipu.frontends.dygraph`); :meth:`release_patch` undoes it."""
+        from paddle_ipu.frontends.dygraph import register_patch
 
         register_patch(self)
 
     def release_patch(self) -> None:
         """Undo :meth:`register_patch`."""
-        from paddle_ipu.dygraph import release_patch
+        from paddle_ipu.frontends.dygraph import release_patch
 
         release_patch()
 

@@ -1,11 +1,11 @@
-"""paddle_ipu._arrays.same_bytes: bitwise equality, at every size and word width."""
+"""paddle_ipu._infra.arrays.same_bytes: bitwise equality, at every size and word width."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from paddle_ipu._arrays import same_bytes
+from paddle_ipu._infra.arrays import same_bytes
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 1023, 1024, 1025, 4097, 100_001])

@@ -21,8 +21,8 @@ from models import Built, build
 from serving_models import reference, save
 
 from paddle_ipu import cli
-from paddle_ipu import package as pkg
 from paddle_ipu.errors import PackageError
+from paddle_ipu.serving import package as pkg
 
 
 def test_info_json(capsys) -> None:  # type: ignore[no-untyped-def]

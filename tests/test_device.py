@@ -114,7 +114,7 @@ def test_version_and_build_info() -> None:
 
 
 def test_version_mismatch_is_refused() -> None:
-    from paddle_ipu._compat import check_paddle_version
+    from paddle_ipu._infra.versions import check_paddle_version
 
     check_paddle_version("3.3.1", "3.3.1")
     with pytest.raises(

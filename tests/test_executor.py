@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from paddle_ipu.errors import FeedError, IpuError, OptionError
-from paddle_ipu.executor import _convert
-from paddle_ipu.layout import StepLayout
+from paddle_ipu.executor.ipu_executor import _convert
+from paddle_ipu.executor.layout import StepLayout
 
 
 def test_convert_weights_table() -> None:

@@ -21,7 +21,7 @@ from paddle_ipu.errors import (
     RuntimeBusyError,
     RuntimeClosedError,
 )
-from paddle_ipu.serving import ModelRuntime
+from paddle_ipu.serving.model_runtime import ModelRuntime
 
 IPU = paddle.CustomPlace("ipu", 0)
 WAIT = 60.0  # generous bound for anything that should happen "soon"

@@ -19,9 +19,9 @@ from serving_models import reference, save
 pytest.importorskip("aiohttp")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from paddle_ipu.package import compile_model  # noqa: E402
-from paddle_ipu.server import InferenceServer  # noqa: E402
-from paddle_ipu.serving import ModelRuntime  # noqa: E402
+from paddle_ipu.serving.http import InferenceServer  # noqa: E402
+from paddle_ipu.serving.model_runtime import ModelRuntime  # noqa: E402
+from paddle_ipu.serving.package import compile_model  # noqa: E402
 
 WAIT = 60.0
 

@@ -14,7 +14,7 @@ from models import build
 
 import paddle_ipu
 from paddle_ipu import _core
-from paddle_ipu.serving import ModelRuntime
+from paddle_ipu.serving.model_runtime import ModelRuntime
 
 WAIT = 60.0
 S = _core.RequestState

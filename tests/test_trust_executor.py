@@ -28,7 +28,7 @@ from paddle_ipu.errors import (  # noqa: E402
     IpuError,
     RuntimeClosedError,
 )
-from paddle_ipu.serving import ModelRuntime  # noqa: E402
+from paddle_ipu.serving.model_runtime import ModelRuntime  # noqa: E402
 
 IPU = paddle.CustomPlace("ipu", 0)
 MBS = 2
@@ -607,7 +607,7 @@ def test_an_unwritable_or_deleted_directory_is_an_ipu_error(
     with pytest.raises(IpuError, match=r"gone|offline_cache\.popart"):
         net.compile(training=False)
 
-    from paddle_ipu._files import write_atomically
+    from paddle_ipu._infra.files import write_atomically
 
     with pytest.raises(IpuError, match=re.escape("/proc/offline_cache.popart")) as info:
         write_atomically("/proc/offline_cache.popart", lambda p: Path(p).write_bytes(b"x"))

@@ -17,8 +17,8 @@ paddle = pytest.importorskip("paddle")
 from helpers import run_python  # noqa: E402
 
 import paddle_ipu  # noqa: E402
-from paddle_ipu import implicit  # noqa: E402
 from paddle_ipu.errors import NotSupportedError  # noqa: E402
+from paddle_ipu.frontends import implicit  # noqa: E402
 
 IPU = paddle.CustomPlace("ipu", 0)
 STEPS = 12
@@ -328,7 +328,7 @@ def test_program_changed_after_first_run_recompiles() -> None:
 
 
 def test_patch_is_reversible() -> None:
-    from paddle_ipu import _patch
+    from paddle_ipu._internals import run_hook as _patch
 
     patched = paddle.static.Executor.run
     assert _patch.installed()

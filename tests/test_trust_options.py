@@ -161,7 +161,7 @@ def test_serving_flush_timer_runs_from_the_oldest_request() -> None:
 @pytest.mark.parametrize("bad", [float("inf"), float("nan"), -1.0])
 def test_model_runtime_override_refuses_non_finite_timeouts(bad: float) -> None:
     """The ModelRuntime's own timeout_ms argument is checked like the option."""
-    from paddle_ipu.serving import ModelRuntime
+    from paddle_ipu.serving.model_runtime import ModelRuntime
 
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()

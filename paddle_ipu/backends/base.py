@@ -12,7 +12,7 @@ Data layout (PopART's documented one).  One ``run`` moves ``batches_per_step``
 (bps) steps; each step is ``accumulation_factor`` (af) micro-batches on each of
 ``replication_factor`` (rf) replicas.  An input buffer, and an ALL anchor, has the
 shape ``[bps, af, rf, *tensor_shape]`` with the size-1 factors removed.  See
-:mod:`paddle_ipu.layout`.
+:mod:`paddle_ipu.executor.layout`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import OptionError
-from paddle_ipu.layout import check_everyn_period
+from paddle_ipu.executor.layout import check_everyn_period
 from paddle_ipu.options import OPTIONS, default_of
 
 if TYPE_CHECKING:

@@ -106,7 +106,7 @@ class IpuBackend:
 
     In 2.x there was one backend per process, holding the program compiled last;
     here each compiled program has its own executor, and this object acts on the
-    one compiled (or trained through :mod:`paddle_ipu.dygraph`) most recently.
+    one compiled (or trained through :mod:`paddle_ipu.frontends.dygraph`) most recently.
     """
 
     _instance: IpuBackend | None = None
@@ -333,7 +333,7 @@ def install() -> None:
     import paddle.framework
     import paddle.static
 
-    from paddle_ipu.program import IpuCompiledProgram
+    from paddle_ipu.frontends.program import IpuCompiledProgram
 
     with _lock:
         if _saved:

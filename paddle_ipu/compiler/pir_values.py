@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddle_ipu import dtypes
+from paddle_ipu._infra import dtypes
 from paddle_ipu._internals import paddle_api
 
 PIR_OPS: Any = paddle_api.pir_ops()

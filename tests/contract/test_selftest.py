@@ -6,7 +6,7 @@ from types import ModuleType
 
 import pytest
 
-from paddle_ipu import selftest
+from paddle_ipu.backends import selftest
 
 
 def test_selftest_passes_on_host(capsys: pytest.CaptureFixture[str]) -> None:

@@ -191,7 +191,7 @@ def test_2x_flow_register_patch() -> None:
         paddle.framework.core.IpuBackend.get_instance().weights_to_host()
     finally:
         s.release_patch()
-    assert not isinstance(paddle.jit.to_static(Classifier()), paddle_ipu.dygraph.IpuModel)
+    assert not isinstance(paddle.jit.to_static(Classifier()), paddle_ipu.frontends.dygraph.IpuModel)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for a, b in zip(reference.parameters(), model.net.parameters()):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6)

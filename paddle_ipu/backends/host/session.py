@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu import dtypes
-from paddle_ipu._arrays import same_bytes
+from paddle_ipu._infra import dtypes
+from paddle_ipu._infra.arrays import same_bytes
 from paddle_ipu._internals import ort_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, NotSupportedError
-from paddle_ipu.layout import StepLayout
+from paddle_ipu.executor.layout import StepLayout
 
 log = logging.getLogger("paddle_ipu.host")
 
@@ -55,7 +55,7 @@ def _strip_device_attributes(proto: Any) -> None:
 
 
 def _to_fp16(array: np.ndarray) -> np.ndarray:
-    from paddle_ipu import fp16
+    from paddle_ipu._infra import fp16
 
     return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
 
@@ -142,7 +142,7 @@ class HostSession(Session):
 
     def _convert_fp16(self, proto: Any) -> Any:
         # The same compiler pass every backend receives for enable_fp16.
-        from paddle_ipu.compiler.fp16 import convert_proto
+        from paddle_ipu.compiler.fp16_pass import convert_proto
 
         return convert_proto(proto)
 
@@ -402,7 +402,7 @@ class HostSession(Session):
         for init in proto.graph.initializer:
             if init.name in current:
                 init.CopyFrom(onnx.numpy_helper.from_array(current[init.name], init.name))
-        from paddle_ipu._files import write_atomically
+        from paddle_ipu._infra.files import write_atomically
 
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)

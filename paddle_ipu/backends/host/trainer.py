@@ -436,7 +436,7 @@ class HostTrainer:
     def _read_grads(self, fetched: Sequence[Any]) -> list[np.ndarray]:
         """The last run's gradients: read-only views of the scope's tensors, and the
         ``fetched`` ones (GradientProgram.output_list) in their places."""
-        from paddle_ipu.tensor_view import as_numpy
+        from paddle_ipu._infra.views import as_numpy
 
         grads = []
         rest = iter(fetched)

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._env import env_flag
+from paddle_ipu._infra.env import env_flag
 from paddle_ipu.backends.base import AnchorReturnType, OptionSupport, Session, SessionConfig
 from paddle_ipu.backends.popart import popef as popef_runtime
 from paddle_ipu.backends.popart.optimizer import specific_decay_weights, to_popart_optimizer
@@ -83,7 +83,7 @@ from paddle_ipu.errors import (
     OptionError,
     UnknownOptionError,
 )
-from paddle_ipu.layout import StepLayout
+from paddle_ipu.executor.layout import StepLayout
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ class PopartSession(Session):
         (the same pass the host backend runs)."""
         if not self.config.enable_fp16:
             return self.model.onnx
-        from paddle_ipu.compiler.fp16 import convert_model
+        from paddle_ipu.compiler.fp16_pass import convert_model
 
         return convert_model(self.model.onnx)
 

@@ -185,7 +185,7 @@ class IpuModel:
     def _compile(self, arrays: Sequence[np.ndarray]) -> None:
         import paddle
 
-        from paddle_ipu.program import IpuCompiledProgram
+        from paddle_ipu.frontends.program import IpuCompiledProgram
 
         dtypes: list[Any] = [str(a.dtype) for a in arrays]
         specs = [
@@ -358,13 +358,13 @@ class IpuModel:
 
 
 def inference_model(layer: Any, strategy: Any = None) -> IpuModel:
-    """``layer`` for inference on the IPU (see :mod:`paddle_ipu.dygraph`)."""
+    """``layer`` for inference on the IPU (see :mod:`paddle_ipu.frontends.dygraph`)."""
     return IpuModel(layer, strategy, training=False)
 
 
 def training_model(layer: Any, optimizer: Any, strategy: Any = None) -> IpuModel:
     """``layer`` trained by ``optimizer`` on the IPU, one step per call (see
-    :mod:`paddle_ipu.dygraph`)."""
+    :mod:`paddle_ipu.frontends.dygraph`)."""
     return IpuModel(layer, strategy, optimizer=optimizer, training=True)
 
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._arrays import same_bytes
-from paddle_ipu._env import env_flag
+from paddle_ipu._infra.arrays import same_bytes
+from paddle_ipu._infra.env import env_flag
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import NotSupportedError, UnsupportedOpError
 
@@ -357,7 +357,7 @@ class _Entry:
         cls, program: Any, feed: dict[str, Any], fetches: list[Any], scope: Any, training: bool
     ) -> _Entry:
         from paddle_ipu.compiler.training import find_loss
-        from paddle_ipu.program import compile_executor
+        from paddle_ipu.frontends.program import compile_executor
         from paddle_ipu.strategy import IpuStrategy
 
         strategy = IpuStrategy()
@@ -396,7 +396,7 @@ class _Entry:
             and tuple(cached[1].shape) == tuple(tensor.shape())
         ):
             return cached[1]
-        from paddle_ipu.tensor_view import as_numpy
+        from paddle_ipu._infra.views import as_numpy
 
         array = as_numpy(tensor)
         self._views[name] = (ptr, array)

@@ -21,10 +21,10 @@ import numpy as np
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClosedError
-from paddle_ipu.executor import IpuExecutor
+from paddle_ipu.executor.ipu_executor import IpuExecutor
 
 if TYPE_CHECKING:
-    from paddle_ipu.serving import ModelRuntime
+    from paddle_ipu.serving.model_runtime import ModelRuntime
 
 _runtime_ids = iter(range(1 << 62))
 
@@ -137,7 +137,7 @@ class IpuCompiledProgram:
         self.model = executor.model
         self.executor = executor
         if serving and not executor.compile_only:
-            from paddle_ipu.serving import ModelRuntime
+            from paddle_ipu.serving.model_runtime import ModelRuntime
 
             self.runtime = ModelRuntime(executor)
         shapes = self.runtime.request_shapes() if self.runtime is not None else None
@@ -596,7 +596,7 @@ def _host_array(tensor: Any) -> np.ndarray:
     (where ``Tensor.numpy()`` costs a device copy), else ``numpy()``, which is
     the cheapest for small CPU tensors."""
     if tensor.place.is_custom_place():
-        from paddle_ipu.tensor_view import as_numpy
+        from paddle_ipu._infra.views import as_numpy
 
         return as_numpy(tensor, readonly=True)
     return np.asarray(tensor.numpy())

@@ -9,7 +9,7 @@ Paddle unchanged:
   adds about 0.3 ms a call and turns the op's exceptions into a bare
   ``SystemError``: the op's own exception is raised instead);
 - a plain static program run on the ``ipu`` place is compiled implicitly as one
-  whole graph (see :mod:`paddle_ipu.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
+  whole graph (see :mod:`paddle_ipu.frontends.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
   turns that off).
 
 Checked on Paddle 3.3.0 and 3.3.1, whose ``Executor.run`` has the signature
@@ -23,7 +23,7 @@ import functools
 import threading
 from typing import Any
 
-from paddle_ipu._env import env_flag
+from paddle_ipu._infra.env import env_flag
 
 _lock = threading.Lock()
 _original: Any = None
@@ -69,7 +69,8 @@ def install() -> None:
             )
             if compiled is not None:
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
-            from paddle_ipu import compat, implicit
+            from paddle_ipu import compat
+            from paddle_ipu.frontends import implicit
 
             if compat.installed():
                 # 2.x scripts fetch by names Paddle's PIR executor refuses

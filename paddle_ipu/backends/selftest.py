@@ -3,7 +3,7 @@ with a report an IPU owner can paste into an issue.
 
 Each check runs a small graph (y = x @ w + b, built directly in ONNX) on the backend
 and compares it with numpy: step layout and anchor types, weights written, read back
-and taking effect, and fp16.  ``python -m paddle_ipu.selftest [--backend NAME]``.
+and taking effect, and fp16.  ``python -m paddle_ipu.backends.selftest [--backend NAME]``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _weights() -> tuple[np.ndarray, np.ndarray]:
 def _check_layout(backend: str, kind: str) -> str:
     from paddle_ipu import backends
     from paddle_ipu.backends.base import AnchorReturnType, SessionConfig
-    from paddle_ipu.layout import StepLayout
+    from paddle_ipu.executor.layout import StepLayout
 
     bps, rf = 3, 2
     layout = StepLayout(bps, 1, rf)

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from paddle_ipu._files import write_atomically
+from paddle_ipu._infra.files import write_atomically
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
 from paddle_ipu.errors import CompileError, OptionError, OutputFileError, PackageError
 
@@ -98,7 +98,7 @@ class Package:
 
     def executor(self, backend: str | None = None, **options: Any) -> Any:
         """A prepared :class:`~paddle_ipu.executor.IpuExecutor` of the package."""
-        from paddle_ipu.executor import IpuExecutor
+        from paddle_ipu.executor.ipu_executor import IpuExecutor
 
         strategy = self.strategy(**options)
         executor = IpuExecutor(self.model, strategy, backend=backend)

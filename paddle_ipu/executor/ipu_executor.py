@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._env import env_flag
-from paddle_ipu._files import write_atomically
+from paddle_ipu._infra.env import env_flag
+from paddle_ipu._infra.files import write_atomically
+from paddle_ipu._infra.views import as_numpy
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
 from paddle_ipu.errors import BackendError, FeedError, IpuError, RuntimeClosedError
-from paddle_ipu.layout import StepLayout
-from paddle_ipu.tensor_view import as_numpy
+from paddle_ipu.executor.layout import StepLayout
 
 log = logging.getLogger("paddle_ipu")
 
@@ -524,7 +524,7 @@ def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: 
             f"weight {paddle_name!r} (device {device_name!r}): cannot convert "
             f"{value.dtype.name} to {np.dtype(dtype).name}; only float16 and float32 convert"
         )
-    from paddle_ipu import fp16
+    from paddle_ipu._infra import fp16
 
     if np.dtype(dtype) == np.float16:
         return fp16.to_fp16(np.ascontiguousarray(value))

@@ -59,7 +59,7 @@ from paddle_ipu.errors import (
     RuntimeBusyError,
     RuntimeClosedError,
 )
-from paddle_ipu.executor import IpuExecutor, check_ranges
+from paddle_ipu.executor.ipu_executor import IpuExecutor, check_ranges
 
 log = logging.getLogger("paddle_ipu")
 

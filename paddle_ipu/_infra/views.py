@@ -30,7 +30,7 @@ import numpy as np
 import paddle
 from paddle.base import core
 
-from paddle_ipu import dtypes
+from paddle_ipu._infra import dtypes
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.errors import TensorViewError
 

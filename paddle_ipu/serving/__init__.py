@@ -1,0 +1,11 @@
+"""Serving compiled models.
+
+- :mod:`.model_runtime`: :class:`ModelRuntime`, the queue with auto-batching over a
+  compiled inference graph (Paddle 2.x's model runtime);
+- :mod:`.http`: :class:`InferenceServer`, the KServe v2 / Triton HTTP server;
+- :mod:`.package`: portable compiled packages and the compile cache.
+"""
+
+from paddle_ipu.serving.model_runtime import ModelRuntime, RuntimeStats
+
+__all__ = ["ModelRuntime", "RuntimeStats"]
