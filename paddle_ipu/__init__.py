@@ -96,6 +96,8 @@ def install_hooks() -> None:
 # paddle_ipu.compat; paddle_ipu.compat.disable() restores Paddle's own).
 if env_flag("PADDLE_IPU_COMPAT", True):
     importlib.import_module("paddle_ipu.compat").install()
+# The dygraph front door installs IpuStrategy.register_patch's hook.
+importlib.import_module("paddle_ipu.frontends.dygraph")
 
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.

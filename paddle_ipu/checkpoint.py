@@ -36,6 +36,7 @@ import numpy as np
 from paddle_ipu._infra import dtypes as _dtypes
 from paddle_ipu._infra.files import write_atomically
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._version import __version__
 from paddle_ipu.errors import CheckpointError
 
 FORMAT = "paddle_ipu.checkpoint"
@@ -49,20 +50,23 @@ class _Var:
     dtype: str  # Paddle's name: float32, int64, bfloat16, ...
 
 
+def _is_compiled(target: Any) -> bool:
+    """An IpuCompiledProgram (or anything that keeps weights on a device the same way)."""
+    return all(hasattr(target, a) for a in ("source_program", "scope", "weights_to_host"))
+
+
 def _resolve(target: Any, scope: Any) -> tuple[Any, Any, Any]:
     """(program, scope, compiled program or None) from what the caller passed."""
     import paddle
 
-    from paddle_ipu.frontends.program import IpuCompiledProgram
-
     compiled = None
-    if isinstance(target, IpuCompiledProgram):
+    if _is_compiled(target):
         compiled = target
-    elif isinstance(getattr(target, "ipu_compiled_program", None), IpuCompiledProgram):
+    elif _is_compiled(getattr(target, "ipu_compiled_program", None)):
         compiled = target.ipu_compiled_program
     if compiled is not None:
-        program = compiled._program
-        scope = scope if scope is not None else compiled._scope
+        program = compiled.source_program
+        scope = scope if scope is not None else compiled.scope
     else:
         program = target
         if not isinstance(program, paddle.static.Program):
@@ -112,8 +116,6 @@ def save(compiled_or_program: Any, path: str | os.PathLike[str], scope: Any = No
     """Write the program's persistable variables that have a value in ``scope``
     (default: the compiled program's scope, else the global scope) to ``path``,
     atomically.  Returns the path written."""
-    import paddle_ipu
-
     program, scope, compiled = _resolve(compiled_or_program, scope)
     if compiled is not None:
         compiled.weights_to_host()
@@ -134,7 +136,7 @@ def save(compiled_or_program: Any, path: str | os.PathLike[str], scope: Any = No
     metadata = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "paddle_ipu_version": str(getattr(paddle_ipu, "__version__", "")),
+        "paddle_ipu_version": __version__,
         "dtypes": json.dumps(dtypes, sort_keys=True),
     }
     _write_atomically(target, arrays, metadata)

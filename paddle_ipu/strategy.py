@@ -19,14 +19,14 @@ from __future__ import annotations
 import copy as _copy
 import importlib.util
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
 from paddle_ipu._internals import paddle_api
+from paddle_ipu.backends.layout import check_everyn_period
 from paddle_ipu.errors import NotSupportedError, OptionError
-from paddle_ipu.executor.layout import check_everyn_period
-from paddle_ipu.options import ALIASES, OPTIONS, CustomOp, OptionSpec, coerce, default_of, resolve
+from paddle_ipu.options import ALIASES, OPTIONS, CustomOp, coerce, default_of, resolve
 from paddle_ipu.options.spec import coerce_bool, coerce_string, is_int, type_error
 
 __all__ = ["IpuStrategy"]
@@ -45,6 +45,46 @@ _PATTERNS_OFF_BY_DEFAULT = frozenset(
 
 # Keys whose change does not require recompiling (as in Paddle 2.x).
 _NO_RECOMPILE = frozenset({"lr"})
+
+#: Paddle 2.x's dy2static switch behind register_patch / release_patch, installed by
+#: the dygraph front door (paddle_ipu.frontends.dygraph) when it is imported (``import
+#: paddle_ipu`` does), so that the configuration does not depend on a front door.
+DY2STATIC: dict[str, Callable[..., None]] = {}
+
+
+class _OptionView:
+    """Paddle 2.x's ``IpuStrategy._ipu_strategy``: ``get_option(name)`` as
+    ``{"name", "type", "value"}``, and the calls that read or set options."""
+
+    def __init__(self, owner: IpuStrategy) -> None:
+        self._owner = owner
+
+    def get_option(self, name: str) -> dict[str, Any]:
+        return self._owner.option_info(name)
+
+    def set_options(self, options: Any) -> None:
+        self._owner.set_options(options)
+
+    def get_all_option_names(self) -> list[str]:
+        return self._owner.get_all_option_names()
+
+    def enable_pattern(self, pattern: str) -> None:
+        self._owner.enable_pattern(pattern)
+
+    def disable_pattern(self, pattern: str) -> None:
+        self._owner.disable_pattern(pattern)
+
+    def is_pattern_enabled(self, pattern: str) -> bool:
+        return self._owner.is_pattern_enabled(pattern)
+
+
+def _dy2static(name: str) -> Callable[..., None]:
+    hook = DY2STATIC.get(name)
+    if hook is None:
+        raise NotSupportedError(
+            f"IpuStrategy.{name}() needs paddle_ipu's dygraph front door: import paddle_ipu"
+        )
+    return hook
 
 
 class IpuStrategy:
@@ -78,15 +118,22 @@ class IpuStrategy:
         """Names of every option, sorted (``get_option`` accepts each)."""
         return sorted(OPTIONS)
 
-    @staticmethod
-    def option_spec(name: str) -> OptionSpec:
-        """The declaration of option ``name``: type, default, range, documentation."""
-        return OPTIONS[resolve(name)]
+    def get_option(self, name: str) -> Any:
+        """The value of option ``name`` (a copy, for lists and dicts), as Paddle 2.x's
+        ``IpuStrategy.get_option`` returned it; ``self._ipu_strategy.get_option(name)``
+        gives ``{"name", "type", "value"}``, as 2.x's C++ strategy did."""
+        return self.get(name)
 
-    def get_option(self, name: str) -> dict[str, Any]:
-        """``{"name", "type", "value"}`` of option ``name`` (the value is a copy)."""
+    def option_info(self, name: str) -> dict[str, Any]:
+        """``{"name", "type", "value"}`` of option ``name``."""
         spec = OPTIONS[resolve(name)]
         return {"name": spec.name, "type": spec.type, "value": self.get(spec.name)}
+
+    @property
+    def _ipu_strategy(self) -> _OptionView:
+        """What Paddle 2.x's ``IpuStrategy._ipu_strategy`` (its C++ strategy) offered;
+        2.x's own tests read options through it."""
+        return _OptionView(self)
 
     def get(self, name: str) -> Any:
         """The value of option ``name`` (a copy, for lists and dicts)."""
@@ -268,15 +315,11 @@ class IpuStrategy:
     def register_patch(self) -> None:
         """Paddle 2.x's switch that made ``paddle.jit.to_static`` Layers compile for
         the IPU (see :mod:`paddle_ipu.frontends.dygraph`); :meth:`release_patch` undoes it."""
-        from paddle_ipu.frontends.dygraph import register_patch
-
-        register_patch(self)
+        _dy2static("register_patch")(self)
 
     def release_patch(self) -> None:
         """Undo :meth:`register_patch`."""
-        from paddle_ipu.frontends.dygraph import release_patch
-
-        release_patch()
+        _dy2static("release_patch")()
 
     def add_custom_op(
         self,

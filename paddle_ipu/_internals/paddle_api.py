@@ -700,3 +700,54 @@ def _probe_load() -> str:
     assert params == ["name", "ndarray"], params
     assert "paddle.device.get_device().split(':')[0]" in _inspect.getsource(original)
     return "pir_io.set_var as checked"
+
+
+# -- paddle.inference after register_op ------------------------------------------------
+
+_inference_primed = False
+
+
+def prime_paddle_inference() -> None:
+    """Create one Paddle Inference predictor before the first Python op exists.
+
+    In Paddle 3.3.1, once ``register_op`` has added a Python op, creating the
+    process's first ``paddle.inference`` predictor aborts the process (a glog
+    CHECK on the Python op's unvalidated proto).  Predictor creation validates
+    the op registry only once, so doing it first -- with a one-op model in a
+    temporary folder, about 40 ms once per process -- keeps later predictors
+    working.
+    """
+    global _inference_primed
+    if _inference_primed:
+        return
+    _inference_primed = True
+    import os
+    import tempfile
+    import warnings
+
+    import paddle
+
+    try:
+        import paddle.inference as pi
+
+        scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        # The pid in the name lets a later compile remove it if this process is killed.
+        with tempfile.TemporaryDirectory(prefix=f"paddle_ipu_{os.getpid()}_", dir=scratch) as tmp:
+            prog, startup = paddle.static.Program(), paddle.static.Program()
+            with paddle.static.program_guard(prog, startup):
+                x = paddle.static.data("x", [1], "float32")
+                y = paddle.scale(x, 2.0)
+            prefix = os.path.join(tmp, "m")
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            # The one-op model has no variables, which Paddle warns about: not the
+            # user's concern.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                paddle.static.save_inference_model(prefix, [x], [y], exe, program=prog)
+            config = pi.Config(prefix + ".json", "")
+            config.disable_glog_info()
+            pi.create_predictor(config)
+    except Exception as exc:  # priming is a precaution, never a reason to fail
+        import logging
+
+        logging.getLogger("paddle_ipu").debug("could not prime paddle.inference: %s", exc)

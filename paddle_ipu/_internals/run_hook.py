@@ -69,13 +69,12 @@ def install() -> None:
             )
             if compiled is not None:
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
-            from paddle_ipu import compat
-            from paddle_ipu.frontends import implicit
+            from paddle_ipu.frontends import implicit, names
 
-            if compat.installed():
+            if names.installed():
                 # 2.x scripts fetch by names Paddle's PIR executor refuses
-                # (paddle_ipu.compat.names).
-                fetch_list = compat.names.resolve_fetches(
+                # (paddle_ipu.frontends.names).
+                fetch_list = names.resolve_fetches(
                     program if program is not None else _default_main(), fetch_list
                 )
             if implicit.targets(self, program):
@@ -144,7 +143,7 @@ def _run_compiled(
     if simple and env_flag("PADDLE_IPU_DIRECT_RUN", True):
         outs = compiled.run(dict(feed or {}))
         return [outs[i] for i in index]
-    executor = compiled._require()
+    executor = compiled.require_executor()
     # Paddle's executor fails on unknown or missing feeds with its own errors
     # before the op runs: check the names first.
     executor.check_feed_names(feed or {})

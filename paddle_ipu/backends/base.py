@@ -12,7 +12,7 @@ Data layout (PopART's documented one).  One ``run`` moves ``batches_per_step``
 (bps) steps; each step is ``accumulation_factor`` (af) micro-batches on each of
 ``replication_factor`` (rf) replicas.  An input buffer, and an ALL anchor, has the
 shape ``[bps, af, rf, *tensor_shape]`` with the size-1 factors removed.  See
-:mod:`paddle_ipu.executor.layout`.
+:mod:`paddle_ipu.backends.layout`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from paddle_ipu.backends.layout import check_everyn_period
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import OptionError
-from paddle_ipu.executor.layout import check_everyn_period
 from paddle_ipu.options import OPTIONS, default_of
 
 if TYPE_CHECKING:
@@ -171,7 +171,9 @@ class Session(abc.ABC):
         self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
         """Run one step group.  ``inputs`` maps ONNX input names to buffers in the
-        step layout; returns (or fills ``outputs``) the anchors in their layout."""
+        step layout, every one present and of the compiled dtype and shape (the
+        executor's feed check is the only one: a backend does not check them again);
+        returns (or fills ``outputs``) the anchors in their layout."""
 
     def share_into(self, tensors: Mapping[str, Any]) -> dict[str, int]:
         """Point each Paddle CPU tensor of ``tensors`` (by weight or optimizer-state

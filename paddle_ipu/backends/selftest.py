@@ -56,7 +56,7 @@ def _weights() -> tuple[np.ndarray, np.ndarray]:
 def _check_layout(backend: str, kind: str) -> str:
     from paddle_ipu import backends
     from paddle_ipu.backends.base import AnchorReturnType, SessionConfig
-    from paddle_ipu.executor.layout import StepLayout
+    from paddle_ipu.backends.layout import StepLayout
 
     bps, rf = 3, 2
     layout = StepLayout(bps, 1, rf)

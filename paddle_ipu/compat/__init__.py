@@ -27,155 +27,24 @@ Replaced (module: names):
   ``lr_scheduler``;
 - ``paddle.pir.Value.name``: an intermediate value, which has no name in PIR (Paddle
   raises), gets one on first read, so 2.x's ``fetch_list=[out.name]`` works (see
-  :mod:`paddle_ipu.compat.names`).
+  :mod:`paddle_ipu.frontends.names`).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from typing import Any
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compat import names
-from paddle_ipu.errors import CompileError
-from paddle_ipu.strategy import IpuStrategy as _IpuStrategy
+from paddle_ipu.frontends import names
+from paddle_ipu.frontends.program import FP16_ATTR, IpuBackend, IpuCompiledProgram
+from paddle_ipu.strategy import IpuStrategy
 
 _MISSING = object()
 _lock = threading.Lock()
 # (module, attribute) -> the value it had before install() (or _MISSING)
 _saved: dict[tuple[Any, str], Any] = {}
-
-
-# ----------------------------------------------------------------------------------
-# IpuStrategy, 2.x flavour
-# ----------------------------------------------------------------------------------
-
-
-class _OptionView:
-    """What Paddle 2.x's ``IpuStrategy._ipu_strategy`` (the C++ strategy) offered:
-    ``get_option(name)`` as ``{"name", "type", "value"}``, ``set_options``."""
-
-    def __init__(self, owner: _IpuStrategy) -> None:
-        self._owner = owner
-
-    def get_option(self, name: str) -> dict[str, Any]:
-        return _IpuStrategy.get_option(self._owner, name)
-
-    def set_options(self, options: Any) -> None:
-        self._owner.set_options(options)
-
-    def get_all_option_names(self) -> list[str]:
-        return self._owner.get_all_option_names()
-
-    def enable_pattern(self, pattern: str) -> None:
-        self._owner.enable_pattern(pattern)
-
-    def disable_pattern(self, pattern: str) -> None:
-        self._owner.disable_pattern(pattern)
-
-    def is_pattern_enabled(self, pattern: str) -> bool:
-        return self._owner.is_pattern_enabled(pattern)
-
-
-class IpuStrategy(_IpuStrategy):
-    """``paddle.static.IpuStrategy`` as Paddle 2.x spelled it.
-
-    The one difference from :class:`paddle_ipu.IpuStrategy`: ``get_option(name)``
-    returns the value, as in 2.x (``paddle_ipu.IpuStrategy.get_option`` returns
-    ``{"name", "type", "value"}``, as 2.x's ``_ipu_strategy.get_option`` did; that
-    form is here as ``self._ipu_strategy.get_option``).
-    """
-
-    def get_option(self, name: str) -> Any:
-        return self.get(name)
-
-    @property
-    def _ipu_strategy(self) -> _OptionView:
-        return _OptionView(self)
-
-
-# ----------------------------------------------------------------------------------
-# IpuBackend
-# ----------------------------------------------------------------------------------
-
-
-class IpuBackend:
-    """Paddle 2.x's ``core.IpuBackend``: the process's one IPU backend.
-
-    In 2.x there was one backend per process, holding the program compiled last;
-    here each compiled program has its own executor, and this object acts on the
-    one compiled (or trained through :mod:`paddle_ipu.frontends.dygraph`) most recently.
-    """
-
-    _instance: IpuBackend | None = None
-    _instance_lock = threading.Lock()
-
-    def __init__(self, target: Any = None) -> None:
-        self._scope: Any = None
-        # A backend handle of one compiled program (IpuCompiledProgram._backend).
-        self._bound = weakref.ref(target) if target is not None else None
-
-    @classmethod
-    def get_instance(cls) -> IpuBackend:
-        with cls._instance_lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
-
-    # The object compiled last: an IpuCompiledProgram, or a dygraph model.
-    _current: weakref.ReferenceType[Any] | None = None
-
-    @classmethod
-    def _set_current(cls, target: Any) -> None:
-        cls._current = weakref.ref(target)
-
-    def _get(self) -> Any:
-        ref = self._bound if self._bound is not None else self._current
-        return ref() if ref is not None else None
-
-    def _target(self, what: str) -> Any:
-        target = self._get()
-        if target is None:
-            raise CompileError(
-                f"IpuBackend.{what}(): nothing is compiled in this process (compile an "
-                "IpuCompiledProgram, or run a Layer through paddle_ipu, first)"
-            )
-        return target
-
-    def weights_to_host(self) -> None:
-        """Copy the weights (and optimizer state) of the program compiled last to the host."""
-        target = self._get()
-        if target is not None:
-            target.weights_to_host()
-
-    def weights_from_host(self) -> None:
-        self._target("weights_from_host").weights_from_host()
-
-    def reset(self) -> None:
-        """Release the device of the program compiled last (nothing when none)."""
-        target = self._get()
-        if target is not None:
-            target.reset()
-
-    def detach(self) -> None:
-        """Release the device (2.x detached it; it attached again on the next run,
-        here the next run raises until compile() is called again)."""
-        self.reset()
-
-    def set_scope(self, scope: Any) -> None:
-        """2.x told its backend which scope holds the weights; each compiled program
-        here keeps the scope it was compiled with (``IpuCompiledProgram(scope=...)``),
-        so this only records it."""
-        self._scope = scope
-
-    def save_model_proto(self, path: str) -> None:
-        self._target("save_model_proto").save_model_proto(path)
-
-    def is_compiled(self) -> bool:
-        target = self._get()
-        return target is not None and getattr(target, "executor", None) is not None
 
 
 # ----------------------------------------------------------------------------------
@@ -253,9 +122,6 @@ class IPUPlace(metaclass=_IpuPlaceMeta):
 # the 2.x fp16 flow
 # ----------------------------------------------------------------------------------
 
-#: attribute a PIR program gets from cast_model_to_fp16: compile it in float16
-FP16_ATTR = "_paddle_ipu_fp16"
-
 
 def _is_pir(program: Any) -> bool:
     import paddle
@@ -304,11 +170,6 @@ def _lr_sheduler(program: Any) -> Any:
     return scheduler
 
 
-def wants_fp16(program: Any) -> bool:
-    """Whether ``program`` went through the 2.x ``cast_model_to_fp16``."""
-    return bool(getattr(program, FP16_ATTR, False))
-
-
 # ----------------------------------------------------------------------------------
 # install / disable
 # ----------------------------------------------------------------------------------
@@ -332,8 +193,6 @@ def install() -> None:
     import paddle.device
     import paddle.framework
     import paddle.static
-
-    from paddle_ipu.frontends.program import IpuCompiledProgram
 
     with _lock:
         if _saved:
@@ -370,3 +229,4 @@ def disable() -> None:
             else:
                 setattr(module, name, value)
         _saved.clear()
+        names.uninstalled()

@@ -87,6 +87,19 @@ _REJECTED_OPS = {
 }
 
 
+#: The prefixes PopART gives the optimizer state (and gradient accumulators) of a
+#: weight ``w``: ``Accl1___w`` ... (willow/include/popart/tensornames.hpp), with the
+#: ``accl*_type`` option that sets each state's dtype (Paddle 2.x's IpuStrategy).
+STATE_PREFIXES: dict[str, str] = {
+    "Accl___": "accl1_type",
+    "Accl1___": "accl1_type",
+    "Accl2___": "accl2_type",
+    "Accl3___": "accl3_type",
+    "Accum___": "",
+    "Step___": "",
+}
+
+
 @dataclass(frozen=True)
 class StateName:
     """One optimizer-state tensor of one parameter.
@@ -287,6 +300,22 @@ class OptimizerConfig:
     def state_var_names(self) -> list[str]:
         """Every optimizer-state variable (Paddle names), parameter by parameter."""
         return [var for slot in self.params for var in slot.state.values()]
+
+    def all_names(self, weights: Mapping[str, str]) -> dict[str, str]:
+        """Device name -> Paddle name of every tensor a training session keeps in sync
+        with the Paddle scope (the seed's GetOptPrePostfix table): the weights
+        (``weights``: ONNX name -> Paddle name), their optimizer state under PopART's
+        prefixes, and the state PopART has no tensor for (``beta2_pow``) under its
+        Paddle name.  The one name mapping the executor and the backends share."""
+        onnx_of = {paddle: onnx for onnx, paddle in weights.items()}
+        names = dict(self.device_names(onnx_of))
+        for onnx_name, paddle_name in weights.items():
+            names.setdefault(onnx_name, paddle_name)
+        known = set(names.values())
+        for var in self.state_var_names():
+            if var not in known:
+                names[var] = var
+        return names
 
     def device_names(self, onnx_names: Mapping[str, str] | None = None) -> dict[str, str]:
         """Device (PopART) tensor name -> Paddle variable name, weights included.

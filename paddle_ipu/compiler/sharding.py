@@ -97,14 +97,3 @@ def set_ipu_shard(call_func: F, index: int = -1, stage: int = -1) -> F:
             return call_func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
-
-
-def op_shards(program: Any) -> list[tuple[str, int, int]]:
-    """(op name, ipu_index, ipu_stage) for every operator of the global block."""
-    out: list[tuple[str, int, int]] = []
-    for op in program.global_block().ops:
-        attrs = op.attrs()
-        out.append(
-            (op.name(), int(attrs.get(IPU_INDEX_ATTR, -1)), int(attrs.get(IPU_STAGE_ATTR, -1)))
-        )
-    return out

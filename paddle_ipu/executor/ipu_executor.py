@@ -20,9 +20,9 @@ from paddle_ipu._infra.files import write_atomically
 from paddle_ipu._infra.views import as_numpy
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
+from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
 from paddle_ipu.errors import BackendError, FeedError, IpuError, RuntimeClosedError
-from paddle_ipu.executor.layout import StepLayout
 
 log = logging.getLogger("paddle_ipu")
 
@@ -348,28 +348,14 @@ class IpuExecutor:
 
         return cast
 
-    @classmethod
-    def coerce_feed(cls, name: str, value: Any, spec: TensorSpec) -> np.ndarray:
-        """``value`` as an array of the graph's dtype: the same dtype as is, a safe
-        cast (int64 -> int32 range-checked), or a FeedError naming both dtypes.
-        Callers that reshape check the shape first (see :meth:`check_feed`)."""
-        array = _as_array(name, value)
-        return cls.feed_cast(name, array, spec)(array)
-
     # -- weights --------------------------------------------------------------
-    def _weight_pairs(self) -> list[tuple[str, str]]:
+    def weight_pairs(self) -> list[tuple[str, str]]:
         """(device name, Paddle name) for every weight and optimizer-state tensor the
-        session keeps in sync (the seed's GetOptPrePostfix table, from the
-        optimizer's own state names)."""
+        session keeps in sync (:meth:`OptimizerConfig.all_names`, the one mapping)."""
         pairs = dict(self.model.weights)
         optimizer = self.model.optimizer
         if self.strategy.is_training and optimizer is not None:
-            onnx_of = {paddle: onnx for onnx, paddle in self.model.weights.items()}
-            pairs.update(optimizer.device_names(onnx_of))
-            # State without a PopART name (beta2_pow) under its Paddle name, for
-            # backends that keep it.
-            known = set(pairs.values())
-            pairs.update({v: v for v in optimizer.state_var_names() if v not in known})
+            pairs = optimizer.all_names(self.model.weights)
         session = self._require_session()
         return [(d, p) for d, p in pairs.items() if session.has_info(d)]
 
@@ -388,7 +374,7 @@ class IpuExecutor:
     def _weights_from_host(self) -> None:
         session = self._require_session()
         batch: dict[str, np.ndarray] = {}
-        for device_name, paddle_name in self._weight_pairs():
+        for device_name, paddle_name in self.weight_pairs():
             tensor = self._scope_tensor(paddle_name)
             if tensor is None or not paddle_api.is_initialized(tensor):
                 continue
@@ -413,7 +399,7 @@ class IpuExecutor:
         if not self.strategy.is_training:
             log.warning("an inference graph does not change its weights; nothing to copy back")
             return
-        pairs = self._weight_pairs()
+        pairs = self.weight_pairs()
         # tensor.set copies: the session's own arrays are enough
         values = session.read_weights([d for d, _ in pairs], copy=False)
         for device_name, paddle_name in pairs:
@@ -529,15 +515,3 @@ def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: 
     if np.dtype(dtype) == np.float16:
         return fp16.to_fp16(np.ascontiguousarray(value))
     return fp16.to_fp32(np.ascontiguousarray(value))
-
-
-def run_numpy(
-    executor: IpuExecutor, feed: Mapping[str, Any], names: Sequence[str] | None = None
-) -> dict[str, np.ndarray]:
-    """Run and return fetches by name (a convenience over :meth:`IpuExecutor.run`)."""
-    outs = executor.run(feed)
-    keys = [spec.paddle_name or spec.name for spec in executor.model.outputs]
-    result = dict(zip(keys, outs))
-    if names is None:
-        return result
-    return {n: result[n] for n in names}

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu import strategy as strategy_module
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.legacy_reader import pir_mode
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
@@ -137,7 +138,7 @@ class IpuModel:
     ) -> None:
         import paddle
 
-        from paddle_ipu.strategy import IpuStrategy
+        IpuStrategy = strategy_module.IpuStrategy
 
         if not isinstance(layer, paddle.nn.Layer):
             raise OptionError(f"expected a paddle.nn.Layer, received {type(layer).__name__}")
@@ -235,9 +236,9 @@ class IpuModel:
         compiled.compile([s.name for s in specs], outputs)
         self._feed_names = [str(s.name) for s in specs]
         self._compiled = compiled
-        from paddle_ipu.compat import IpuBackend
+        from paddle_ipu.frontends.program import IpuBackend
 
-        IpuBackend._set_current(self)
+        IpuBackend.set_current(self)
 
     # -- weights -----------------------------------------------------------------
     def _state_pairs(self) -> list[tuple[Any, str]]:
@@ -413,3 +414,8 @@ def release_patch() -> None:
         original = _patched.pop("to_static", None)
         if original is not None:
             paddle.jit.to_static = original
+
+
+# IpuStrategy.register_patch / release_patch reach the two functions above through this
+# (the configuration does not import a front door).
+strategy_module.DY2STATIC.update(register_patch=register_patch, release_patch=release_patch)

@@ -357,7 +357,7 @@ class _Entry:
         cls, program: Any, feed: dict[str, Any], fetches: list[Any], scope: Any, training: bool
     ) -> _Entry:
         from paddle_ipu.compiler.training import find_loss
-        from paddle_ipu.frontends.program import compile_executor
+        from paddle_ipu.frontends.pipeline import compile_executor
         from paddle_ipu.strategy import IpuStrategy
 
         strategy = IpuStrategy()
@@ -373,7 +373,7 @@ class _Entry:
         )
         executor = compile_executor(program, scope, strategy, feed_names, compiled_fetches)
         entry = cls(executor, scope, len(fetches))
-        entry._pairs = list(executor._weight_pairs())
+        entry._pairs = list(executor.weight_pairs())
         entry._record()
         return entry
 

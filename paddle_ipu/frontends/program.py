@@ -1,18 +1,16 @@
 """IpuCompiledProgram: a Paddle program compiled into one whole-graph IPU op.
 
 ``compile(feed_list, fetch_list)`` returns a runnable PIR program holding the feeds,
-one ``ipu_runtime`` op (the whole graph, run by :class:`paddle_ipu.executor.IpuExecutor`
+one ``ipu_graph`` op (the whole graph, run by :class:`paddle_ipu.executor.IpuExecutor`
 on the backend) and the fetches, so ``exe.run(prog, feed=..., fetch_list=...)``
 works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the CPU.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +20,96 @@ from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClosedError
 from paddle_ipu.executor.ipu_executor import IpuExecutor
+from paddle_ipu.frontends import names
+from paddle_ipu.frontends.graph_op import build_graph_program
+from paddle_ipu.frontends.pipeline import compile_executor, compile_lock, progress_reporter
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.model_runtime import ModelRuntime
 
-_runtime_ids = iter(range(1 << 62))
+
+#: attribute a PIR program gets from Paddle 2.x's ``cast_model_to_fp16`` (see
+#: paddle_ipu.compat): compile it in float16
+FP16_ATTR = "_paddle_ipu_fp16"
+
+
+class IpuBackend:
+    """Paddle 2.x's ``core.IpuBackend``: the process's one IPU backend.
+
+    In 2.x there was one backend per process, holding the program compiled last;
+    here each compiled program has its own executor, and this object acts on the
+    one compiled (or trained through :mod:`paddle_ipu.frontends.dygraph`) most recently.
+    """
+
+    _instance: IpuBackend | None = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self, target: Any = None) -> None:
+        self._scope: Any = None
+        # A backend handle of one compiled program (IpuCompiledProgram._backend).
+        self._bound = weakref.ref(target) if target is not None else None
+
+    @classmethod
+    def get_instance(cls) -> IpuBackend:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    # The object compiled last: an IpuCompiledProgram, or a dygraph model.
+    _current: weakref.ReferenceType[Any] | None = None
+
+    @classmethod
+    def set_current(cls, target: Any) -> None:
+        """Make ``target`` (a compiled program or dygraph model) what
+        ``IpuBackend.get_instance()`` acts on."""
+        cls._current = weakref.ref(target)
+
+    def _get(self) -> Any:
+        ref = self._bound if self._bound is not None else self._current
+        return ref() if ref is not None else None
+
+    def _target(self, what: str) -> Any:
+        target = self._get()
+        if target is None:
+            raise CompileError(
+                f"IpuBackend.{what}(): nothing is compiled in this process (compile an "
+                "IpuCompiledProgram, or run a Layer through paddle_ipu, first)"
+            )
+        return target
+
+    def weights_to_host(self) -> None:
+        """Copy the weights (and optimizer state) of the program compiled last to the host."""
+        target = self._get()
+        if target is not None:
+            target.weights_to_host()
+
+    def weights_from_host(self) -> None:
+        self._target("weights_from_host").weights_from_host()
+
+    def reset(self) -> None:
+        """Release the device of the program compiled last (nothing when none)."""
+        target = self._get()
+        if target is not None:
+            target.reset()
+
+    def detach(self) -> None:
+        """Release the device (2.x detached it; it attached again on the next run,
+        here the next run raises until compile() is called again)."""
+        self.reset()
+
+    def set_scope(self, scope: Any) -> None:
+        """2.x told its backend which scope holds the weights; each compiled program
+        here keeps the scope it was compiled with (``IpuCompiledProgram(scope=...)``),
+        so this only records it."""
+        self._scope = scope
+
+    def save_model_proto(self, path: str) -> None:
+        self._target("save_model_proto").save_model_proto(path)
+
+    def is_compiled(self) -> bool:
+        target = self._get()
+        return target is not None and getattr(target, "executor", None) is not None
 
 
 class IpuCompiledProgram:
@@ -67,6 +150,16 @@ class IpuCompiledProgram:
         self.paddle_run_lock = threading.Lock()
 
     @property
+    def source_program(self) -> Any:
+        """The program this was created from (the one ``compile()`` compiles)."""
+        return self._program
+
+    @property
+    def scope(self) -> Any:
+        """The scope holding the program's weights."""
+        return self._scope
+
+    @property
     def strategy(self) -> Any:
         return self._strategy
 
@@ -83,20 +176,19 @@ class IpuCompiledProgram:
 
         # A program can be compiled from dygraph mode too (Paddle's static-graph
         # APIs, which building the runnable program uses, assert otherwise).
-        with _compile_lock, _static_mode():
+        with compile_lock, _static_mode():
             return self._compile(feed_list, fetch_list)
 
     def _compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:
         s = self._strategy
         s.validate()
-        from paddle_ipu.compat import wants_fp16
 
         if self._legacy and s.enable_fp16 and _holds_fp16(self._program):
             # A legacy program cast by Paddle's cast_model_to_fp16 is float16
             # already: it is compiled as it is, without a second conversion.
             s = s.copy()
             s.set_precision_config(enable_fp16=False)
-        elif wants_fp16(self._program) and not s.enable_fp16:
+        elif getattr(self._program, FP16_ATTR, False) and not s.enable_fp16:
             # Paddle 2.x ran a program cast by cast_model_to_fp16 in float16.
             s = s.copy()
             s.set_precision_config(enable_fp16=True)
@@ -111,7 +203,7 @@ class IpuCompiledProgram:
             self.executor.reset()
             self.executor = None
             self.model = None
-        progress = _progress_reporter(
+        progress = progress_reporter(
             s.get("compilation_progress_logger"), int(s.get("compilation_progress_total"))
         )
         if isinstance(feed_list, (str, bytes)) or not isinstance(feed_list, Sequence):
@@ -119,7 +211,7 @@ class IpuCompiledProgram:
         if not isinstance(fetch_list, Sequence) or isinstance(fetch_list, (str, bytes)):
             fetch_list = [fetch_list]
         # Strings 2.x code takes from ``var.name`` of intermediate values (names
-        # made up by paddle_ipu.compat.names), and names of data ops and parameters,
+        # made up by paddle_ipu.frontends.names), and names of data ops and parameters,
         # become the program's Values; the string stays a way to fetch them.
         given = list(fetch_list)
         fetch_list = _resolve_fetch_names(self._program, given)
@@ -144,7 +236,7 @@ class IpuCompiledProgram:
         from paddle_ipu.compiler.legacy_reader import pir_mode
 
         with pir_mode():  # the runnable program is PIR, whatever the source's IR
-            prog = build_runtime_program(self, shapes=shapes)
+            prog = build_graph_program(self, shapes=shapes)
         prog.org_program = self._program
         prog.ipu_compiled_program = self
         scheduler = getattr(self._program, "lr_scheduler", None)
@@ -153,7 +245,7 @@ class IpuCompiledProgram:
             # ``program.lr_sheduler``: paddle_ipu.compat spells it so too); the
             # executor reads it each run.
             setattr(prog, "lr_scheduler", scheduler)  # noqa: B010
-        _set_current_backend(self)
+        IpuBackend.set_current(self)
         progress(100)
         return prog
 
@@ -161,30 +253,29 @@ class IpuCompiledProgram:
     def _backend(self) -> Any:
         """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
         weights_from_host, reset, detach, save_model_proto of this program."""
-        from paddle_ipu.compat import IpuBackend
 
         return IpuBackend(self)
 
     # -- Paddle 2.x's backend calls --------------------------------------------
-    def _require(self) -> IpuExecutor:
+    def require_executor(self) -> IpuExecutor:
         if self.executor is None:
             raise CompileError("the program is not compiled yet: call compile() first")
         return self.executor
 
     def weights_to_host(self) -> None:
         """Copy weights and optimizer state from the device into the scope."""
-        self._require().weights_to_host()
+        self.require_executor().weights_to_host()
 
     def weights_from_host(self) -> None:
         """Copy weights and optimizer state from the scope to the device."""
-        self._require().weights_from_host()
+        self.require_executor().weights_from_host()
 
     def save_model(self, path: str) -> None:
-        self._require().save_model(path)
+        self.require_executor().save_model(path)
 
     def save_model_proto(self, path: str) -> None:
         """Write the compiled ONNX model."""
-        self._require().model.save_model_proto(path)
+        self.require_executor().model.save_model_proto(path)
 
     def save(self, path: str) -> str:
         """Checkpoint weights and optimizer state: copied from the device to the
@@ -218,7 +309,7 @@ class IpuCompiledProgram:
             return runtime
         if not self._strategy.get("enable_model_runtime_executor"):
             return runtime
-        with _compile_lock:
+        with compile_lock:
             runtime, executor = self.runtime, self.executor
         if runtime is not None or executor is None or executor.released:
             return runtime  # None: the executor's own error (not compiled, reset)
@@ -250,7 +341,7 @@ class IpuCompiledProgram:
     def _run(self, feed: dict[str, Any]) -> list[np.ndarray]:
         runtime = self._request_runtime()
         if runtime is None:
-            return self._require().run(feed)
+            return self.require_executor().run(feed)
         try:
             return runtime.run(feed)
         except RuntimeClosedError:
@@ -258,7 +349,7 @@ class IpuCompiledProgram:
             # request never ran; take it to the runtime of the new compile.
             runtime = self._request_runtime()
             if runtime is None:
-                return self._require().run(feed)
+                return self.require_executor().run(feed)
             return runtime.run(feed)
 
     def submit(self, feed: dict[str, Any]) -> Future[list[np.ndarray]]:
@@ -277,14 +368,14 @@ class IpuCompiledProgram:
 
     def fetchable(self) -> list[str]:
         """The names the compiled program can be fetched by (its outputs)."""
-        outputs = self._require().model.outputs
+        outputs = self.require_executor().model.outputs
         return [spec.paddle_name or spec.name for spec in outputs]
 
     def fetch_index(self, fetch_list: Any) -> list[int]:
         """Positions of ``fetch_list`` among the compiled outputs (names, or the
         original program's Values); FetchError for an item that is not one of them.
         ``None`` (or nothing) fetches every output."""
-        executor = self._require()
+        executor = self.require_executor()
         outputs = executor.model.outputs
         if fetch_list is None:
             return list(range(len(outputs)))
@@ -331,24 +422,12 @@ def _holds_fp16(program: Any) -> bool:
 
 
 def _resolve_fetch_names(program: Any, fetch_list: list[Any]) -> list[Any]:
-    from paddle_ipu.compat import names
-
     return list(names.resolve_fetches(program, fetch_list))
 
 
 def _made_up_key(name: str) -> Any:
-    """The value id a name made up by paddle_ipu.compat.names stands for."""
-    from paddle_ipu.compat import names
-
+    """The value id a name made up by paddle_ipu.frontends.names stands for."""
     return names.made_up_key(name)
-
-
-def _set_current_backend(compiled: IpuCompiledProgram) -> None:
-    """What Paddle 2.x's ``core.IpuBackend.get_instance()`` acts on: the program
-    compiled last."""
-    from paddle_ipu.compat import IpuBackend
-
-    IpuBackend._set_current(compiled)
 
 
 def _describe_value(value: Any) -> str:
@@ -364,262 +443,6 @@ def _describe_value(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
-_compile_lock = threading.RLock()
-
-
-def compile_executor(
-    program: Any,
-    scope: Any,
-    strategy: Any,
-    feed_list: list[Any],
-    fetch_list: list[Any],
-    progress: Callable[[int], None] | None = None,
-) -> IpuExecutor:
-    """Compile ``program`` for ``strategy`` and prepare an executor over it (the
-    part of a compile that IpuCompiledProgram and implicit compiles share)."""
-    from paddle_ipu.compiler.legacy_reader import is_legacy, pir_mode
-
-    if is_legacy(program):
-        # A legacy-IR program is translated to PIR by Paddle's own translator and
-        # compiled as PIR (paddle_ipu.compiler.legacy_reader); Paddle's static APIs
-        # must be in PIR mode meanwhile (a process-wide switch: compiles are
-        # serialised by the compile lock).
-        from paddle_ipu.compiler.legacy_reader import translate
-
-        with _compile_lock, pir_mode():
-            t = translate(program, feed_list, fetch_list)
-            return _compile_executor(
-                t.program, scope, strategy, t.feed_list, t.fetch_list, progress, t.fetch_names
-            )
-    return _compile_executor(program, scope, strategy, feed_list, fetch_list, progress)
-
-
-def _compile_executor(
-    program: Any,
-    scope: Any,
-    strategy: Any,
-    feed_list: list[Any],
-    fetch_list: list[Any],
-    progress: Callable[[int], None] | None = None,
-    fetch_names: list[str] | None = None,
-) -> IpuExecutor:
-    from paddle_ipu.compiler import compile_program
-
-    report = progress or (lambda _percent: None)
-    s = strategy
-    with _compile_lock:
-        report(0)
-        model = compile_program(
-            program,
-            feed_list,
-            fetch_list,
-            scope=scope,
-            micro_batch_size=int(s.micro_batch_size),
-            enable_manual_shard=bool(s.enable_manual_shard),
-            enable_pipelining=bool(s.enable_pipelining),
-            onnx_dump_path=str(s.get("onnx_dump_path") or ""),
-        )
-        if fetch_names:
-            # Outputs the user named (legacy variable names) are fetched by them.
-            model = dataclasses.replace(
-                model,
-                outputs=[
-                    dataclasses.replace(spec, paddle_name=name) if name else spec
-                    for spec, name in zip(model.outputs, fetch_names)
-                ],
-            )
-        report(40)
-        source = None
-        if s.is_training:
-            from paddle_ipu.compiler.training import attach_training
-
-            model, source = attach_training(
-                model,
-                program,
-                fetch_list,
-                scope=scope,
-                loss_scaling=float(s.get("loss_scaling")),
-            )
-        executor = IpuExecutor(
-            model,
-            s,
-            scope,
-            lr_scheduler=getattr(program, "lr_scheduler", None),
-            training_source=source,
-        )
-        report(60)
-        executor.prepare()
-        report(90)
-        return executor
-
-
-_inference_primed = False
-
-
-def _prime_paddle_inference() -> None:
-    """Create one Paddle Inference predictor before the first Python op exists.
-
-    In Paddle 3.3.1, once ``register_op`` has added a Python op, creating the
-    process's first ``paddle.inference`` predictor aborts the process (a glog
-    CHECK on the Python op's unvalidated proto).  Predictor creation validates
-    the op registry only once, so doing it first -- with a one-op model in a
-    temporary folder, about 40 ms once per process -- keeps later predictors
-    working.
-    """
-    global _inference_primed
-    if _inference_primed:
-        return
-    _inference_primed = True
-    import os
-    import tempfile
-
-    import paddle
-
-    try:
-        import paddle.inference as pi
-
-        scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        # The pid in the name lets a later compile remove it if this process is killed.
-        with tempfile.TemporaryDirectory(prefix=f"paddle_ipu_{os.getpid()}_", dir=scratch) as tmp:
-            prog, startup = paddle.static.Program(), paddle.static.Program()
-            with paddle.static.program_guard(prog, startup):
-                x = paddle.static.data("x", [1], "float32")
-                y = paddle.scale(x, 2.0)
-            prefix = os.path.join(tmp, "m")
-            exe = paddle.static.Executor(paddle.CPUPlace())
-            # The one-op model has no variables, which Paddle warns about: not the
-            # user's concern.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                paddle.static.save_inference_model(prefix, [x], [y], exe, program=prog)
-            config = pi.Config(prefix + ".json", "")
-            config.disable_glog_info()
-            pi.create_predictor(config)
-    except Exception as exc:  # priming is a precaution, never a reason to fail
-        import logging
-
-        logging.getLogger("paddle_ipu").debug("could not prime paddle.inference: %s", exc)
-
-
-def build_runtime_program(
-    compiled: IpuCompiledProgram,
-    shapes: tuple[list[list[int]], list[list[int]]] | None = None,
-) -> Any:
-    """A PIR program: data ops -> one ipu_runtime op -> fetch ops.
-
-    The op runs ``compiled.run``; ``shapes``: the feed and fetch shapes of one
-    request (default: the step layout's), -1 for any size.  Paddle keeps a
-    registered op's function for the life of the process, so the function holds
-    the compiled program only weakly: the returned program holds it strongly (its
-    ``ipu_compiled_program``), and dropping both releases the executor."""
-    import paddle
-    from paddle.static import MetaTensor, register_op
-
-    _prime_paddle_inference()
-
-    executor = compiled._require()
-    model = executor.model
-    layout = executor.layout
-    config = executor.session_config()
-    compiled_ref = weakref.ref(compiled)
-    feed_names = [spec.paddle_name or spec.name for spec in model.inputs]
-    out_meta: list[tuple[list[int], str]] = []
-    fetch_names: list[str] = []
-    for k, spec in enumerate(model.outputs):
-        art = config.anchors[spec.name]
-        shape = list(layout.anchor_shape(spec.shape, art.kind, art.period))
-        if shapes is not None:
-            shape = shapes[1][k]
-        out_meta.append((shape, spec.dtype))
-        fetch_names.append(spec.paddle_name or spec.name)
-
-    def infer_meta(*_inputs: Any) -> Any:
-        # An exception escaping infer_meta aborts the process: build from data
-        # fixed at compile time only.
-        metas = []
-        for shape, dtype in out_meta:
-            meta = MetaTensor()
-            meta.set_shape(shape)
-            meta.set_dtype(dtype)
-            metas.append(meta)
-        return metas[0] if len(metas) == 1 else tuple(metas)
-
-    def ipu_runtime(*tensors: Any) -> Any:
-        owner = compiled_ref()
-        if owner is None or owner.executor is None:
-            raise CompileError(
-                "this ipu_runtime op's IpuCompiledProgram was released or reset: compile again"
-            )
-        current = owner.executor
-        current.last_error = None
-        try:
-            feed = {name: _host_array(t) for name, t in zip(feed_names, tensors)}
-            outs = owner.run(feed)
-        except Exception as exc:
-            # Paddle turns any exception of a Python op into a SystemError; keep
-            # ours so that the executor hook can raise it as it was.
-            current.last_error = exc
-            raise
-        result = [paddle.to_tensor(o) for o in outs]
-        return result[0] if len(result) == 1 else tuple(result)
-
-    op = register_op(
-        name=f"ipu_runtime_{next(_runtime_ids)}",
-        infer_meta=_positional(infer_meta, len(feed_names)),
-        input_names=[f"feed_{i}" for i in range(len(feed_names))],
-        output_names=[f"fetch_{i}" for i in range(len(fetch_names))],
-    )(_positional(ipu_runtime, len(feed_names)))
-
-    prog = paddle.static.Program()
-    with paddle.static.program_guard(prog, paddle.static.Program()):
-        datas = [
-            paddle.static.data(
-                name,
-                list(layout.input_shape(spec.shape)) if shapes is None else shapes[0][k],
-                _paddle_dtype(spec.dtype),
-            )
-            for k, (name, spec) in enumerate(zip(feed_names, model.inputs))
-        ]
-        outs = op(*datas)
-        if len(fetch_names) == 1:
-            outs = [outs]
-        for col, (value, name) in enumerate(zip(outs, fetch_names)):
-            paddle_api.emit_fetch(value, name, col)
-    # pir.Program takes new attributes; Paddle 2.x's compiled program had these.
-    setattr(prog, "fetch_names", fetch_names)  # noqa: B010
-    setattr(prog, "feed_names", feed_names)  # noqa: B010
-    return prog
-
-
-def _host_array(tensor: Any) -> np.ndarray:
-    """A feed tensor as numpy: a zero-copy view when it lives on the ipu place
-    (where ``Tensor.numpy()`` costs a device copy), else ``numpy()``, which is
-    the cheapest for small CPU tensors."""
-    if tensor.place.is_custom_place():
-        from paddle_ipu._infra.views import as_numpy
-
-        return as_numpy(tensor, readonly=True)
-    return np.asarray(tensor.numpy())
-
-
-def _progress_reporter(logger: Any, total: int) -> Any:
-    """Compile progress as ``logger(progress, total)`` (the strategy's
-    compilation_progress_logger and compilation_progress_total), or debug log
-    lines without a logger.  ``report`` takes a percentage."""
-    import logging
-
-    log = logging.getLogger("paddle_ipu")
-
-    def report(percent: int) -> None:
-        progress = total * percent // 100
-        if logger is None:
-            log.debug("compiling: %d/%d", progress, total)
-        else:
-            logger(progress, total)
-
-    return report
-
-
 def _value_id(value: Any) -> Any:
     # pir.Value overloads == (it builds an op), so key on its id; a legacy
     # Variable is known by its name.
@@ -630,17 +453,3 @@ def _value_id(value: Any) -> Any:
     if is_legacy_variable(value):
         return str(value.name)
     return getattr(value, "id", None)
-
-
-def _paddle_dtype(dtype: str) -> str:
-    # Feeds keep Paddle's own dtypes: int64 stays int64 and is cast by the executor.
-    return dtype
-
-
-def _positional(fn: Any, n: int) -> Any:
-    """register_op binds arguments by signature and drops ``*args``: give it a
-    function with one named parameter per feed."""
-    params = ", ".join(f"x{i}" for i in range(n))
-    namespace: dict[str, Any] = {"_fn": fn}
-    exec(f"def ipu_runtime({params}):\n    return _fn({params})\n", namespace)
-    return namespace["ipu_runtime"]

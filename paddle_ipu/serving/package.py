@@ -98,12 +98,9 @@ class Package:
 
     def executor(self, backend: str | None = None, **options: Any) -> Any:
         """A prepared :class:`~paddle_ipu.executor.IpuExecutor` of the package."""
-        from paddle_ipu.executor.ipu_executor import IpuExecutor
+        from paddle_ipu.frontends.pipeline import executor_for
 
-        strategy = self.strategy(**options)
-        executor = IpuExecutor(self.model, strategy, backend=backend)
-        executor.prepare()
-        return executor
+        return executor_for(self.model, self.strategy(**options), backend=backend)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the package atomically (a temporary file renamed into place)."""

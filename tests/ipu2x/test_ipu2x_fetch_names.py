@@ -1,4 +1,4 @@
-"""Fetch by the names 2.x code reads off ``var.name`` (paddle_ipu.compat.names)."""
+"""Fetch by the names 2.x code reads off ``var.name`` (paddle_ipu.frontends.names)."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ from paddle_ipu._infra.arrays import same_bytes
 from paddle_ipu._internals import ort_api
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
+from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, NotSupportedError
-from paddle_ipu.executor.layout import StepLayout
 
 log = logging.getLogger("paddle_ipu.host")
 
@@ -302,11 +302,11 @@ class HostSession(Session):
                 return result
         layout = self.layout
         bps, af, rf = layout.factors()
-        steps: dict[str, np.ndarray] = {}
-        for spec in self.model.inputs:
-            if spec.name not in inputs:
-                raise BackendError(f"missing input {spec.name!r}")
-            steps[spec.name] = layout.to_step_buffer(spec.name, inputs[spec.name], spec.shape)
+        # The executor checked the inputs (IpuExecutor.check_feed, the one feed check).
+        steps = {
+            spec.name: layout.full_view(spec.name, inputs[spec.name], spec.shape)
+            for spec in self.model.inputs
+        }
 
         if self._trainer is not None:
             per_micro = self._trainer.run_steps(steps, layout)
@@ -434,15 +434,9 @@ class _Training:
             gradient_reduction=config.gradient_reduction,
             weight_dtype="float16" if config.enable_fp16 else "float32",
         )
-        onnx_of = {paddle: onnx for onnx, paddle in model.weights.items()}
         # device name -> Paddle name: weights, optimizer state and buffers.  State
         # with no PopART counterpart (beta2_pow) keeps its Paddle name.
-        self.names = dict(model.optimizer.device_names(onnx_of))
-        for onnx_name, paddle_name in model.weights.items():
-            self.names.setdefault(onnx_name, paddle_name)
-        for var in model.optimizer.state_var_names():
-            if var not in self.names.values():
-                self.names[var] = var
+        self.names = model.optimizer.all_names(model.weights)
         known = set(self.trainer.names())
         self.names = {d: p for d, p in self.names.items() if p in known}
         self.fp16 = config.enable_fp16
@@ -485,41 +479,11 @@ class _Training:
 
         paddle.seed(seed)
 
-    def snapshot(self) -> tuple[Any, ...]:
-        """The trainer's state at this point, for :meth:`restore`.
+    def snapshot(self) -> Any:
+        return self.trainer.snapshot()
 
-        HostTrainer replaces arrays (weights, optimizer state, replica buffers) on
-        every update rather than writing into them, so copies of the dicts keep the
-        old arrays; buffers in the gradient program's scope (BatchNorm statistics)
-        are updated in place by Paddle's kernels and are copied."""
-        t = self.trainer
-        return (
-            dict(t.weights),
-            dict(t.state),
-            t.lr,
-            {name: t._get_scope(name) for name in t.buffer_names if self._in_scope(name)},
-            [dict(copy) for copy in t._replica_buffers],
-            # the DenseTensors over those weights: restore() shares them again
-            # rather than exporting the arrays a second time
-            dict(t._weight_src),
-        )
-
-    def _in_scope(self, name: str) -> bool:
-        return self.trainer._scope.find_var(name) is not None
-
-    def restore(self, snapshot: tuple[Any, ...]) -> None:
-        t = self.trainer
-        weights, state, lr, buffers, replicas, sources = snapshot
-        t._weight_src = dict(sources)
-        t.weights = dict(weights)
-        t.state = dict(state)
-        t.lr = lr
-        # The gradient program reads weights and buffers from its scope.
-        for name, value in weights.items():
-            t._share_weight(name, value)
-        for name, value in buffers.items():
-            t._set_scope(name, value)
-        t._replica_buffers = [dict(copy) for copy in replicas]
+    def restore(self, snapshot: Any) -> None:
+        self.trainer.restore(snapshot)
 
     def update_optimizer(self, optimizer: Any) -> None:
         self.trainer.optimizer = optimizer

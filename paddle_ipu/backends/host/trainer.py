@@ -37,7 +37,7 @@ from paddle_ipu.backends.host.update_rules import (
     regularised,
     round_fp16,
 )
-from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_names
+from paddle_ipu.compiler.optimizer import STATE_PREFIXES, OptimizerConfig, ParamSlot, state_names
 from paddle_ipu.errors import BackendError, FeedError, OptionError
 
 #: The address alignment a weight array needs to be shared with Paddle's scope.
@@ -50,13 +50,6 @@ ADAM_THREADS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffi
 # Parameters per adam_update_many call, in elements: bounds the memory held twice
 # (old and new weights and moments) while a step's update runs.
 _ADAM_BATCH_ELEMENTS = 1 << 22
-# PopART state prefix -> the accl*_type option that sets its dtype
-_ACCL_OF_PREFIX = {
-    "Accl___": "accl1",
-    "Accl1___": "accl1",
-    "Accl2___": "accl2",
-    "Accl3___": "accl3",
-}
 
 
 class HostTrainer:
@@ -328,11 +321,44 @@ class HostTrainer:
             arrays[name] = np.array(tensor)
         self.write(arrays)
 
-    def store_scope(self, scope: Any) -> None:
-        """Write every weight, state and buffer back into a Paddle scope."""
-        place = self._place
-        for name, value in self.read().items():
-            scope.var(name).get_tensor().set(np.ascontiguousarray(value), place)
+    def snapshot(self) -> tuple[Any, ...]:
+        """The trainer's state at this point, for :meth:`restore`.
+
+        HostTrainer replaces arrays (weights, optimizer state, replica buffers) on
+        every update rather than writing into them, so copies of the dicts keep the
+        old arrays; buffers in the gradient program's scope (BatchNorm statistics)
+        are updated in place by Paddle's kernels and are copied."""
+        t = self
+        return (
+            dict(t.weights),
+            dict(t.state),
+            t.lr,
+            {
+                name: t._get_scope(name)
+                for name in t.buffer_names
+                if t._scope.find_var(name) is not None
+            },
+            [dict(copy) for copy in t._replica_buffers],
+            # the DenseTensors over those weights: restore() shares them again
+            # rather than exporting the arrays a second time
+            dict(t._weight_src),
+        )
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Put back the state :meth:`snapshot` returned (a failed training run is all
+        or nothing)."""
+        t = self
+        weights, state, lr, buffers, replicas, sources = snapshot
+        t._weight_src = dict(sources)
+        t.weights = dict(weights)
+        t.state = dict(state)
+        t.lr = lr
+        # The gradient program reads weights and buffers from its scope.
+        for name, value in weights.items():
+            t._share_weight(name, value)
+        for name, value in buffers.items():
+            t._set_scope(name, value)
+        t._replica_buffers = [dict(copy) for copy in replicas]
 
     def set_lr(self, lr: float) -> None:
         self.lr = f32(lr)
@@ -354,8 +380,8 @@ class HostTrainer:
             return frozenset()
         half: set[str] = set()
         for entry in state_names(config.type):
-            accl = _ACCL_OF_PREFIX.get(entry.device_prefix)
-            if accl is None or types[accl] != "FLOAT16":
+            accl = STATE_PREFIXES.get(entry.device_prefix, "").removesuffix("_type")
+            if not accl or types[accl] != "FLOAT16":
                 continue
             half.update(
                 slot.state[entry.role] for slot in config.params if entry.role in slot.state
@@ -374,26 +400,13 @@ class HostTrainer:
                     copy[name] = round_fp16(value)
 
     # ------------------------------------------------------------------ the step
-    def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for name in self.artifact.feed_names:
-            if name not in feeds:
-                raise FeedError(f"missing feed {name!r}")
-            arr = np.asarray(feeds[name])
-            if arr.ndim < 2 or arr.shape[0] != self.af or arr.shape[1] != self.rf:
-                raise FeedError(
-                    f"feed {name!r} has shape {arr.shape}; expected "
-                    f"[accumulation_factor={self.af}, replication_factor={self.rf}, ...]"
-                )
-            out[name] = arr
-        return out
-
     def compute_gradients(
         self, feeds: Mapping[str, np.ndarray]
     ) -> tuple[dict[str, np.ndarray], list[list[list[np.ndarray]]]]:
         """Run every micro-batch; return the reduced gradients and, per [a][r], the
         outputs (loss first, then the user's fetches)."""
-        arrays = self._check_feeds(feeds)
+        # The executor checked every feed (IpuExecutor.check_feed): [af, rf, *shape].
+        arrays = {name: np.asarray(feeds[name]) for name in self.artifact.feed_names}
         gp = self.artifact
         n_out = 1 + len(gp.fetches)
         sums: list[np.ndarray | None] = [None] * len(gp.grads)

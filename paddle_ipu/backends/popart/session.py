@@ -69,11 +69,12 @@ import numpy as np
 
 from paddle_ipu._infra.env import env_flag
 from paddle_ipu.backends.base import AnchorReturnType, OptionSupport, Session, SessionConfig
+from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.backends.popart import popef as popef_runtime
 from paddle_ipu.backends.popart.optimizer import specific_decay_weights, to_popart_optimizer
 from paddle_ipu.backends.popart.options import EXTRAS, popart_options, set_session_option
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
-from paddle_ipu.compiler.optimizer import OptimizerConfig
+from paddle_ipu.compiler.optimizer import STATE_PREFIXES, OptimizerConfig
 from paddle_ipu.errors import (
     BackendError,
     BackendUnavailableError,
@@ -83,7 +84,6 @@ from paddle_ipu.errors import (
     OptionError,
     UnknownOptionError,
 )
-from paddle_ipu.executor.layout import StepLayout
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,6 @@ SUPPORT = OptionSupport(
     ignored={"host_num_threads": "the host backend's thread count"},
 )
 
-#: Prefixes PopART gives optimizer state and accumulator tensors of a weight.
-STATE_PREFIXES = ("Accl___", "Accl1___", "Accl2___", "Accl3___", "Accum___", "Step___")
 
 DEFAULT_DEVICE_WAIT_S = 30.0
 _TILES_PER_IPU = {"ipu1": 1216, "ipu2": 1472, "ipu21": 1472}
@@ -735,15 +733,13 @@ class PopartSession(Session):
         self, inputs: Mapping[str, np.ndarray], layout: StepLayout
     ) -> dict[str, np.ndarray]:
         """The run's inputs in PopART's step layout, in the dtypes the session holds."""
-        unknown = set(inputs) - {s.name for s in self.model.inputs}
-        if unknown:
-            raise FeedError(f"unknown inputs: {', '.join(sorted(unknown))}")
         feeds: dict[str, np.ndarray] = {}
         for spec in self.model.inputs:
             if spec.name not in inputs:
                 raise FeedError(f"input {spec.name!r} is missing from the run's inputs")
             shape, dtype = self._info(spec.name)
-            buf = layout.to_step_buffer(spec.name, np.asarray(inputs[spec.name]), shape)
+            # The executor checked the feeds (StepLayout.to_step_buffer, the one check).
+            buf = layout.full_view(spec.name, inputs[spec.name], shape)
             # PopART wants the size-1 factors removed.  Only a dtype change (int64 ->
             # int32, fp32 -> fp16) or a non-contiguous buffer makes a copy.
             buf = buf.reshape(layout.input_shape(shape))
@@ -935,7 +931,6 @@ class PopartSession(Session):
 __all__ = [
     "DEFAULT_DEVICE_WAIT_S",
     "NAME",
-    "STATE_PREFIXES",
     "SUPPORT",
     "PopartSession",
     "available",

@@ -81,14 +81,30 @@ def _name_getter(original: Any) -> Any:
     return name
 
 
+_installed = False
+
+
 def install(replace: Callable[[Any, str, Any], None]) -> None:
     """Give ``pir.Value`` the reading of ``name`` described above (``replace``
     records the original so that compat.disable() restores it)."""
+    global _installed
     import paddle
 
     value_type = paddle.pir.Value
     original = value_type.__dict__["name"]
     replace(value_type, "name", property(_name_getter(original), original.fset))
+    _installed = True
+
+
+def uninstalled() -> None:
+    """Record that compat.disable() gave ``pir.Value.name`` back."""
+    global _installed
+    _installed = False
+
+
+def installed() -> bool:
+    """Whether 2.x names are on (exe.run then resolves them, see :func:`resolve_fetches`)."""
+    return _installed
 
 
 def name_of(value: Any) -> str:

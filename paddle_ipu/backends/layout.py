@@ -18,6 +18,7 @@ Callers of Paddle 2.x's API also fed the steps flattened into the batch dimensio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +57,15 @@ class StepLayout:
 
     def factors(self) -> tuple[int, int, int]:
         return (self.batches_per_step, self.accumulation_factor, self.replication_factor)
+
+    def full_view(self, name: str, array: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """``array``, an input the executor checked (:meth:`to_step_buffer` is the one
+        feed check), viewed as ``[bps, af, rf, *shape]``.  A backend's session called
+        directly with a wrong buffer gets that check's FeedError."""
+        full = (*self.factors(), *shape)
+        if isinstance(array, np.ndarray) and array.shape in (full, self.input_shape(shape)):
+            return array.reshape(full)
+        return self.to_step_buffer(name, np.asarray(array), shape)
 
     def input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The buffer shape of an input whose one micro-batch has ``shape``."""
