@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.errors import FeedError, IpuError, OptionError
 from paddle_ipu.executor.ipu_executor import _convert
-from paddle_ipu.backends.layout import StepLayout
 
 
 def test_convert_weights_table() -> None:

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from paddle_ipu import backends
 from paddle_ipu.backends.base import AnchorReturnType, SessionConfig
+from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import FeedError, IpuError
-from paddle_ipu.backends.layout import StepLayout
 
 MB, IN, OUT = 2, 3, 4
 W0 = np.arange(IN * OUT, dtype=np.float32).reshape(IN, OUT) / 10
