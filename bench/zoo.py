@@ -87,7 +87,7 @@ def _inference_ms(model: Any, feed: dict[str, Any], repeat: int) -> float:
 
 
 def measure(name: str, full: bool, repeat: int) -> dict[str, Any]:
-    sys.path.insert(0, os.path.join(ROOT, "tests", "zoo"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "conformance", "zoo"))
     import paddle
     import zoo_models as Z
 

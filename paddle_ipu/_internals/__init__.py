@@ -14,7 +14,7 @@ private one is missing *or* its signature differs from the one checked), and reg
 probe of every interface with :func:`interface`.  :func:`check` runs every probe against
 the installed releases; ``python -m paddle_ipu._internals`` prints the report and exits 1
 when an interface without a fallback is broken (CI runs it, and
-``tests/test_internals.py`` runs the same probes), so an upgrade that breaks one fails
+``tests/unit/test_internals.py`` runs the same probes), so an upgrade that breaks one fails
 loudly instead of silently.
 """
 

@@ -210,7 +210,7 @@ def apply_update(
     if kind in ("adam", "adamw"):
         w, g, m1_old, m2_old, neg_lr_t, eps_t = adam_inputs(config, slot, w, g, state, lr32, wd)
         if adam_fusable(w, g, m1_old, m2_old):
-            # the same operations in one pass, rounded alike (tests/test_core_optim.py)
+            # the same operations in one pass, rounded alike (tests/unit/test_core_optim.py)
             b1, b2 = f32(config.beta1), f32(config.beta2)
             new_w, m1, m2 = adam_update(
                 w, g, m1_old, m2_old, b1, ONE - b1, b2, ONE - b2, neg_lr_t, eps_t

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import run_python
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_from_a_source_tree_says_what_to_do(tmp_path: Path) -> None:

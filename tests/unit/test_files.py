@@ -24,7 +24,7 @@ import paddle_ipu  # noqa: E402
 from paddle_ipu.compiler import compile as compile_module  # noqa: E402
 from paddle_ipu.errors import IpuError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "compile_memory.py"
 MIB = 1 << 20
 
@@ -156,7 +156,7 @@ def test_killed_compile_leaves_no_weights_and_next_compile_cleans_up() -> None:
 
     # The next compile, in any process, removes what the killed one left.
     code = (
-        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
         "import models, paddle_ipu\nb = models.build('mlp')\n"
         "paddle_ipu.compile_program(b.main, ['x'], b.fetches, scope=b.scope)\nprint('ok')\n"
     )
@@ -229,7 +229,7 @@ def test_deleted_working_directory_is_a_clear_error(tmp_path: Path) -> None:
     gone = tmp_path / "gone"
     code = f"""
 import os, sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 import models, paddle_ipu
 from paddle_ipu.errors import WorkDirError
 b = models.build("mlp")

@@ -1,6 +1,6 @@
 """Models nobody here wrote: ``paddle.vision.models`` (``pretrained=False``: no
 download) and standard ``paddle.nn`` blocks, built as static programs with their
-weights initialised, for the zoo tier (tests/zoo) and ``bench/zoo.py``."""
+weights initialised, for the zoo tier (tests/conformance/zoo) and ``bench/zoo.py``."""
 
 from __future__ import annotations
 

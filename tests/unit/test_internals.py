@@ -22,7 +22,7 @@ from paddle_ipu import _internals
 from paddle_ipu._internals import ort_api, p2o_api, paddle_api
 from paddle_ipu.errors import PrivateApiError
 
-PACKAGE = Path(__file__).resolve().parent.parent / "paddle_ipu"
+PACKAGE = Path(__file__).resolve().parents[2] / "paddle_ipu"
 
 INTERFACES = _internals.interfaces()
 

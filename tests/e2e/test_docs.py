@@ -31,7 +31,7 @@ def _check_host(s: Any) -> None:
     backends.check_support("host", config)
 
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 _ROW = re.compile(
     r"^\| `(?P<name>[^`]+)` \| (?P<type>\w+) \| (?P<default>.*?) \| (?P<host>.*?) "
     r"\| (?P<meaning>.*) \|$"

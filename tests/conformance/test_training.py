@@ -409,7 +409,7 @@ def test_save_and_resume_in_a_new_process_is_bitwise(tmp_path: Path) -> None:
 
     out = tmp_path / "resumed.npz"
     code = _RESUME_CODE.format(
-        tests=str(Path(__file__).parent),
+        tests=str(Path(__file__).resolve().parents[1]),
         out=str(out),
         directory=str(tmp_path),
         names=list(OPTIMIZERS),

@@ -1,6 +1,6 @@
 """The core's one-pass Adam update against numpy evaluating the same formulas one
 operation at a time (each rounded to float32), bit for bit; and the host trainer's
-Adam against Paddle's own CPU kernel (tests/test_trust_optim.py and the zoo tier cover
+Adam against Paddle's own CPU kernel (tests/conformance/test_optimizers.py and the zoo tier cover
 whole training runs)."""
 
 from __future__ import annotations
