@@ -599,7 +599,14 @@ class PopartSession(Session):
             # Inputs and outputs are known without building (and taking a device).
             with suppress(KeyError):
                 return super().get_info(name)
-        shape, dtype = self._info(name)
+        try:
+            shape, dtype = self._info(name)
+        except BackendError:
+            # The protocol's answer for a tensor the session does not hold (has_info
+            # relies on it); any other failure of the lookup is PopART's to report.
+            if self._prepared and name not in self._tensor_ids(self._session):
+                raise KeyError(name) from None
+            raise
         paddle_name = ""
         for spec in (*self.model.inputs, *self.model.outputs):
             if spec.name == name:
