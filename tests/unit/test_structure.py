@@ -1,5 +1,5 @@
 """The package's shape as docs/architecture.md states it: no import cycle (imports inside
-functions and importlib.import_module calls included), and the
+functions and importlib.import_module calls included), no module over 800 lines, and the
 tree with line counts in docs/architecture.md is the code's."""
 
 from __future__ import annotations
@@ -105,6 +105,15 @@ def test_the_graph_sees_lazy_and_importlib_imports() -> None:
 def test_no_import_cycle() -> None:
     cycle = _cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_over_800_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 800
+    }
+    assert not long, long
 
 
 def test_the_tree_in_the_architecture_doc_is_current() -> None:
