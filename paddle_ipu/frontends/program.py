@@ -129,7 +129,7 @@ class IpuCompiledProgram:
         if program is None:
             program = paddle.static.default_main_program()
         if ipu_strategy is None:
-            ipu_strategy = IpuStrategy()
+            ipu_strategy = IpuStrategy.unpatched()
         elif not isinstance(ipu_strategy, IpuStrategy):
             raise OptionError(
                 f"ipu_strategy must be a paddle_ipu.IpuStrategy, got {type(ipu_strategy).__name__}"

@@ -88,7 +88,7 @@ class Package:
         passed to ``set_options``)."""
         from paddle_ipu.strategy import IpuStrategy
 
-        s = IpuStrategy()
+        s = IpuStrategy.unpatched()
         s.set_graph_config(is_training=False, micro_batch_size=self.options["micro_batch_size"])
         s.set_pipelining_config(batches_per_step=self.options["batches_per_step"])
         s.set_precision_config(enable_fp16=bool(self.options["enable_fp16"]))
