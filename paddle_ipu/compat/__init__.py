@@ -18,7 +18,8 @@ Replaced (module: names):
   (the ``ipu`` custom place);
 - ``paddle.base``, ``paddle.framework``: ``IPUPlace``;
 - ``paddle.static``, ``paddle.base``: ``IpuStrategy``, ``IpuCompiledProgram``,
-  ``ipu_shard_guard``, ``set_ipu_shard``;
+  ``ipu_shard_guard``, ``set_ipu_shard``; ``paddle.base.compiler``: ``IpuStrategy``,
+  ``IpuCompiledProgram``;
 - ``paddle.base.core`` (also reached as ``paddle.framework.core``): ``IpuBackend``
   (new);
 - ``paddle.static.amp``: ``cast_model_to_fp16`` / ``cast_parameters_to_fp16`` (they
@@ -202,9 +203,20 @@ def install() -> None:
         for module in (paddle, paddle.device, paddle.base, paddle.framework):
             if hasattr(module, "IPUPlace"):
                 _replace(module, "IPUPlace", IPUPlace)
+        import paddle.base.compiler
+
         for module in (paddle.static, paddle.base):
             _replace(module, "IpuStrategy", IpuStrategy)
             _replace(module, "IpuCompiledProgram", IpuCompiledProgram)
+        # 2.x scripts also reach the classes through the module that defines them
+        # (``from paddle.base import compiler; compiler.IpuCompiledProgram(...)``).
+        for name, value in (
+            ("IpuStrategy", IpuStrategy),
+            ("IpuCompiledProgram", IpuCompiledProgram),
+        ):
+            if hasattr(paddle.base.compiler, name):
+                _replace(paddle.base.compiler, name, value)
+        for module in (paddle.static, paddle.base):
             _replace(module, "ipu_shard_guard", ipu_shard_guard)
             _replace(module, "set_ipu_shard", set_ipu_shard)
         _replace(paddle_api.paddle_core(), "IpuBackend", IpuBackend)

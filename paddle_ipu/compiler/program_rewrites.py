@@ -7,7 +7,9 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - ``interpolate`` with ``scale_factor`` failed (the scale is stored as doubles): the
   output size;
 - adaptive pooling to a size that does not divide the input: averages over the bins
-  Paddle uses, as a matmul.
+  Paddle uses, as a matmul;
+- operators the converter has no converter for, in operators it has: ``accuracy``,
+  ``identity_loss``, ``mean_all``, ``bce_loss``, ``kldiv_loss``.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -290,11 +292,157 @@ def rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
     return replaced
 
 
+def _dtype(value: Any) -> Any:
+    """A value's dtype as Paddle's builders take it (``"float32"``)."""
+    return dtype_name(value)
+
+
+def _replace_results(block: Any, op: Any, new: list[Any], replaced: dict[int, Any]) -> None:
+    for old, value in zip(op.results(), new):
+        replaced[old.id] = value
+        old.replace_all_uses_with(value)
+    block.remove_op(op)
+
+
+def rewrite_accuracy(block: Any) -> dict[int, Any]:
+    """``accuracy(topk_values, topk_indices, label)`` -> the same count in operators
+    that lower (paddle2onnx has no converter for it).
+
+    Paddle's kernel counts the rows whose label is among the row's top-k indices and
+    divides by the row count: ``any(indices == label, axis=1)``, summed, scaled by
+    ``1 / N``; ``correct`` and ``total`` are that count and ``N``, in the dtypes the
+    op declares.  A row count unknown at compile time is left to the converter
+    (and refused by name there)."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.accuracy":
+            continue
+        indices, label = op.operand_source(1), op.operand_source(2)
+        rows = shape_of(indices)[0] if shape_of(indices) else -1
+        if rows <= 0:
+            continue
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if len(shape_of(label)) != 2:
+            label = paddle.reshape(label, [-1, 1])
+        if dtype_name(label) != dtype_name(indices):
+            label = paddle.cast(label, _dtype(indices))
+        hits = paddle.cast(paddle.any(paddle.equal(indices, label), axis=1), "float32")
+        correct = paddle.sum(hits)
+        accuracy = paddle.scale(correct, 1.0 / rows)
+        results = [accuracy, correct, paddle.full([], float(rows), "float32")]
+        results = [
+            r if dtype_name(r) == dtype_name(old) else paddle.cast(r, _dtype(old))
+            for r, old in zip(results, op.results())
+        ]
+        _copy_placement(block, op, before)
+        _replace_results(block, op, results, replaced)
+    return replaced
+
+
+def rewrite_identity_loss(block: Any) -> dict[int, Any]:
+    """``identity_loss(x, reduction)`` (it marks a loss; paddle2onnx has no converter)
+    -> what it computes: ``sum(x)`` (0), ``mean(x)`` (1) or ``x`` (2), as Paddle's
+    kernel does."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.identity_loss":
+            continue
+        x = op.operand_source(0)
+        reduction = op_int_attr(op, "reduction") if op.has_attr("reduction") else 1
+        if reduction not in (0, 1, 2):
+            raise UnsupportedOpError(
+                f"identity_loss with reduction={reduction}: 0 (sum), 1 (mean) or 2 (none)"
+            )
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if reduction == 2 or not shape_of(x):
+            new = x
+        elif reduction == 0:
+            new = paddle.sum(x)
+        else:
+            new = paddle.mean(x)
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
+def rewrite_losses(block: Any) -> dict[int, Any]:
+    """Loss operators paddle2onnx has no converter for, spelled in operators it has,
+    with the formulas of Paddle's CPU kernels:
+
+    - ``mean_all(x)`` (``paddle.mean`` of a legacy program, 2.x's ``margin_rank_loss``)
+      -> ``mean(x)`` over every axis;
+    - ``bce_loss(x, label)`` -> ``(label - 1) * max(log(1 - x), -100) - label *
+      max(log(x), -100)``;
+    - ``kldiv_loss(x, label, reduction, log_target)`` -> ``exp(label) * (label - x)``
+      (log_target) or ``label * (log(label) - x)`` where ``label > 0``, else 0; then
+      the reduction (``mean``, ``sum``, ``batchmean``: the sum over the first
+      dimension's size, ``none``)."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.mean_all", "pd_op.bce_loss", "pd_op.kldiv_loss"):
+            continue
+        x = op.operand_source(0)
+        dtype = _dtype(x)
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if name == "pd_op.mean_all":
+            new = paddle.mean(x) if shape_of(x) else x
+        elif name == "pd_op.bce_loss":
+            label = op.operand_source(1)
+            floor = paddle.full([], -100.0, dtype)
+            term1 = paddle.maximum(paddle.log(x), floor)
+            term2 = paddle.maximum(paddle.log(paddle.scale(x, -1.0, 1.0)), floor)
+            new = paddle.subtract(
+                paddle.multiply(paddle.scale(label, 1.0, -1.0), term2),
+                paddle.multiply(label, term1),
+            )
+        else:
+            label = op.operand_source(1)
+            attrs = op.attrs()
+            reduction = str(attrs.get("reduction", "mean"))
+            if bool(attrs.get("log_target", False)):
+                loss = paddle.multiply(paddle.exp(label), paddle.subtract(label, x))
+            else:
+                positive = paddle.greater_than(label, paddle.zeros_like(label))
+                safe = paddle.where(positive, label, paddle.ones_like(label))
+                loss = paddle.where(
+                    positive,
+                    paddle.multiply(label, paddle.subtract(paddle.log(safe), x)),
+                    paddle.zeros_like(label),
+                )
+            if reduction == "none":
+                new = loss
+            elif reduction == "sum":
+                new = paddle.sum(loss)
+            elif reduction == "mean":
+                new = paddle.mean(loss)
+            elif reduction == "batchmean" and shape_of(x) and shape_of(x)[0] > 0:
+                new = paddle.scale(paddle.sum(loss), 1.0 / shape_of(x)[0])
+            elif reduction == "batchmean" and not shape_of(x):
+                new = paddle.sum(loss)
+            else:
+                raise UnsupportedOpError(
+                    f"kldiv_loss with reduction={reduction!r} on an input of shape "
+                    f"{list(shape_of(x))}: only 'none', 'sum', 'mean' and 'batchmean' "
+                    "(with a known batch size) lower"
+                )
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
     """Every rewrite above, on ``block``; returns old value id -> new value."""
     with insertion_guard():
-        replaced = rewrite_empty_axis_reductions(block)
+        # first: these add reductions over all axes, which the next one spells out
+        replaced = rewrite_identity_loss(block)
+        replaced.update(rewrite_losses(block))
+        replaced.update(rewrite_empty_axis_reductions(block))
         replaced.update(rewrite_softplus(block))
         replaced.update(rewrite_interp_scale(block))
         replaced.update(rewrite_adaptive_pools(block))
+        replaced.update(rewrite_accuracy(block))
     return replaced

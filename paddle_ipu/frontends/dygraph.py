@@ -522,6 +522,11 @@ class IpuModel:
         from paddle_ipu.frontends.program import IpuBackend, IpuCompiledProgram
 
         arrays: list[tuple[str, np.ndarray]] = []
+        if training:
+            # The optimizer's state goes to the device with the weights: create it now
+            # (from a state_dict loaded into a fresh optimizer, if there is one), as
+            # its first eager step would.
+            self._ensure_accumulators()
 
         def spec(value: Any, half: bool) -> Any:
             if isinstance(value, _Argument):
@@ -549,6 +554,10 @@ class IpuModel:
         spec_pos = [spec(v, half) for v in pos]
         spec_kw = {k: spec(kw[k], half) for k in sorted(kw)}
         strategy = self._strategy.copy()
+        if training:
+            # The optimizer's own learning rate (its scheduler's, read at each run)
+            # decides, not the ``lr`` option set_optimizer() copied from it once.
+            strategy.set_options({"lr": 0.0})
         if half:
             # float16 inputs (PopTorch's inferenceModel of a half model): the Layer is
             # traced in float32 and the graph runs in float16, as every float16 graph

@@ -379,7 +379,7 @@ class IpuCompiledProgram:
         outputs = executor.model.outputs
         if fetch_list is None:
             return list(range(len(outputs)))
-        items = list(fetch_list) if isinstance(fetch_list, (list, tuple)) else [fetch_list]
+        items = _flatten_fetches(fetch_list)
         if not items:
             return list(range(len(outputs)))
         names = self.fetchable()
@@ -412,6 +412,17 @@ class IpuCompiledProgram:
     def fetch_names_for(self, index: Sequence[int]) -> list[str]:
         names = self.fetchable()
         return [names[i] for i in index]
+
+
+def _flatten_fetches(fetch_list: Any) -> list[Any]:
+    """The fetch list as Paddle's executor reads it: nested lists and tuples (2.x's
+    ``fetch_list=[fetch_targets]`` from load_inference_model) give their items."""
+    if not isinstance(fetch_list, (list, tuple)):
+        return [fetch_list]
+    out: list[Any] = []
+    for item in fetch_list:
+        out.extend(_flatten_fetches(item) if isinstance(item, (list, tuple)) else [item])
+    return out
 
 
 def _holds_fp16(program: Any) -> bool:
