@@ -109,6 +109,24 @@ def legacy_fp16_type() -> Any:
         raise _missing("paddle.base.core.VarDesc.VarType.FP16", exc) from None
 
 
+def legacy_fp32_type() -> Any:
+    """The legacy IR's float32 variable type (``paddle.base.core.VarDesc.VarType.FP32``)."""
+    import paddle
+
+    try:
+        return paddle.base.core.VarDesc.VarType.FP32
+    except AttributeError as exc:
+        raise _missing("paddle.base.core.VarDesc.VarType.FP32", exc) from None
+
+
+def set_legacy_var_dtype(var: Any, dtype: Any) -> None:
+    """Change a legacy-IR variable's declared dtype (``Variable.desc.set_dtype``)."""
+    try:
+        var.desc.set_dtype(dtype)
+    except AttributeError as exc:
+        raise _missing("Variable.desc.set_dtype()", exc) from None
+
+
 def paddle_core() -> Any:
     """``paddle.base.core`` (the compatibility layer installs 2.x names into it)."""
     import paddle
@@ -397,6 +415,7 @@ def _probe_pir_ops() -> str:
         "where",
         "greater_than",
         "matmul",
+        "builtin_split",
     )
     missing = [n for n in used if not hasattr(ops, n)]
     assert not missing, f"missing builders: {missing}"
@@ -492,7 +511,12 @@ def _probe_dy2static() -> str:
     return "a decorated forward is a StaticFunction bound to its Layer; has_vjp answers"
 
 
-@interface(_DEP, "core.VarDesc.VarType.FP16, framework.Program, Operator._set_attr", "legacy IR")
+@interface(
+    _DEP,
+    "core.VarDesc.VarType.FP16/FP32, framework.Program, Operator._set_attr, "
+    "Variable.desc.set_dtype",
+    "legacy IR",
+)
 def _probe_legacy() -> str:
     import paddle
 
@@ -506,6 +530,9 @@ def _probe_legacy() -> str:
         op = main.global_block().ops[-1]
         set_legacy_op_attr(op, "probe_attr", 3)
         assert op.attr("probe_attr") == 3
+        half = paddle.static.data("half", [2], "float16")
+        set_legacy_var_dtype(half, legacy_fp32_type())
+        assert half.dtype == legacy_fp32_type()
     return "the float16 type, Program class and attribute setter as checked"
 
 

@@ -7,7 +7,8 @@ Paddle unchanged:
 - a program returned by ``IpuCompiledProgram.compile`` runs straight on its IPU
   executor (``PADDLE_IPU_DIRECT_RUN=0`` sends it through Paddle's executor, which
   adds about 0.3 ms a call and turns the op's exceptions into a bare
-  ``SystemError``: the op's own exception is raised instead);
+  ``SystemError``: the op's own exception is raised instead); its 0-d results come
+  back with shape [1], as Paddle 2.x's IPU backend returned them;
 - a plain static program run on the ``ipu`` place is compiled implicitly as one
   whole graph (see :mod:`paddle_ipu.frontends.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
   turns that off).
@@ -118,6 +119,19 @@ def uninstall() -> None:
         _original = None
 
 
+def _sized(value: Any) -> Any:
+    """A 0-d result as a 1-element array: Paddle 2.x's IPU backend returned scalars
+    (a mean, a loss, the dot product of two vectors) with shape [1], and 2.x code
+    takes their ``len()`` or indexes them.  Only the results of a program compiled
+    by ``IpuCompiledProgram.compile`` (the 2.x API) are reshaped; every other path
+    returns Paddle 3's 0-d arrays."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.reshape(1)
+    return value
+
+
 def _run_compiled(
     original: Any,
     exe: Any,
@@ -142,7 +156,7 @@ def _run_compiled(
     } and options.get("return_numpy", True)
     if simple and env_flag("PADDLE_IPU_DIRECT_RUN", True):
         outs = compiled.run(dict(feed or {}))
-        return [outs[i] for i in index]
+        return [_sized(outs[i]) for i in index]
     executor = compiled.require_executor()
     # Paddle's executor fails on unknown or missing feeds with its own errors
     # before the op runs: check the names first.
@@ -151,7 +165,7 @@ def _run_compiled(
     try:
         # Paddle's executor crashes when threads run one program at once: one at a time.
         with compiled.paddle_run_lock, _ir_of(compiled):
-            return original(exe, program, feed, names, *args, **kwargs)
+            return [_sized(v) for v in original(exe, program, feed, names, *args, **kwargs)]
     except SystemError as exc:
         error = getattr(executor, "last_error", None)
         if error is not None:

@@ -9,7 +9,9 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - adaptive pooling to a size that does not divide the input: averages over the bins
   Paddle uses, as a matmul;
 - operators the converter has no converter for, in operators it has: ``accuracy``,
-  ``identity_loss``, ``mean_all``, ``bce_loss``, ``kldiv_loss``.
+  ``identity_loss``, ``mean_all``, ``bce_loss``, ``kldiv_loss``;
+- constants of a dtype its Constant helper aborts on (boolean ``assign_value``,
+  float16 ``full``): made in float32 or int32, then cast.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -434,6 +436,47 @@ def rewrite_losses(block: Any) -> dict[int, Any]:
     return replaced
 
 
+# Constant dtypes paddle2onnx's Constant helper aborts on (assign_value takes float32,
+# float64, int32 and int64 only; full adds bool).
+_ASSIGN_OK = frozenset({"float32", "float64", "int32", "int64"})
+_FULL_OK = _ASSIGN_OK | {"bool"}
+
+
+def rewrite_constants(block: Any) -> dict[int, Any]:
+    """Constants of a dtype the converter's Constant helper cannot write (it aborts
+    the process): ``assign_value`` of booleans, float16 (``paddle.assign`` of a bool
+    array, a legacy program cast to float16), ``full`` of float16 -> the same
+    constant in float32 (or int32 for integers and booleans), then a cast."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.full", "pd_op.assign_value_", "pd_op.assign_value"):
+            continue
+        result = op.result(0)
+        dtype = dtype_name(result)
+        if dtype in (_FULL_OK if name == "pd_op.full" else _ASSIGN_OK):
+            continue
+        attrs = op.attrs()
+        shape = [int(d) for d in attrs.get("shape", [])]
+        wide: Any = "float32" if dtype in ("float16", "bfloat16", "uint16") else "int32"
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if name == "pd_op.full":
+            value = paddle.full(shape, float(attrs.get("value", 0.0)), wide)
+        else:
+            values = np.asarray([float(v) for v in attrs.get("values", [])], dtype=np.float64)
+            value = paddle.assign(values.astype(wide).reshape(shape))
+        new = paddle.cast(value, _dtype(result))
+        _copy_placement(block, op, before)
+        operands = [v for v in op.operands_source() if v is not None]
+        _replace_results(block, op, [new], replaced)
+        for source in operands:  # assign_value_'s in-place target, now unread
+            producer = source.get_defining_op()
+            if producer is not None and source.use_empty() and producer.num_results() == 1:
+                block.remove_op(producer)
+    return replaced
+
+
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
     """Every rewrite above, on ``block``; returns old value id -> new value."""
     with insertion_guard():
@@ -445,4 +488,5 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_interp_scale(block))
         replaced.update(rewrite_adaptive_pools(block))
         replaced.update(rewrite_accuracy(block))
+        replaced.update(rewrite_constants(block))
     return replaced

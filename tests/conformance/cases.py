@@ -567,6 +567,20 @@ add(
 add("fft_r2c", "fft_r2c", {"x": "f:3x8"}, lambda x: paddle.abs(paddle.fft.rfft(x)))
 
 # -- rewritten before conversion (paddle2onnx has no converter for these) ------------
+_MASK = np.array([[True, False, True, False], [False, True, True, False], [True] * 4])
+add(
+    "assign_value.bool",
+    "assign_value_",
+    X,
+    lambda x: paddle.logical_and(x > 0, paddle.assign(_MASK)),
+    fp16=False,
+)
+add(
+    "full.float16",
+    "full",
+    X,
+    lambda x: x + paddle.full([3, 4], 1.5, "float16").astype("float32"),
+)
 add(
     "accuracy",
     "accuracy",
