@@ -74,8 +74,11 @@ def set_ipu_shard(call_func: Any, index: int = -1, stage: int = -1) -> Any:
 
     from paddle_ipu.compiler import sharding
 
-    if paddle.framework.in_pir_mode() or isinstance(call_func, paddle.nn.Layer):
+    if paddle.framework.in_pir_mode():
         return sharding.set_ipu_shard(call_func, index=index, stage=stage)
+    if isinstance(call_func, paddle.nn.Layer):
+        # Layer hooks that open the guard of the program being built, legacy or PIR.
+        return sharding.set_ipu_shard(call_func, index=index, stage=stage, guard=ipu_shard_guard)
     sharding._check(index, stage)
 
     @functools.wraps(call_func)

@@ -546,11 +546,6 @@ class IpuModel:
         half = any(
             not isinstance(v, _Argument) and v.dtype == np.float16 for v in [*pos, *kw.values()]
         )
-        if half and training:
-            raise NotSupportedError(
-                f"{self._name}: float16 inputs to a training model; feed float32 and set "
-                "strategy.set_precision_config(enable_fp16=True) to train in float16"
-            )
         spec_pos = [spec(v, half) for v in pos]
         spec_kw = {k: spec(kw[k], half) for k in sorted(kw)}
         strategy = self._strategy.copy()
@@ -559,9 +554,10 @@ class IpuModel:
             # decides, not the ``lr`` option set_optimizer() copied from it once.
             strategy.set_options({"lr": 0.0})
         if half:
-            # float16 inputs (PopTorch's inferenceModel of a half model): the Layer is
-            # traced in float32 and the graph runs in float16, as every float16 graph
-            # does (the executor converts the graph and the weights).
+            # float16 inputs (PopTorch's inferenceModel of a half model, Paddle 2.x's
+            # dy2static with enable_fp16): the Layer is traced in float32 and the
+            # graph runs in float16, as every float16 graph does (the executor converts
+            # the graph and the weights; the weights stay float32 on the host).
             strategy.set_precision_config(enable_fp16=True)
         first = next((a for _, a in arrays if a.ndim), None)
         strategy.set_graph_config(
