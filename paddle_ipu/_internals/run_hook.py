@@ -7,8 +7,9 @@ Paddle unchanged:
 - a program returned by ``IpuCompiledProgram.compile`` runs straight on its IPU
   executor (``PADDLE_IPU_DIRECT_RUN=0`` sends it through Paddle's executor, which
   adds about 0.3 ms a call and turns the op's exceptions into a bare
-  ``SystemError``: the op's own exception is raised instead); its 0-d results come
-  back with shape [1], as Paddle 2.x's IPU backend returned them;
+  ``SystemError``: the op's own exception is raised instead); its 0-d results also
+  answer ``len()`` and ``[0]``, as the ``[1]``-shaped scalars of Paddle 2.x's IPU
+  backend did (see :func:`_sized`);
 - a plain static program run on the ``ipu`` place is compiled implicitly as one
   whole graph (see :mod:`paddle_ipu.frontends.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
   turns that off).
@@ -120,16 +121,15 @@ def uninstall() -> None:
 
 
 def _sized(value: Any) -> Any:
-    """A 0-d result as a 1-element array: Paddle 2.x's IPU backend returned scalars
-    (a mean, a loss, the dot product of two vectors) with shape [1], and 2.x code
-    takes their ``len()`` or indexes them.  Only the results of a program compiled
-    by ``IpuCompiledProgram.compile`` (the 2.x API) are reshaped; every other path
-    returns Paddle 3's 0-d arrays."""
-    import numpy as np
+    """A 0-d result that 2.x code can also use as the ``[1]``-shaped array Paddle 2.x's
+    IPU backend returned for a scalar (a mean, a loss, the dot product of two vectors):
+    ``len()`` is 1 and ``[0]`` is the value, while it stays 0-d for Paddle 3 code
+    (``float(x)``, ``x.shape == ()``).  See :class:`paddle_ipu._infra.arrays.SizedScalar`;
+    only the results of a program compiled by ``IpuCompiledProgram.compile`` (the 2.x
+    API) are given this view."""
+    from paddle_ipu._infra.arrays import sized_scalar
 
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        return value.reshape(1)
-    return value
+    return sized_scalar(value)
 
 
 def _run_compiled(

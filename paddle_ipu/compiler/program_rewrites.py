@@ -388,13 +388,20 @@ def rewrite_losses(block: Any) -> dict[int, Any]:
         if name not in ("pd_op.mean_all", "pd_op.bce_loss", "pd_op.kldiv_loss"):
             continue
         x = op.operand_source(0)
-        dtype = _dtype(x)
         before = {o.id() for o in block.ops}
         paddle.pir.set_insertion_point(op)
+        half = dtype_name(x) in ("float16", "bfloat16", "uint16")
+        if half and name != "pd_op.mean_all":
+            # Paddle's builders refuse float16 for some of the operators below (their
+            # CPU kernels): computed in float32, the result cast back.
+            x = paddle.cast(x, "float32")
+        dtype = _dtype(x)
         if name == "pd_op.mean_all":
             new = paddle.mean(x) if shape_of(x) else x
         elif name == "pd_op.bce_loss":
             label = op.operand_source(1)
+            if half:
+                label = paddle.cast(label, "float32")
             floor = paddle.full([], -100.0, dtype)
             term1 = paddle.maximum(paddle.log(x), floor)
             term2 = paddle.maximum(paddle.log(paddle.scale(x, -1.0, 1.0)), floor)
@@ -404,6 +411,8 @@ def rewrite_losses(block: Any) -> dict[int, Any]:
             )
         else:
             label = op.operand_source(1)
+            if half:
+                label = paddle.cast(label, "float32")
             attrs = op.attrs()
             reduction = str(attrs.get("reduction", "mean"))
             if bool(attrs.get("log_target", False)):
@@ -432,6 +441,8 @@ def rewrite_losses(block: Any) -> dict[int, Any]:
                     f"{list(shape_of(x))}: only 'none', 'sum', 'mean' and 'batchmean' "
                     "(with a known batch size) lower"
                 )
+        if half and name != "pd_op.mean_all":
+            new = paddle.cast(new, _dtype(op.result(0)))
         _copy_placement(block, op, before)
         _replace_results(block, op, [new], replaced)
     return replaced

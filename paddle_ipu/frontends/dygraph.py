@@ -522,11 +522,6 @@ class IpuModel:
         from paddle_ipu.frontends.program import IpuBackend, IpuCompiledProgram
 
         arrays: list[tuple[str, np.ndarray]] = []
-        if training:
-            # The optimizer's state goes to the device with the weights: create it now
-            # (from a state_dict loaded into a fresh optimizer, if there is one), as
-            # its first eager step would.
-            self._ensure_accumulators()
 
         def spec(value: Any, half: bool) -> Any:
             if isinstance(value, _Argument):
@@ -776,6 +771,11 @@ class IpuModel:
         if entry is not None:
             entry.compiled.reset()
             del self._entries[training]
+        if training:
+            # The optimizer's state goes to the device with the weights: create it now
+            # (from a state_dict loaded into a fresh optimizer, if there is one), as its
+            # first eager step would -- in the process's own IR, before PIR mode.
+            self._ensure_accumulators()
         with pir_mode():  # traced as PIR whatever the process's IR
             entry = self._compile(training, pos, kw)
         entry.signature = signature
