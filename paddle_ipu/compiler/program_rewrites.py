@@ -12,7 +12,8 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
   ``identity_loss``, ``mean_all``, ``bce_loss``, ``kldiv_loss``;
 - constants of a dtype its Constant helper aborts on (boolean ``assign_value``,
   float16 ``full``): made in float32 or int32, then cast;
-- ``log1p``, which it writes as ``log(1 + x)``: an accurate formula.
+- ``log1p``, which it writes as ``log(1 + x)``: an accurate formula;
+- float16 ``assign`` and ``remainder``, whose lowering writes a float16 Constant.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -448,6 +449,31 @@ def rewrite_losses(block: Any) -> dict[int, Any]:
     return replaced
 
 
+def rewrite_half_helpers(block: Any) -> dict[int, Any]:
+    """Float16 operators whose lowering writes a float16 Constant, on which paddle2onnx's
+    Constant helper aborts the process (a legacy program cast by Paddle's
+    ``cast_model_to_fp16`` holds them): ``assign(x)`` -> ``x`` (a copy, in a graph that
+    writes nothing back); ``remainder`` -> computed in float32 (the float16 operands are
+    exact there), cast back to float16."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.assign", "pd_op.remainder"):
+            continue
+        if dtype_name(op.result(0)) not in ("float16", "bfloat16", "uint16"):
+            continue
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if name == "pd_op.assign":
+            new = op.operand_source(0)
+        else:
+            x, y = (paddle.cast(op.operand_source(i), "float32") for i in (0, 1))
+            new = paddle.cast(paddle.remainder(x, y), _dtype(op.result(0)))
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
 def rewrite_log1p(block: Any) -> dict[int, Any]:
     """``log1p(x)`` -> ``log(u) * x / (u - 1)`` with ``u = 1 + x`` (``x`` where ``u ==
     1``): the converter writes ``log(1 + x)``, which loses the low digits of a small
@@ -525,4 +551,5 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_accuracy(block))
         replaced.update(rewrite_constants(block))
         replaced.update(rewrite_log1p(block))
+        replaced.update(rewrite_half_helpers(block))
     return replaced
