@@ -465,7 +465,8 @@ class IpuModel:
         self._owner: _Entry | None = None
         self._last: _Entry | None = None
         self._lock = threading.RLock()
-        _watch(layer, self)
+        for sub in layer.sublayers(include_self=True):  # a sublayer's load counts too
+            _watch(sub, self)
         if optimizer is not None:
             _watch(optimizer, self)
 
