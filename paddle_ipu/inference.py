@@ -14,16 +14,24 @@ It mirrors ``paddle.inference``'s API, as Paddle 2.x scripts used it on the IPU:
     predictor.run()
     out = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
 
-The model is compiled once (through the compile cache, see
-:mod:`paddle_ipu.serving.package`) into one whole graph.  Without the model runtime a run
-takes exactly ``ipu_micro_batch_size x ipu_batches_per_step`` rows, as on Paddle
-2.x; with ``set_ipu_config(ipu_enable_model_runtime_executor=True)`` a run takes any
-number of rows, and predictors made by :meth:`Predictor.clone` share one runtime
-that batches their concurrent runs together.
+The model is compiled (through the compile cache, see :mod:`paddle_ipu.serving.package`)
+into one whole graph for ``ipu_micro_batch_size x ipu_batches_per_step`` rows.  A run of
+another number of rows -- Paddle Inference takes any batch -- compiles it once more for
+that size (a log line; kept for the next run of that size).  With
+``set_ipu_config(ipu_enable_model_runtime_executor=True)`` a run takes any number of rows
+without compiling again, and predictors made by :meth:`Predictor.clone` share one
+runtime that batches their concurrent runs together.
+
+Every public name of ``paddle.inference.Config`` is on :class:`Config` (see
+:data:`DECISIONS`, and the table in docs/inference.md).  A Paddle Inference CPU script
+runs here changed only by ``config.enable_ipu()``, with either import:
+``paddle.inference`` (``import paddle_ipu`` lets its Config enable the IPU, see
+:mod:`paddle_ipu.compat`) or ``paddle_ipu.inference``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -31,10 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paddle.inference import Config as _PaddleConfig
 
 from paddle_ipu.errors import FeedError, FetchError, NotSupportedError, OptionError
 
-__all__ = ["Config", "Predictor", "Tensor", "create_predictor"]
+__all__ = ["DECISIONS", "Config", "Predictor", "Tensor", "create_predictor"]
+
+log = logging.getLogger("paddle_ipu")
 
 
 def _int_option(name: str, value: Any, low: int = 1) -> int:
@@ -45,10 +56,30 @@ def _int_option(name: str, value: Any, low: int = 1) -> int:
 
 class Config:
     """Where the saved model is and how to run it: ``Config(prefix)``,
-    ``Config(model_dir)`` or ``Config(model_file, params_file)``."""
+    ``Config(model_dir)`` or ``Config(model_file, params_file)`` -- Paddle Inference's
+    ``paddle.inference.Config``.
 
-    def __init__(self, model: str | os.PathLike[str] | None = None, params: Any = None) -> None:
+    Every public name of ``paddle.inference.Config`` is here, with one of three
+    decisions (:data:`DECISIONS`, the table in docs/inference.md): it works; it is
+    accepted, with one log line saying it has no effect on the IPU (a CPU or GPU tuning
+    knob: the model runs as one compiled graph); or it raises
+    :class:`~paddle_ipu.errors.NotSupportedError` naming what to use instead (another
+    device, another precision).  ``enable_ipu()`` must be called before
+    :func:`create_predictor`."""
+
+    Precision = _PaddleConfig.Precision
+    Float32 = _PaddleConfig.Precision.Float32
+    Half = _PaddleConfig.Precision.Half
+    Int8 = _PaddleConfig.Precision.Int8
+    Bfloat16 = _PaddleConfig.Precision.Bfloat16
+
+    def __init__(self, model: Any = None, params: Any = None) -> None:
         self._prefix: str | None = None
+        self._model_dir = ""
+        self._prog_file = ""
+        self._params_file = ""
+        self._from_memory = False
+        self._buffers: Any = None  # the temporary directory of set_model_buffer
         self._ipu = False
         self.device_num = 1
         self.micro_batch_size = 1
@@ -61,11 +92,21 @@ class Config:
         self.enable_model_runtime_executor = False
         self.timeout_ms = 2.0
         self.use_compile_cache = True
+        # Paddle Inference's settings a script reads back (no effect on the IPU).
+        self._threads = 1
+        self._ir_optim = True
+        self._feed_fetch_ops = True
+        self._specify_input_names = False
+        self._glog_disabled = False
+        self._noted: set[str] = set()
         if model is not None:
             self.set_model(model, params)
 
+    # -- the model ----------------------------------------------------------------
     def set_model(self, model: str | os.PathLike[str], params: Any = None) -> None:
+        """``set_model(model_dir)`` or ``set_model(prog_file, params_file)``."""
         path = str(model)
+        self._from_memory = False
         if params is not None:
             m, p = Path(path), Path(str(params))
             if m.with_suffix("") != p.with_suffix(""):
@@ -74,6 +115,7 @@ class Config:
                     f"their path prefix (as save_inference_model writes them)"
                 )
             self._prefix = str(m.with_suffix(""))
+            self._prog_file, self._params_file, self._model_dir = str(m), str(p), ""
         elif Path(path).is_dir():
             found = sorted(
                 {f.with_suffix("") for ext in ("*.json", "*.pdmodel") for f in Path(path).glob(ext)}
@@ -84,14 +126,68 @@ class Config:
                     f"({[f.name for f in found]}); give the path prefix of one"
                 )
             self._prefix = str(found[0])
+            self._model_dir, self._prog_file, self._params_file = path, "", ""
         else:
             self._prefix = (
                 str(Path(path).with_suffix("")) if path.endswith((".json", ".pdmodel")) else path
             )
+            self._model_dir, self._prog_file, self._params_file = "", path, ""
+
+    def set_prog_file(self, path: str) -> None:
+        """The model file; its path prefix must be the parameters file's."""
+        self.set_model(path, self._params_file or None)
+
+    def set_params_file(self, path: str) -> None:
+        """The parameters file, beside the model file set before."""
+        if not self._prog_file:
+            raise OptionError("set_params_file: call set_prog_file(model_file) first")
+        self.set_model(self._prog_file, path)
+
+    def prog_file(self) -> str:
+        return self._prog_file
+
+    def params_file(self) -> str:
+        return self._params_file
+
+    def model_dir(self) -> str:
+        return self._model_dir
+
+    def set_model_buffer(
+        self, prog_buffer: Any, prog_size: int, params_buffer: Any, params_size: int
+    ) -> None:
+        """A model held in memory (the bytes of the model file and of the parameters
+        file): written to a private temporary directory, which lives as long as the
+        Config, and compiled from there."""
+        import tempfile
+        import weakref
+
+        def as_bytes(buffer: Any, size: int, what: str) -> bytes:
+            data = buffer.encode("latin-1") if isinstance(buffer, str) else bytes(buffer)
+            if _is_int(size) and 0 <= size <= len(data):
+                return data[: int(size)]
+            raise OptionError(f"set_model_buffer: {what} size {size!r} for {len(data)} bytes")
+
+        prog = as_bytes(prog_buffer, prog_size, "the model buffer's")
+        params = as_bytes(params_buffer, params_size, "the parameters buffer's")
+        self._buffers = tempfile.TemporaryDirectory(prefix="paddle_ipu_model_")
+        weakref.finalize(self, self._buffers.cleanup)
+        prefix = Path(self._buffers.name) / "model"
+        # A PIR model file is JSON; a legacy one is a protobuf.
+        suffix = ".json" if prog.lstrip()[:1] == b"{" else ".pdmodel"
+        prefix.with_suffix(suffix).write_bytes(prog)
+        prefix.with_suffix(".pdiparams").write_bytes(params)
+        self._prefix = str(prefix)
+        self._from_memory = True
+        self._model_dir, self._prog_file, self._params_file = "", "", ""
+
+    def model_from_memory(self) -> bool:
+        return self._from_memory
 
     def model_prefix(self) -> str | None:
+        """The path prefix the model is compiled from (paddle_ipu's own)."""
         return self._prefix
 
+    # -- the IPU ------------------------------------------------------------------
     def enable_ipu(
         self,
         ipu_device_num: int = 1,
@@ -143,10 +239,58 @@ class Config:
     def use_ipu(self) -> bool:
         return self._ipu
 
-    def load_ipu_config(self, path: str) -> None:
-        raise NotSupportedError(
-            "load_ipu_config is not supported: call enable_ipu() and set_ipu_config()"
-        )
+    def load_ipu_config(self, config_path: str) -> None:
+        """Read IPU settings from a file of ``key,value`` lines, as Paddle Inference
+        does: ``ipu_device_num``, ``ipu_micro_batch_size``, ``ipu_enable_pipelining``,
+        ``ipu_batches_per_step``, ``ipu_enable_fp16``, ``ipu_replica_num``,
+        ``ipu_available_memory_proportion``, ``ipu_enable_half_partial``,
+        ``ipu_enable_model_runtime_executor`` (booleans ``true``/``1``); the custom-op
+        keys are refused as set_ipu_custom_info is."""
+        try:
+            lines = Path(config_path).read_text().splitlines()
+        except OSError as exc:
+            raise OptionError(f"load_ipu_config: cannot read {config_path!r}: {exc}") from None
+        enable: dict[str, Any] = {
+            "ipu_device_num": self.device_num,
+            "ipu_micro_batch_size": self.micro_batch_size,
+            "ipu_enable_pipelining": self.enable_pipelining,
+            "ipu_batches_per_step": self.batches_per_step,
+        }
+        settings: dict[str, Any] = {
+            "ipu_enable_fp16": self.enable_fp16,
+            "ipu_replica_num": self.replica_num,
+            "ipu_available_memory_proportion": self.available_memory_proportion,
+            "ipu_enable_half_partial": self.enable_half_partial,
+            "ipu_enable_model_runtime_executor": self.enable_model_runtime_executor,
+        }
+        for number, raw in enumerate(lines, 1):
+            line = raw.replace(" ", "")
+            if not line:
+                continue
+            key, _, value = line.partition(",")
+            if key in ("ipu_custom_ops_info", "ipu_custom_patterns"):
+                self.set_ipu_custom_info()
+            target = enable if key in enable else settings if key in settings else None
+            if target is None:
+                raise OptionError(
+                    f"load_ipu_config: {config_path!r} line {number}: unknown key {key!r} "
+                    f"(expected one of {sorted([*enable, *settings])})"
+                )
+            current = target[key]
+            try:
+                if isinstance(current, bool):
+                    target[key] = value.lower() in ("true", "1")
+                elif isinstance(current, int):
+                    target[key] = int(value)
+                else:
+                    target[key] = float(value)
+            except ValueError:
+                raise OptionError(
+                    f"load_ipu_config: {config_path!r} line {number}: {key} takes a "
+                    f"{type(current).__name__}, received {value!r}"
+                ) from None
+        self.enable_ipu(**enable)
+        self.set_ipu_config(**settings)
 
     def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
         raise NotSupportedError(
@@ -158,12 +302,275 @@ class Config:
         """Compile every time instead of using paddle-ipu's compile cache."""
         self.use_compile_cache = False
 
+    # -- Paddle Inference's settings a script reads back ---------------------------
+    def set_cpu_math_library_num_threads(self, num_threads: int) -> None:
+        if not _is_int(num_threads) or num_threads < 1:
+            raise OptionError(
+                f"set_cpu_math_library_num_threads: expected an int >= 1, received {num_threads!r}"
+            )
+        self._note("set_cpu_math_library_num_threads", _NO_EFFECT_CPU)
+        self._threads = int(num_threads)
+
+    def cpu_math_library_num_threads(self) -> int:
+        return self._threads
+
+    def switch_ir_optim(self, x: bool = True) -> None:
+        self._note("switch_ir_optim", _NO_EFFECT_PASSES)
+        self._ir_optim = bool(x)
+
+    def ir_optim(self) -> bool:
+        return self._ir_optim
+
+    def switch_use_feed_fetch_ops(self, x: bool = True) -> None:
+        self._note("switch_use_feed_fetch_ops", _NO_EFFECT_HANDLES)
+        self._feed_fetch_ops = bool(x)
+
+    def use_feed_fetch_ops_enabled(self) -> bool:
+        return self._feed_fetch_ops
+
+    def switch_specify_input_names(self, x: bool = True) -> None:
+        self._note("switch_specify_input_names", _NO_EFFECT_HANDLES)
+        self._specify_input_names = bool(x)
+
+    def specify_input_name(self) -> bool:
+        return self._specify_input_names
+
+    def disable_glog_info(self) -> None:
+        self._note("disable_glog_info", "the predictor logs through Python's logging")
+        self._glog_disabled = True
+
+    def glog_info_disabled(self) -> bool:
+        return self._glog_disabled
+
     def summary(self) -> str:
         return (
             f"model {self._prefix}; ipu {self._ipu}: micro_batch_size {self.micro_batch_size}, "
             f"batches_per_step {self.batches_per_step}, fp16 {self.enable_fp16}, model runtime "
             f"{self.enable_model_runtime_executor}"
         )
+
+    def pass_builder(self) -> _PassBuilder:
+        """A pass builder whose edits (``delete_pass``, ``append_pass``, ...) are
+        accepted with a log line and change nothing: the IPU compiler runs its own
+        passes."""
+        self._note("pass_builder", _NO_EFFECT_PASSES)
+        return _PassBuilder(self)
+
+    def _note(self, name: str, why: str) -> None:
+        """One log line (per Config and name) saying the call has no effect."""
+        if name in self._noted:
+            return
+        self._noted.add(name)
+        log.info("paddle_ipu.inference.Config.%s: accepted, no effect on the IPU (%s)", name, why)
+
+
+class _PassBuilder:
+    """What ``Config.pass_builder()`` returns: Paddle Inference's pass list is not what
+    compiles the IPU graph, so edits are accepted (one log line each) and the list is
+    empty."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+
+    def _edit(self, name: str) -> None:
+        self._config._note(f"pass_builder().{name}", _NO_EFFECT_PASSES)
+
+    def delete_pass(self, *args: Any) -> None:
+        self._edit("delete_pass")
+
+    def append_pass(self, *args: Any) -> None:
+        self._edit("append_pass")
+
+    def insert_pass(self, *args: Any) -> None:
+        self._edit("insert_pass")
+
+    def turn_on_debug(self) -> None:
+        self._edit("turn_on_debug")
+
+    def all_passes(self) -> list[str]:
+        return []
+
+    def analysis_passes(self) -> list[str]:
+        return []
+
+    def debug_string(self) -> str:
+        return ""
+
+
+_NO_EFFECT_CPU = "the model runs as one compiled graph, not on Paddle's CPU kernels"
+_NO_EFFECT_PASSES = "the IPU compiler runs its own passes over the whole graph"
+_NO_EFFECT_HANDLES = "the predictor always works with input and output handles"
+_NO_EFFECT_GPU = "there is no GPU in an IPU predictor"
+_NO_EFFECT_MEMORY = "the compiled graph plans its own memory"
+_NO_EFFECT_EXPERIMENT = "a Paddle Inference experiment the IPU graph does not go through"
+
+#: Accepted, one log line: name -> why it has no effect on the IPU.
+NO_EFFECT: dict[str, str] = {
+    "enable_memory_optim": _NO_EFFECT_MEMORY,
+    "disable_gpu": _NO_EFFECT_GPU,
+    "enable_mkldnn": _NO_EFFECT_CPU,
+    "disable_mkldnn": _NO_EFFECT_CPU,
+    "enable_onednn": _NO_EFFECT_CPU,
+    "disable_onednn": _NO_EFFECT_CPU,
+    "disable_mkldnn_fc_passes": _NO_EFFECT_CPU,
+    "disable_onednn_fc_passes": _NO_EFFECT_CPU,
+    "set_mkldnn_cache_capacity": _NO_EFFECT_CPU,
+    "set_onednn_cache_capacity": _NO_EFFECT_CPU,
+    "set_mkldnn_op": _NO_EFFECT_CPU,
+    "set_onednn_op": _NO_EFFECT_CPU,
+    "disable_onnxruntime": "ONNX Runtime is not one of its engines here",
+    "enable_new_executor": "the graph runs on the IPU executor, not Paddle's",
+    "enable_new_ir": "the model is always read as PIR",
+    "switch_ir_debug": _NO_EFFECT_PASSES,
+    "delete_pass": _NO_EFFECT_PASSES,
+    "enable_custom_passes": _NO_EFFECT_PASSES,
+    "set_optimization_level": _NO_EFFECT_PASSES,
+    "use_optimized_model": _NO_EFFECT_PASSES,
+    "enable_save_optim_model": "the compile cache keeps the compiled graph (PADDLE_IPU_CACHE_DIR)",
+    "set_optim_cache_dir": "the compile cache is PADDLE_IPU_CACHE_DIR",
+    "enable_profile": "Paddle Inference's profiler does not see the IPU graph",
+    "exp_disable_mixed_precision_ops": "float16 is all or nothing: set_ipu_config(ipu_enable_fp16)",
+    "exp_enable_use_cutlass": _NO_EFFECT_GPU,
+    "exp_sparse_conv_using_buffer": _NO_EFFECT_EXPERIMENT,
+    "enable_ort_optimization": "ONNX Runtime is not one of its engines here",
+}
+
+_OTHER_DEVICE = "the IPU predictor runs on the IPU; use paddle.inference for other devices"
+_TENSORRT = "TensorRT is a GPU engine; the IPU predictor compiles the whole graph for the IPU"
+_LOW_PRECISION = (
+    "the IPU predictor computes in float32 or, with set_ipu_config(ipu_enable_fp16=True), float16"
+)
+
+#: Raise NotSupportedError: name -> why, and what to use instead.
+REFUSED: dict[str, str] = {
+    "enable_use_gpu": _OTHER_DEVICE,
+    "enable_xpu": _OTHER_DEVICE,
+    "set_xpu_config": _OTHER_DEVICE,
+    "set_xpu_device_id": _OTHER_DEVICE,
+    "xpu_config": _OTHER_DEVICE,
+    "enable_custom_device": _OTHER_DEVICE,
+    "enable_openvino_engine": _OTHER_DEVICE,
+    "enable_onnxruntime": _OTHER_DEVICE,
+    "enable_cinn": "CINN compiles for CPU and GPU; the IPU graph is compiled by paddle_ipu",
+    "enable_tensorrt_engine": _TENSORRT,
+    "enable_tensorrt_dla": _TENSORRT,
+    "enable_tensorrt_memory_optim": _TENSORRT,
+    "enable_tensorrt_varseqlen": _TENSORRT,
+    "enable_tensorrt_explicit_quantization": _TENSORRT,
+    "enable_tensorrt_inspector": _TENSORRT,
+    "enable_tuned_tensorrt_dynamic_shape": _TENSORRT,
+    "set_trt_dynamic_shape_info": _TENSORRT,
+    "set_tensorrt_optimization_level": _TENSORRT,
+    "mark_trt_engine_outputs": _TENSORRT,
+    "exp_disable_tensorrt_ops": _TENSORRT,
+    "exp_disable_tensorrt_subgraph": _TENSORRT,
+    "exp_disable_tensorrt_dynamic_shape_ops": _TENSORRT,
+    "exp_specify_tensorrt_subgraph_precision": _TENSORRT,
+    "collect_shape_range_info": _TENSORRT,
+    "enable_mkldnn_int8": _LOW_PRECISION,
+    "enable_onednn_int8": _LOW_PRECISION,
+    "enable_mkldnn_bfloat16": _LOW_PRECISION,
+    "enable_onednn_bfloat16": _LOW_PRECISION,
+    "set_bfloat16_op": _LOW_PRECISION,
+    "exp_enable_mixed_precision_ops": _LOW_PRECISION,
+    "enable_low_precision_io": (
+        "inputs and outputs are float32 (the graph converts them when it runs in float16)"
+    ),
+    "to_native_config": "NativeConfig is Paddle Inference's own predictor's; it has no IPU",
+}
+
+# Setters accepted with a log line whose value a script can read back (the reader works).
+_READ_BACK = frozenset(
+    {
+        "set_cpu_math_library_num_threads",
+        "switch_ir_optim",
+        "switch_use_feed_fetch_ops",
+        "switch_specify_input_names",
+        "disable_glog_info",
+    }
+)
+
+#: Readers that answer the truth about the IPU predictor: name -> the answer.
+FIXED_ANSWERS: dict[str, Any] = {
+    "use_gpu": False,
+    "use_xpu": False,
+    "gpu_device_id": 0,
+    "xpu_device_id": 0,
+    "memory_pool_init_size_mb": 0,
+    "fraction_of_gpu_memory_for_pool": 0.0,
+    "mkldnn_enabled": False,
+    "onednn_enabled": False,
+    "mkldnn_int8_enabled": False,
+    "onednn_int8_enabled": False,
+    "onnxruntime_enabled": False,
+    "openvino_engine_enabled": False,
+    "tensorrt_engine_enabled": False,
+    "tensorrt_dla_enabled": False,
+    "tensorrt_dynamic_shape_enabled": False,
+    "tensorrt_explicit_quantization_enabled": False,
+    "tensorrt_inspector_enabled": False,
+    "tensorrt_varseqlen_enabled": False,
+    "tuned_tensorrt_dynamic_shape": False,
+    "trt_allow_build_at_runtime": False,
+    "tensorrt_optimization_level": 0,
+    "tensorrt_precision_mode": _PaddleConfig.Precision.Float32,
+    "shape_range_info_collected": False,
+    "shape_range_info_path": "",
+    "new_ir_enabled": True,
+}
+
+
+def _no_effect_method(name: str, why: str) -> Any:
+    def method(self: Config, *args: Any, **kwargs: Any) -> None:
+        self._note(name, why)
+
+    method.__name__ = name
+    method.__doc__ = f"Accepted; no effect on the IPU: {why}."
+    return method
+
+
+def _refused_method(name: str, why: str) -> Any:
+    def method(self: Config, *args: Any, **kwargs: Any) -> Any:
+        raise NotSupportedError(f"Config.{name}: {why}")
+
+    method.__name__ = name
+    method.__doc__ = f"Refused (NotSupportedError): {why}."
+    return method
+
+
+def _fixed_method(name: str, answer: Any) -> Any:
+    def method(self: Config) -> Any:
+        return answer
+
+    method.__name__ = name
+    method.__doc__ = f"{answer!r} for the IPU predictor."
+    return method
+
+
+for _name, _why in NO_EFFECT.items():
+    setattr(Config, _name, _no_effect_method(_name, _why))
+for _name, _why in REFUSED.items():
+    setattr(Config, _name, _refused_method(_name, _why))
+for _name, _answer in FIXED_ANSWERS.items():
+    setattr(Config, _name, _fixed_method(_name, _answer))
+
+#: Every public name of ``paddle.inference.Config``, with its decision here:
+#: "works", "no effect" (accepted, one log line) or "refused" (NotSupportedError).
+DECISIONS: dict[str, str] = {
+    name: (
+        "refused"
+        if name in REFUSED or name == "set_ipu_custom_info"
+        else "no effect"
+        if name in NO_EFFECT or name in _READ_BACK or name == "pass_builder"
+        else "works"
+    )
+    for name in dir(_PaddleConfig)
+    if not name.startswith("_")
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 class Tensor:
@@ -203,17 +610,31 @@ class Tensor:
 
 
 class _Shared:
-    """What clones of one predictor share: the package, the executor, the runtime."""
+    """What clones of one predictor share: the compiled graphs (one per row count a
+    run brings), the runtime."""
 
     def __init__(self, config: Config) -> None:
-        from paddle_ipu.serving.package import compile_model
-
         prefix = config.model_prefix()
         if prefix is None:
             raise OptionError("the Config names no model: Config(prefix) or set_model(...)")
-        self.package, _ = compile_model(
-            prefix,
-            micro_batch_size=config.micro_batch_size,
+        self.config = config
+        self.prefix = prefix
+        self.lock = threading.Lock()
+        self.executors: dict[int, Any] = {}
+        self.package, self.executor = self._compile(config.micro_batch_size)
+        self.runtime: Any = None
+        if config.enable_model_runtime_executor:
+            from paddle_ipu.serving.model_runtime import ModelRuntime
+
+            self.runtime = ModelRuntime(self.executor, timeout_ms=config.timeout_ms)
+
+    def _compile(self, micro_batch_size: int) -> tuple[Any, Any]:
+        from paddle_ipu.serving.package import compile_model
+
+        config = self.config
+        package, _ = compile_model(
+            self.prefix,
+            micro_batch_size=micro_batch_size,
             batches_per_step=config.batches_per_step,
             enable_fp16=config.enable_fp16,
             cache=config.use_compile_cache,
@@ -223,13 +644,40 @@ class _Shared:
         }
         if config.enable_half_partial:
             options["enable_half_partial"] = True
-        self.executor = self.package.executor(**options)
-        self.runtime: Any = None
-        if config.enable_model_runtime_executor:
-            from paddle_ipu.serving.model_runtime import ModelRuntime
+        executor = package.executor(**options)
+        self.executors[micro_batch_size] = executor
+        return package, executor
 
-            self.runtime = ModelRuntime(self.executor, timeout_ms=config.timeout_ms)
-        self.lock = threading.Lock()
+    def executor_for(self, rows: int) -> Any:
+        """The executor for a run of ``rows`` rows: the configured one, or -- as Paddle
+        Inference takes any batch -- one compiled for ``rows / batches_per_step``
+        (kept for the next run of that size, with a log line the first time)."""
+        bps = self.config.batches_per_step
+        if rows == self.config.micro_batch_size * bps:
+            return self.executor
+        if rows < 1 or rows % bps:
+            raise FeedError(
+                f"a run of {rows} rows: with ipu_batches_per_step={bps} a run takes a "
+                f"multiple of {bps} rows"
+            )
+        micro = rows // bps
+        with self.lock:
+            executor = self.executors.get(micro)
+            if executor is None:
+                log.info(
+                    "%s: a run of %d rows: compiling the model for micro-batches of %d",
+                    self.prefix,
+                    rows,
+                    micro,
+                )
+                _, executor = self._compile(micro)
+        return executor
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+        for executor in self.executors.values():
+            executor.reset()
 
 
 class Predictor:
@@ -286,7 +734,12 @@ class Predictor:
 
     def run(self, inputs: Sequence[Any] | None = None) -> list[np.ndarray] | None:
         """Run on the input handles' data (or on ``inputs``, in input order, returning
-        the outputs as Paddle 2.5+'s ``run(list)`` does)."""
+        the outputs as Paddle 2.5+'s ``run(list)`` does).  A run of another number of
+        rows than the configured batch compiles the model for it (see
+        :meth:`_Shared.executor_for`).  The output handles are emptied first: after a
+        run that fails, ``copy_to_cpu`` raises instead of returning older results."""
+        for handle in self._outputs.values():
+            handle._value = None
         if inputs is not None:
             if len(inputs) != len(self._inputs):
                 raise FeedError(
@@ -301,7 +754,14 @@ class Predictor:
                     raise FeedError(f"input {name!r} has no data: call copy_from_cpu first")
                 feed[name] = handle._value
         runtime = self._shared.runtime
-        outputs = runtime.run(feed) if runtime is not None else self._shared.executor.run(feed)
+        if runtime is not None:
+            outputs = runtime.run(feed)
+        else:
+            rows = {int(v.shape[0]) if v.ndim else -1 for v in feed.values()}
+            executor = (
+                self._shared.executor_for(rows.pop()) if len(rows) == 1 else self._shared.executor
+            )
+            outputs = executor.run(feed)
         for handle, value in zip(self._outputs.values(), outputs):
             handle._value = np.asarray(value)
             handle._shape = list(handle._value.shape)
@@ -319,9 +779,7 @@ class Predictor:
 
     def close(self) -> None:
         """Stop the model runtime (if any) and release the device."""
-        if self._shared.runtime is not None:
-            self._shared.runtime.close()
-        self._shared.executor.reset()
+        self._shared.close()
 
 
 def create_predictor(config: Config) -> Predictor:

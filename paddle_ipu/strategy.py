@@ -100,10 +100,31 @@ class IpuStrategy:
         s.set_options({"enable_engine_caching": True, "cache_path": "./cache"})
 
     Every option is listed in :data:`OPTIONS` (and in docs/strategy.md).
+
+    As in Paddle 2.x, a strategy created in dynamic (dygraph) mode registers the
+    dy2static patch (:meth:`register_patch`): from then on a Layer method under
+    ``paddle.jit.to_static`` runs on the IPU, trained by :meth:`set_optimizer`'s
+    optimizer when ``is_training``, until :meth:`release_patch`.  The strategies
+    paddle_ipu makes for itself (:meth:`unpatched`) register nothing.
     """
 
     def __init__(self) -> None:
         paddle_logs.quiet_paddle()  # the user asked for the IPU
+        self._init_values()
+        import paddle
+
+        if paddle.in_dynamic_mode():
+            self.register_patch()
+
+    @classmethod
+    def unpatched(cls) -> IpuStrategy:
+        """A strategy with the default options that registers no dy2static patch,
+        whatever the mode (what paddle_ipu's own front doors create)."""
+        strategy = cls.__new__(cls)
+        strategy._init_values()
+        return strategy
+
+    def _init_values(self) -> None:
         self._values: dict[str, Any] = {
             name: spec.initial() for name, spec in OPTIONS.items() if spec.derived is None
         }

@@ -109,6 +109,24 @@ def legacy_fp16_type() -> Any:
         raise _missing("paddle.base.core.VarDesc.VarType.FP16", exc) from None
 
 
+def legacy_fp32_type() -> Any:
+    """The legacy IR's float32 variable type (``paddle.base.core.VarDesc.VarType.FP32``)."""
+    import paddle
+
+    try:
+        return paddle.base.core.VarDesc.VarType.FP32
+    except AttributeError as exc:
+        raise _missing("paddle.base.core.VarDesc.VarType.FP32", exc) from None
+
+
+def set_legacy_var_dtype(var: Any, dtype: Any) -> None:
+    """Change a legacy-IR variable's declared dtype (``Variable.desc.set_dtype``)."""
+    try:
+        var.desc.set_dtype(dtype)
+    except AttributeError as exc:
+        raise _missing("Variable.desc.set_dtype()", exc) from None
+
+
 def paddle_core() -> Any:
     """``paddle.base.core`` (the compatibility layer installs 2.x names into it)."""
     import paddle
@@ -275,6 +293,47 @@ def create_accumulators(optimizer: Any, block: Any, parameters: list[Any]) -> bo
     return True
 
 
+# -- dy2static ----------------------------------------------------------------------------
+
+
+def static_function_type() -> Any:
+    """The class of what ``paddle.jit.to_static`` makes of a function or Layer method
+    (``paddle.jit.dy2static.program_translator.StaticFunction``); Paddle 2.x's
+    dy2static patch on the IPU intercepts its ``__call__``."""
+    try:
+        from paddle.jit.dy2static.program_translator import StaticFunction
+    except ImportError as exc:
+        raise _missing("paddle.jit.dy2static.program_translator.StaticFunction", exc) from None
+    return StaticFunction
+
+
+def static_function_layer(function: Any) -> Any:
+    """The Layer a ``StaticFunction`` is bound to (``StaticFunction._class_instance``,
+    a weak reference), or None for a plain function or a Layer that is gone."""
+    ref = getattr(function, "_class_instance", None)
+    if ref is None:
+        return None
+    return ref()
+
+
+def static_function_source(function: Any) -> Any:
+    """The function a ``StaticFunction`` converts (``StaticFunction.dygraph_function``:
+    bound to its Layer for a method)."""
+    return function.dygraph_function
+
+
+def op_has_gradient(op: Any) -> bool:
+    """Whether a PIR operator has a backward rule (``paddle.base.core.has_vjp``): the
+    loss of a dygraph Layer is searched among values a gradient reaches."""
+    import paddle
+
+    try:
+        has_vjp = paddle.base.core.has_vjp
+    except AttributeError as exc:
+        raise _missing("paddle.base.core.has_vjp", exc) from None
+    return bool(has_vjp(op))
+
+
 # -- probes ---------------------------------------------------------------------------------
 
 
@@ -356,6 +415,7 @@ def _probe_pir_ops() -> str:
         "where",
         "greater_than",
         "matmul",
+        "builtin_split",
     )
     missing = [n for n in used if not hasattr(ops, n)]
     assert not missing, f"missing builders: {missing}"
@@ -417,7 +477,46 @@ def _probe_optimizer() -> str:
     return "hyper-parameters and accumulator hooks as checked"
 
 
-@interface(_DEP, "core.VarDesc.VarType.FP16, framework.Program, Operator._set_attr", "legacy IR")
+@interface(
+    _DEP,
+    "StaticFunction.__call__, _class_instance, dygraph_function; core.has_vjp",
+    "Paddle 2.x dy2static on the IPU, finding a Layer's loss",
+)
+def _probe_dy2static() -> str:
+    import paddle
+
+    cls = static_function_type()
+    assert callable(cls.__dict__.get("__call__")), "StaticFunction.__call__ moved"
+
+    class Probe(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = paddle.nn.Linear(2, 2)
+
+        @paddle.jit.to_static(full_graph=True)
+        def forward(self, x: Any) -> Any:
+            return self.fc(x)
+
+    with probe_mode(static=False):
+        layer = Probe()
+        bound = layer.forward
+        assert isinstance(bound, cls), type(bound)
+        assert static_function_layer(bound) is layer
+        source = static_function_source(bound)
+        assert not isinstance(source, cls) and source.__self__ is layer
+        spec = paddle.static.InputSpec([1, 2], "float32", "x")
+        concrete, _ = paddle.jit.to_static(source, full_graph=True).get_concrete_program(spec)
+        ops = {op.name(): op for op in concrete.main_program.global_block().ops}
+    assert op_has_gradient(ops["pd_op.matmul"]) and not op_has_gradient(ops["pd_op.data"])
+    return "a decorated forward is a StaticFunction bound to its Layer; has_vjp answers"
+
+
+@interface(
+    _DEP,
+    "core.VarDesc.VarType.FP16/FP32, framework.Program, Operator._set_attr, "
+    "Variable.desc.set_dtype",
+    "legacy IR",
+)
 def _probe_legacy() -> str:
     import paddle
 
@@ -431,6 +530,9 @@ def _probe_legacy() -> str:
         op = main.global_block().ops[-1]
         set_legacy_op_attr(op, "probe_attr", 3)
         assert op.attr("probe_attr") == 3
+        half = paddle.static.data("half", [2], "float16")
+        set_legacy_var_dtype(half, legacy_fp32_type())
+        assert half.dtype == legacy_fp32_type()
     return "the float16 type, Program class and attribute setter as checked"
 
 

@@ -7,7 +7,9 @@ Paddle unchanged:
 - a program returned by ``IpuCompiledProgram.compile`` runs straight on its IPU
   executor (``PADDLE_IPU_DIRECT_RUN=0`` sends it through Paddle's executor, which
   adds about 0.3 ms a call and turns the op's exceptions into a bare
-  ``SystemError``: the op's own exception is raised instead);
+  ``SystemError``: the op's own exception is raised instead); its 0-d results also
+  answer ``len()`` and ``[0]``, as the ``[1]``-shaped scalars of Paddle 2.x's IPU
+  backend did (see :func:`_sized`);
 - a plain static program run on the ``ipu`` place is compiled implicitly as one
   whole graph (see :mod:`paddle_ipu.frontends.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
   turns that off).
@@ -121,6 +123,18 @@ def uninstall() -> None:
         _original = None
 
 
+def _sized(value: Any) -> Any:
+    """A 0-d result that 2.x code can also use as the ``[1]``-shaped array Paddle 2.x's
+    IPU backend returned for a scalar (a mean, a loss, the dot product of two vectors):
+    ``len()`` is 1 and ``[0]`` is the value, while it stays 0-d for Paddle 3 code
+    (``float(x)``, ``x.shape == ()``).  See :class:`paddle_ipu._infra.arrays.SizedScalar`;
+    only the results of a program compiled by ``IpuCompiledProgram.compile`` (the 2.x
+    API) are given this view."""
+    from paddle_ipu._infra.arrays import sized_scalar
+
+    return sized_scalar(value)
+
+
 def _run_compiled(
     original: Any,
     exe: Any,
@@ -145,7 +159,7 @@ def _run_compiled(
     } and options.get("return_numpy", True)
     if simple and env_flag("PADDLE_IPU_DIRECT_RUN", True):
         outs = compiled.run(dict(feed or {}))
-        return [outs[i] for i in index]
+        return [_sized(outs[i]) for i in index]
     executor = compiled.require_executor()
     # Paddle's executor fails on unknown or missing feeds with its own errors
     # before the op runs: check the names first.
@@ -154,7 +168,7 @@ def _run_compiled(
     try:
         # Paddle's executor crashes when threads run one program at once: one at a time.
         with compiled.paddle_run_lock, _ir_of(compiled):
-            return original(exe, program, feed, names, *args, **kwargs)
+            return [_sized(v) for v in original(exe, program, feed, names, *args, **kwargs)]
     except SystemError as exc:
         error = getattr(executor, "last_error", None)
         if error is not None:

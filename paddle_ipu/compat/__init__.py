@@ -18,13 +18,18 @@ Replaced (module: names):
   (the ``ipu`` custom place);
 - ``paddle.base``, ``paddle.framework``: ``IPUPlace``;
 - ``paddle.static``, ``paddle.base``: ``IpuStrategy``, ``IpuCompiledProgram``,
-  ``ipu_shard_guard``, ``set_ipu_shard``;
+  ``ipu_shard_guard``, ``set_ipu_shard``; ``paddle.base.compiler``: ``IpuStrategy``,
+  ``IpuCompiledProgram``;
 - ``paddle.base.core`` (also reached as ``paddle.framework.core``): ``IpuBackend``
   (new);
 - ``paddle.static.amp``: ``cast_model_to_fp16`` / ``cast_parameters_to_fp16`` (they
   fail on PIR programs; a PIR program is marked to compile in float16);
 - ``paddle.pir.Program`` / legacy ``Program``: ``lr_sheduler``, 2.x's spelling of
   ``lr_scheduler``;
+- ``paddle.inference``: ``Config`` (Paddle's own, with ``enable_ipu``,
+  ``set_ipu_config``, ``load_ipu_config`` working) and ``create_predictor`` (the IPU
+  predictor of :mod:`paddle_ipu.inference` for a Config whose ``enable_ipu()`` was
+  called, Paddle's for every other);
 - ``paddle.pir.Value.name``: an intermediate value, which has no name in PIR (Paddle
   raises), gets one on first read, so 2.x's ``fetch_list=[out.name]`` works (see
   :mod:`paddle_ipu.frontends.names`).
@@ -37,6 +42,7 @@ import threading
 from typing import Any
 
 from paddle_ipu._internals import paddle_api
+from paddle_ipu.errors import NotSupportedError
 from paddle_ipu.frontends import names
 from paddle_ipu.frontends.program import FP16_ATTR, IpuBackend, IpuCompiledProgram
 from paddle_ipu.strategy import IpuStrategy
@@ -73,8 +79,11 @@ def set_ipu_shard(call_func: Any, index: int = -1, stage: int = -1) -> Any:
 
     from paddle_ipu.compiler import sharding
 
-    if paddle.framework.in_pir_mode() or isinstance(call_func, paddle.nn.Layer):
+    if paddle.framework.in_pir_mode():
         return sharding.set_ipu_shard(call_func, index=index, stage=stage)
+    if isinstance(call_func, paddle.nn.Layer):
+        # Layer hooks that open the guard of the program being built, legacy or PIR.
+        return sharding.set_ipu_shard(call_func, index=index, stage=stage, guard=ipu_shard_guard)
     sharding._check(index, stage)
 
     @functools.wraps(call_func)
@@ -171,6 +180,74 @@ def _lr_sheduler(program: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------
+# paddle.inference: Config.enable_ipu
+# ----------------------------------------------------------------------------------
+
+
+def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, Any]:
+    """``paddle.inference.Config`` and ``create_predictor`` with Paddle 2.x's IPU
+    methods working: Paddle 3.x's raise ("did not have the option -DWITH_IPU").
+
+    The Config is Paddle's own (every CPU setting behaves as in Paddle); its IPU
+    methods record the settings on a :class:`paddle_ipu.inference.Config` instead;
+    ``create_predictor`` of a Config whose ``enable_ipu()`` was called compiles the
+    model for the IPU (:func:`paddle_ipu.inference.create_predictor`), and hands
+    every other Config to Paddle."""
+    from paddle_ipu import inference
+
+    class Config(paddle_config):
+        __doc__ = paddle_config.__doc__
+
+        def _ipu_settings(self) -> Any:
+            settings = self.__dict__.get("_paddle_ipu_config")
+            if settings is None:
+                settings = self.__dict__["_paddle_ipu_config"] = inference.Config()
+            return settings
+
+        def enable_ipu(
+            self,
+            ipu_device_num: int = 1,
+            ipu_micro_batch_size: int = 1,
+            ipu_enable_pipelining: bool = False,
+            ipu_batches_per_step: int = 1,
+        ) -> None:
+            self._ipu_settings().enable_ipu(
+                ipu_device_num, ipu_micro_batch_size, ipu_enable_pipelining, ipu_batches_per_step
+            )
+
+        def set_ipu_config(self, *args: Any, **kwargs: Any) -> None:
+            self._ipu_settings().set_ipu_config(*args, **kwargs)
+
+        def load_ipu_config(self, config_path: str) -> None:
+            self._ipu_settings().load_ipu_config(config_path)
+
+        def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
+            self._ipu_settings().set_ipu_custom_info(*args, **kwargs)
+
+        def use_ipu(self) -> bool:
+            settings = self.__dict__.get("_paddle_ipu_config")
+            return settings is not None and settings.use_ipu()
+
+    def create_predictor(config: Any) -> Any:
+        if not (isinstance(config, Config) and config.use_ipu()):
+            return paddle_create(config)
+        settings = config._ipu_settings()
+        if config.model_from_memory():
+            raise NotSupportedError(
+                "a model set with set_model_buffer: use paddle_ipu.inference.Config, whose "
+                "set_model_buffer the IPU predictor reads"
+            )
+        if config.model_dir():
+            settings.set_model(config.model_dir())
+        else:
+            settings.set_model(config.prog_file(), config.params_file() or None)
+        return inference.create_predictor(settings)
+
+    create_predictor.__doc__ = paddle_create.__doc__
+    return Config, create_predictor
+
+
+# ----------------------------------------------------------------------------------
 # install / disable
 # ----------------------------------------------------------------------------------
 
@@ -202,9 +279,20 @@ def install() -> None:
         for module in (paddle, paddle.device, paddle.base, paddle.framework):
             if hasattr(module, "IPUPlace"):
                 _replace(module, "IPUPlace", IPUPlace)
+        import paddle.base.compiler
+
         for module in (paddle.static, paddle.base):
             _replace(module, "IpuStrategy", IpuStrategy)
             _replace(module, "IpuCompiledProgram", IpuCompiledProgram)
+        # 2.x scripts also reach the classes through the module that defines them
+        # (``from paddle.base import compiler; compiler.IpuCompiledProgram(...)``).
+        for name, value in (
+            ("IpuStrategy", IpuStrategy),
+            ("IpuCompiledProgram", IpuCompiledProgram),
+        ):
+            if hasattr(paddle.base.compiler, name):
+                _replace(paddle.base.compiler, name, value)
+        for module in (paddle.static, paddle.base):
             _replace(module, "ipu_shard_guard", ipu_shard_guard)
             _replace(module, "set_ipu_shard", set_ipu_shard)
         _replace(paddle_api.paddle_core(), "IpuBackend", IpuBackend)
@@ -216,6 +304,13 @@ def install() -> None:
         model_fn, params_fn = _amp_wrappers(amp.cast_model_to_fp16, amp.cast_parameters_to_fp16)
         _replace(amp, "cast_model_to_fp16", model_fn)
         _replace(amp, "cast_parameters_to_fp16", params_fn)
+        import paddle.inference
+
+        config, create = _inference_wrappers(
+            paddle.inference.Config, paddle.inference.create_predictor
+        )
+        _replace(paddle.inference, "Config", config)
+        _replace(paddle.inference, "create_predictor", create)
         names.install(_replace)
 
 

@@ -2,7 +2,8 @@
 
 - Attribute corrections (:func:`correct_lowerings`): the lowering of some Paddle ops
   ignores or misreads an attribute (hardtanh's bounds, leaky_relu's slope, gelu's
-  approximation, cross_entropy without softmax, thresholded_relu, group_norm); each
+  approximation, cross_entropy without softmax, thresholded_relu, group_norm) or a
+  type (float16 batch_norm / instance_norm with float32 statistics); each
   correction rewrites that op's ONNX nodes from the op's real attributes, checked
   against Paddle's CPU kernel in the conformance suite.
 - Parameters as ``Constant`` nodes (:func:`constants_to_initializers`): they become
@@ -325,7 +326,45 @@ def _fix_group_norm(rw: _Rewriter, idx: int, info: OpInfo) -> None:
         )
 
 
+def _fix_half_norm(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    """A float16 input normalised with float32 statistics and scale (Paddle's fp16
+    BatchNorm / InstanceNorm kernels take them so; ``cast_model_to_fp16`` keeps them
+    float32): ONNX's normalisation nodes take one type, so those inputs are cast to
+    float16 in front of the node."""
+    types = info.use.operand_types
+    if not types or types[0] is None or types[0][0] != "float16":
+        return
+    if not any(t is not None and t[0] == "float32" for t in types[1:]):
+        return
+    graph = rw.graph
+    taken = all_names(graph)
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if rw.owner.get(node.name) == idx and node.op_type in (
+            "BatchNormalization",
+            "InstanceNormalization",
+        ):
+            for i in range(1, len(node.input)):
+                if not node.input[i]:
+                    continue
+                cast = unique_name(f"{node.input[i]}.fp16", taken)
+                taken.add(cast)
+                new_nodes.append(
+                    helper.make_node(
+                        "Cast", [node.input[i]], [cast], name=cast, to=onnx.TensorProto.FLOAT16
+                    )
+                )
+                rw.owner[cast] = idx
+                node.input[i] = cast
+        new_nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+
+
 _CORRECTIONS = {
+    "pd_op.batch_norm": _fix_half_norm,
+    "pd_op.batch_norm_": _fix_half_norm,
+    "pd_op.instance_norm": _fix_half_norm,
     "pd_op.thresholded_relu": _fix_thresholded_relu,
     "pd_op.group_norm": _fix_group_norm,
     "pd_op.hardtanh": _fix_hardtanh,

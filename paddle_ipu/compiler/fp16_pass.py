@@ -26,11 +26,40 @@ def convert_proto(proto: Any) -> Any:
 
     _separate_consumed_outputs(proto)
     try:
-        return float16.convert_float_to_float16(
+        converted = float16.convert_float_to_float16(
             proto, keep_io_types=True, disable_shape_infer=False
         )
     except Exception as exc:  # the converter raises plain exceptions
         raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
+    _retarget_float_casts(converted)
+    return converted
+
+
+def _retarget_float_casts(proto: Any) -> None:
+    """Make each ``Cast(to=float32)`` whose output the converter typed float16 cast to
+    float16.
+
+    The converter turns every float32 tensor of the graph into float16 -- a Cast's
+    output too -- but leaves the Cast's ``to`` attribute at float32 when the Cast
+    reads a non-float tensor (an integer or a boolean: Paddle's ``cast(mask,
+    float32)``, an integer ``clip`` or ``flip`` lowered through float).  ONNX Runtime
+    then refuses the graph ("Type (tensor(float16)) of output arg ... does not match
+    expected type (tensor(float))").  The graph's own outputs keep float32 (the
+    converter casts them back), so only tensors it typed float16 change."""
+    from onnx import TensorProto
+
+    graph = proto.graph
+    declared = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*graph.value_info, *graph.output]
+        if v.type.HasField("tensor_type")
+    }
+    for node in graph.node:
+        if node.op_type != "Cast" or declared.get(node.output[0]) != TensorProto.FLOAT16:
+            continue
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i == TensorProto.FLOAT:
+                attr.i = TensorProto.FLOAT16
 
 
 def _separate_consumed_outputs(proto: Any) -> None:

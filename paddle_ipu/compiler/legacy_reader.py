@@ -30,7 +30,7 @@ from typing import Any
 
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.pir_reader import PirForwardGraph
-from paddle_ipu.compiler.pir_values import IPU_INDEX_ATTR, IPU_STAGE_ATTR
+from paddle_ipu.compiler.pir_values import IPU_INDEX_ATTR, IPU_STAGE_ATTR, is_dense
 from paddle_ipu.errors import CompileError, FeedError
 
 # op_role of the op that seeds the backward with d(loss) = 1 (Backward | Loss).
@@ -200,10 +200,93 @@ def _carry_shards(legacy: Any, values: dict[str, list[Any]]) -> None:
                         pir_op.set_int_attr(attr, number)
 
 
+_DTYPE_ATTRS = ("dtype", "in_dtype", "out_dtype")
+
+
+def float32_twin(program: Any) -> Any:
+    """A copy of a legacy program cast by Paddle's ``cast_model_to_fp16``, in float32:
+    every float16 variable declared float32, every float16 ``dtype`` / ``in_dtype`` /
+    ``out_dtype`` attribute (the casts the pass inserted, constants) float32, so each
+    inserted cast casts float32 to float32.  Compiled with ``enable_fp16`` it runs in
+    float16 the way a PIR program marked by ``cast_model_to_fp16`` does -- which a
+    training program needs: its gradient program runs on Paddle's CPU kernels, and
+    Paddle has no float16 CPU kernel for convolutions.  The original is not changed."""
+    fp16, fp32 = paddle_api.legacy_fp16_type(), paddle_api.legacy_fp32_type()
+    twin = program.clone()
+    for block in twin.blocks:
+        for var in list(block.vars.values()):
+            if getattr(var, "dtype", None) == fp16:
+                paddle_api.set_legacy_var_dtype(var, fp32)
+        for op in block.ops:
+            for attr in _DTYPE_ATTRS:
+                if op.has_attr(attr) and op.attr(attr) == fp16:
+                    paddle_api.set_legacy_op_attr(op, attr, fp32)
+    scheduler = getattr(program, "lr_scheduler", None)
+    if scheduler is not None:
+        twin.lr_scheduler = scheduler
+    return twin
+
+
+_pir_primed = False
+
+
+def _prime_pir() -> None:
+    """Build one PIR program before the first translation of the process.
+
+    Paddle's translator fails with "(Fatal) The input data pointer is null" when no
+    PIR program was ever built in the process (the types it needs are registered
+    then), the case of a process that builds and compiles legacy programs only."""
+    global _pir_primed
+    if _pir_primed:
+        return
+    import paddle
+
+    with pir_mode(), paddle.pir_utils.IrGuard():
+        program = paddle.static.Program()
+        with paddle.static.program_guard(program, paddle.static.Program()):
+            paddle.static.data("prime", [1], "float32")
+    _pir_primed = True
+
+
+def _legacy_output_index(legacy: Any, name: str) -> int:
+    """The position of variable ``name`` in the output list of the legacy op that
+    writes it (``split``'s ``Out: [t0, t1, t2]``), -1 when not found."""
+    for op in legacy.global_block().ops:
+        for slot in op.output_names:
+            names = list(op.output(slot))
+            if name in names and len(names) > 1:
+                return names.index(name)
+    return -1
+
+
+def _element(program: Any, legacy: Any, name: str, value: Any) -> Any:
+    """A fetch of one output of a multi-output legacy op (``split``, ``unstack``,
+    ``meshgrid``): its translation is one list value; the element is taken out of it
+    with ``builtin.split`` (an existing one, or one added)."""
+    import paddle
+
+    index = _legacy_output_index(legacy, name)
+    if index < 0:
+        raise CompileError(
+            f"fetch {name!r}: its translation is a list value ({value.type()}) and the "
+            "legacy op that writes it was not found"
+        )
+    for user in value.all_used_ops():
+        if user.name() == "builtin.split":
+            return user.result(index)
+    try:
+        paddle.pir.set_insertion_point_after(value.get_defining_op())
+        parts = paddle_api.pir_ops().builtin_split(value)
+    finally:
+        paddle.pir.reset_insertion_point_to_end()
+    return parts[index]
+
+
 def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Translation:
     """``program`` (legacy IR) as a PIR program, with feeds and fetches resolved."""
     import paddle
 
+    _prime_pir()
     try:
         pir_program, values = paddle.pir.translate_to_pir_with_param_map(program.desc)
     except Exception as exc:
@@ -235,7 +318,11 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
             raise CompileError(
                 f"fetch {name!r}: the legacy program's translation to PIR has no value for it"
             )
-        fetches.append(found[-1])
+        value = found[-1]
+        if not is_dense(value):
+            with pir_mode():
+                value = _element(pir_program, program, name, value)
+        fetches.append(value)
         fetch_names.append(name)
     _seed_loss(pir_program, program, values)
     _bind_xshapes(pir_program, program, values)

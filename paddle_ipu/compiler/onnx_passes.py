@@ -389,6 +389,14 @@ def infer_outputs(
     for o in inferred.graph.output:
         if o.type.tensor_type.HasField("shape"):
             by_name[o.name] = o
+    # An output computed from constants only (``fill_constant(...) + ...``) is folded
+    # into a Constant, an initializer of the probe, for which inference writes no
+    # value_info: its type is the initializer's.
+    for init in probe.graph.initializer:
+        if init.name not in by_name:
+            by_name[init.name] = helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)
+            )
     specs: list[TensorSpec] = []
     for out, name, fetch in zip(graph.output, names, fetches):
         info = by_name.get(name)

@@ -56,6 +56,10 @@ _PIR_TO_CONVERTER: dict[str, str] = {
     "unsqueeze": "unsqueeze2",
 }
 
+# Operators paddle2onnx has no converter for that the program rewrites
+# (paddle_ipu.compiler.program_rewrites) spell in operators it has, before the check.
+REWRITTEN = frozenset({"accuracy", "identity_loss", "mean_all", "bce_loss", "kldiv_loss"})
+
 # Operators that carry the program's structure rather than computing anything:
 # the converter handles them itself.
 STRUCTURAL_OPS = frozenset(
@@ -146,6 +150,7 @@ def supported_ops() -> list[str]:
     for conv in converter_ops():
         names.add(conv)
         names.add(_pir_name(conv))
+    names |= REWRITTEN
     denied = set(DENIED) | {_PIR_TO_CONVERTER.get(n, n) for n in DENIED}
     return sorted(n for n in names if not n.startswith("builtin.") and n not in denied)
 
@@ -159,7 +164,7 @@ def is_supported(pir_op: str) -> bool:
         return True
     if _short(pir_op) in DENIED:
         return False
-    return converter_name(pir_op) in converter_ops()
+    return _short(pir_op) in REWRITTEN or converter_name(pir_op) in converter_ops()
 
 
 def refusal(use: OpUse) -> str:

@@ -446,6 +446,12 @@ def _trace_grad(grad: Any, param: Any, param_name: str) -> _GradTrace:
                 f"gradient clipping by value (ClipGradByValue) on {param_name!r} is not "
                 "supported on the IPU; use paddle.nn.ClipGradByGlobalNorm"
             )
+        if name == "pd_op.cast" and _same_dtype(op.result(0), param):
+            # Paddle 2.x's cast_model_to_fp16 on a legacy training program: the
+            # backward runs in float16 and its gradient is cast to the float32
+            # parameter's dtype for the update.  That cast belongs to the backward
+            # pass: its output is the gradient the update reads.
+            break
         if name == "pd_op.cast":
             raise NotSupportedError(
                 f"the gradient of {param_name!r} is cast before its update (mixed "
@@ -454,6 +460,13 @@ def _trace_grad(grad: Any, param: Any, param_name: str) -> _GradTrace:
         break
     trace.raw = value
     return trace
+
+
+def _same_dtype(a: Any, b: Any) -> bool:
+    try:
+        return dtypes.name_of(a.dtype) == dtypes.name_of(b.dtype)
+    except Exception:
+        return False
 
 
 def _global_norm_clip(factor: Any) -> float | None:

@@ -7,7 +7,13 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - ``interpolate`` with ``scale_factor`` failed (the scale is stored as doubles): the
   output size;
 - adaptive pooling to a size that does not divide the input: averages over the bins
-  Paddle uses, as a matmul.
+  Paddle uses, as a matmul;
+- operators the converter has no converter for, in operators it has: ``accuracy``,
+  ``identity_loss``, ``mean_all``, ``bce_loss``, ``kldiv_loss``;
+- constants of a dtype its Constant helper aborts on (boolean ``assign_value``,
+  float16 ``full``): made in float32 or int32, then cast;
+- ``log1p``, which it writes as ``log(1 + x)``: an accurate formula;
+- float16 ``assign`` and ``remainder``, whose lowering writes a float16 Constant.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -290,11 +296,260 @@ def rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
     return replaced
 
 
+def _dtype(value: Any) -> Any:
+    """A value's dtype as Paddle's builders take it (``"float32"``)."""
+    return dtype_name(value)
+
+
+def _replace_results(block: Any, op: Any, new: list[Any], replaced: dict[int, Any]) -> None:
+    for old, value in zip(op.results(), new):
+        replaced[old.id] = value
+        old.replace_all_uses_with(value)
+    block.remove_op(op)
+
+
+def rewrite_accuracy(block: Any) -> dict[int, Any]:
+    """``accuracy(topk_values, topk_indices, label)`` -> the same count in operators
+    that lower (paddle2onnx has no converter for it).
+
+    Paddle's kernel counts the rows whose label is among the row's top-k indices and
+    divides by the row count: ``any(indices == label, axis=1)``, summed, scaled by
+    ``1 / N``; ``correct`` and ``total`` are that count and ``N``, in the dtypes the
+    op declares.  A row count unknown at compile time is left to the converter
+    (and refused by name there)."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.accuracy":
+            continue
+        indices, label = op.operand_source(1), op.operand_source(2)
+        rows = shape_of(indices)[0] if shape_of(indices) else -1
+        if rows <= 0:
+            continue
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if len(shape_of(label)) != 2:
+            label = paddle.reshape(label, [-1, 1])
+        if dtype_name(label) != dtype_name(indices):
+            label = paddle.cast(label, _dtype(indices))
+        hits = paddle.cast(paddle.any(paddle.equal(indices, label), axis=1), "float32")
+        correct = paddle.sum(hits)
+        accuracy = paddle.scale(correct, 1.0 / rows)
+        results = [accuracy, correct, paddle.full([], float(rows), "float32")]
+        results = [
+            r if dtype_name(r) == dtype_name(old) else paddle.cast(r, _dtype(old))
+            for r, old in zip(results, op.results())
+        ]
+        _copy_placement(block, op, before)
+        _replace_results(block, op, results, replaced)
+    return replaced
+
+
+def rewrite_identity_loss(block: Any) -> dict[int, Any]:
+    """``identity_loss(x, reduction)`` (it marks a loss; paddle2onnx has no converter)
+    -> what it computes: ``sum(x)`` (0), ``mean(x)`` (1) or ``x`` (2), as Paddle's
+    kernel does."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.identity_loss":
+            continue
+        x = op.operand_source(0)
+        reduction = op_int_attr(op, "reduction") if op.has_attr("reduction") else 1
+        if reduction not in (0, 1, 2):
+            raise UnsupportedOpError(
+                f"identity_loss with reduction={reduction}: 0 (sum), 1 (mean) or 2 (none)"
+            )
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if reduction == 2 or not shape_of(x):
+            new = x
+        elif reduction == 0:
+            new = paddle.sum(x)
+        else:
+            new = paddle.mean(x)
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
+def rewrite_losses(block: Any) -> dict[int, Any]:
+    """Loss operators paddle2onnx has no converter for, spelled in operators it has,
+    with the formulas of Paddle's CPU kernels:
+
+    - ``mean_all(x)`` (``paddle.mean`` of a legacy program, 2.x's ``margin_rank_loss``)
+      -> ``mean(x)`` over every axis;
+    - ``bce_loss(x, label)`` -> ``(label - 1) * max(log(1 - x), -100) - label *
+      max(log(x), -100)``;
+    - ``kldiv_loss(x, label, reduction, log_target)`` -> ``exp(label) * (label - x)``
+      (log_target) or ``label * (log(label) - x)`` where ``label > 0``, else 0; then
+      the reduction (``mean``, ``sum``, ``batchmean``: the sum over the first
+      dimension's size, ``none``)."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.mean_all", "pd_op.bce_loss", "pd_op.kldiv_loss"):
+            continue
+        x = op.operand_source(0)
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        half = dtype_name(x) in ("float16", "bfloat16", "uint16")
+        if half and name != "pd_op.mean_all":
+            # Paddle's builders refuse float16 for some of the operators below (their
+            # CPU kernels): computed in float32, the result cast back.
+            x = paddle.cast(x, "float32")
+        dtype = _dtype(x)
+        if name == "pd_op.mean_all":
+            new = paddle.mean(x) if shape_of(x) else x
+        elif name == "pd_op.bce_loss":
+            label = op.operand_source(1)
+            if half:
+                label = paddle.cast(label, "float32")
+            floor = paddle.full([], -100.0, dtype)
+            term1 = paddle.maximum(paddle.log(x), floor)
+            term2 = paddle.maximum(paddle.log(paddle.scale(x, -1.0, 1.0)), floor)
+            new = paddle.subtract(
+                paddle.multiply(paddle.scale(label, 1.0, -1.0), term2),
+                paddle.multiply(label, term1),
+            )
+        else:
+            label = op.operand_source(1)
+            if half:
+                label = paddle.cast(label, "float32")
+            attrs = op.attrs()
+            reduction = str(attrs.get("reduction", "mean"))
+            if bool(attrs.get("log_target", False)):
+                loss = paddle.multiply(paddle.exp(label), paddle.subtract(label, x))
+            else:
+                positive = paddle.greater_than(label, paddle.zeros_like(label))
+                safe = paddle.where(positive, label, paddle.ones_like(label))
+                loss = paddle.where(
+                    positive,
+                    paddle.multiply(label, paddle.subtract(paddle.log(safe), x)),
+                    paddle.zeros_like(label),
+                )
+            if reduction == "none":
+                new = loss
+            elif reduction == "sum":
+                new = paddle.sum(loss)
+            elif reduction == "mean":
+                new = paddle.mean(loss)
+            elif reduction == "batchmean" and shape_of(x) and shape_of(x)[0] > 0:
+                new = paddle.scale(paddle.sum(loss), 1.0 / shape_of(x)[0])
+            elif reduction == "batchmean" and not shape_of(x):
+                new = paddle.sum(loss)
+            else:
+                raise UnsupportedOpError(
+                    f"kldiv_loss with reduction={reduction!r} on an input of shape "
+                    f"{list(shape_of(x))}: only 'none', 'sum', 'mean' and 'batchmean' "
+                    "(with a known batch size) lower"
+                )
+        if half and name != "pd_op.mean_all":
+            new = paddle.cast(new, _dtype(op.result(0)))
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
+def rewrite_half_helpers(block: Any) -> dict[int, Any]:
+    """Float16 operators whose lowering writes a float16 Constant, on which paddle2onnx's
+    Constant helper aborts the process (a legacy program cast by Paddle's
+    ``cast_model_to_fp16`` holds them): ``assign(x)`` -> ``x`` (a copy, in a graph that
+    writes nothing back); ``remainder`` -> computed in float32 (the float16 operands are
+    exact there), cast back to float16."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.assign", "pd_op.remainder"):
+            continue
+        if dtype_name(op.result(0)) not in ("float16", "bfloat16", "uint16"):
+            continue
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if name == "pd_op.assign":
+            new = op.operand_source(0)
+        else:
+            x, y = (paddle.cast(op.operand_source(i), "float32") for i in (0, 1))
+            new = paddle.cast(paddle.remainder(x, y), _dtype(op.result(0)))
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
+def rewrite_log1p(block: Any) -> dict[int, Any]:
+    """``log1p(x)`` -> ``log(u) * x / (u - 1)`` with ``u = 1 + x`` (``x`` where ``u ==
+    1``): the converter writes ``log(1 + x)``, which loses the low digits of a small
+    ``x`` (1e-5 relative off Paddle's ``std::log1p`` in float32); the quotient
+    cancels the rounding of ``1 + x`` (Goldberg's formula) and stays within a few
+    units in the last place."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.log1p":
+            continue
+        x = op.operand_source(0)
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        u = paddle.scale(x, 1.0, 1.0)
+        d = paddle.scale(u, 1.0, -1.0)
+        exact = paddle.equal(d, paddle.zeros_like(d))
+        safe = paddle.where(exact, paddle.ones_like(d), d)
+        new = paddle.where(exact, x, paddle.divide(paddle.multiply(paddle.log(u), x), safe))
+        _copy_placement(block, op, before)
+        _replace_results(block, op, [new], replaced)
+    return replaced
+
+
+# Constant dtypes paddle2onnx's Constant helper aborts on (assign_value takes float32,
+# float64, int32 and int64 only; full adds bool).
+_ASSIGN_OK = frozenset({"float32", "float64", "int32", "int64"})
+_FULL_OK = _ASSIGN_OK | {"bool"}
+
+
+def rewrite_constants(block: Any) -> dict[int, Any]:
+    """Constants of a dtype the converter's Constant helper cannot write (it aborts
+    the process): ``assign_value`` of booleans, float16 (``paddle.assign`` of a bool
+    array, a legacy program cast to float16), ``full`` of float16 -> the same
+    constant in float32 (or int32 for integers and booleans), then a cast."""
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.full", "pd_op.assign_value_", "pd_op.assign_value"):
+            continue
+        result = op.result(0)
+        dtype = dtype_name(result)
+        if dtype in (_FULL_OK if name == "pd_op.full" else _ASSIGN_OK):
+            continue
+        attrs = op.attrs()
+        shape = [int(d) for d in attrs.get("shape", [])]
+        wide: Any = "float32" if dtype in ("float16", "bfloat16", "uint16") else "int32"
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        if name == "pd_op.full":
+            value = paddle.full(shape, float(attrs.get("value", 0.0)), wide)
+        else:
+            values = np.asarray([float(v) for v in attrs.get("values", [])], dtype=np.float64)
+            value = paddle.assign(values.astype(wide).reshape(shape))
+        new = paddle.cast(value, _dtype(result))
+        _copy_placement(block, op, before)
+        operands = [v for v in op.operands_source() if v is not None]
+        _replace_results(block, op, [new], replaced)
+        for source in operands:  # assign_value_'s in-place target, now unread
+            producer = source.get_defining_op()
+            if producer is not None and source.use_empty() and producer.num_results() == 1:
+                block.remove_op(producer)
+    return replaced
+
+
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
     """Every rewrite above, on ``block``; returns old value id -> new value."""
     with insertion_guard():
-        replaced = rewrite_empty_axis_reductions(block)
+        # first: these add reductions over all axes, which the next one spells out
+        replaced = rewrite_identity_loss(block)
+        replaced.update(rewrite_losses(block))
+        replaced.update(rewrite_empty_axis_reductions(block))
         replaced.update(rewrite_softplus(block))
         replaced.update(rewrite_interp_scale(block))
         replaced.update(rewrite_adaptive_pools(block))
+        replaced.update(rewrite_accuracy(block))
+        replaced.update(rewrite_constants(block))
+        replaced.update(rewrite_log1p(block))
+        replaced.update(rewrite_half_helpers(block))
     return replaced

@@ -65,21 +65,30 @@ def ipu_shard_guard(index: int = -1, stage: int = -1) -> Iterator[None]:
                     op.set_int_attr(IPU_STAGE_ATTR, stage)
 
 
-def set_ipu_shard(call_func: F, index: int = -1, stage: int = -1) -> F:
+def set_ipu_shard(
+    call_func: F,
+    index: int = -1,
+    stage: int = -1,
+    guard: Callable[..., contextlib.AbstractContextManager[None]] | None = None,
+) -> F:
     """Run ``call_func`` (a function or a ``paddle.nn.Layer``) under ipu_shard_guard.
 
     A function is wrapped and the wrapper returned; a Layer gets forward hooks
     that open and close the guard around each call, and is returned itself.
+    ``guard`` replaces :func:`ipu_shard_guard` (the compatibility layer passes the one
+    that serves legacy-IR programs too).
     """
     _check(index, stage)
+    if guard is None:
+        guard = ipu_shard_guard
     if isinstance(call_func, paddle.nn.Layer):
         layer = call_func
         guards: list[contextlib.AbstractContextManager[None]] = []
 
         def pre_hook(_layer: Any, _inputs: Any) -> None:
-            guard = ipu_shard_guard(index=index, stage=stage)
-            guard.__enter__()
-            guards.append(guard)
+            opened = guard(index=index, stage=stage)
+            opened.__enter__()
+            guards.append(opened)
 
         def post_hook(_layer: Any, _inputs: Any, _outputs: Any) -> None:
             if guards:
@@ -93,7 +102,7 @@ def set_ipu_shard(call_func: F, index: int = -1, stage: int = -1) -> F:
 
     @functools.wraps(call_func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with ipu_shard_guard(index=index, stage=stage):
+        with guard(index=index, stage=stage):
             return call_func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

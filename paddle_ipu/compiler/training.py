@@ -25,17 +25,22 @@ from paddle_ipu.errors import CompileError
 
 
 def find_loss(program: Any) -> Any:
-    """The loss Value: the operand of the ``full_like`` op that seeds the backward."""
+    """The loss Value: the operand of the ``full_like`` op that seeds the backward
+    (read by a gradient op directly, or through casts: Paddle's ``cast_model_to_fp16``
+    casts a legacy program's seed to float16 before the first gradient op)."""
     ops = list(program.global_block().ops)
     for i, op in enumerate(ops):
         if op.name() != "pd_op.full_like":
             continue
-        seed = op.result(0).id
-        if any(
-            later.name().endswith("_grad") and any(v.id == seed for v in later.operands_source())
-            for later in ops[i + 1 :]
-        ):
-            return op.operands_source()[0]
+        seeds = {op.result(0).id}
+        for later in ops[i + 1 :]:
+            sources = {v.id for v in later.operands_source() if v is not None}
+            if not sources & seeds:
+                continue
+            if later.name().endswith("_grad"):
+                return op.operands_source()[0]
+            if later.name() == "pd_op.cast":
+                seeds.add(later.result(0).id)
     raise CompileError(
         "is_training=True, but the program has no backward pass: build it with "
         "optimizer.minimize(loss) before compiling, or set is_training=False"

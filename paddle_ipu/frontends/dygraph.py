@@ -1,34 +1,68 @@
 """Dygraph Layers on the IPU: ``inference_model`` / ``training_model`` (PopTorch style)
-and Paddle 2.x's ``IpuStrategy.register_patch`` flow.
+and Paddle 2.x's dy2static flow (``IpuStrategy`` + ``paddle.jit.to_static``).
 
 ``paddle_ipu.inference_model(layer, strategy)`` and ``paddle_ipu.training_model(layer,
 optimizer, strategy)`` return an :class:`IpuModel`: calling it runs the Layer as one
-compiled graph.  The graph is built on the first call from the inputs' shapes and
+compiled graph.  The graph is built on the first call from the arguments' shapes and
 dtypes (``paddle.jit.to_static`` of the Layer's forward, a PIR program), and built
-again, with a log line, when they change.  One call takes
-``batches_per_step * accumulation_factor * replicas`` micro-batches, stacked along
-the first dimension (the Layer is traced at the micro-batch size).
+again, with a log line, when they change.  Arguments that are not tensors (``None``,
+Python numbers, strings) are constants of the graph; a new value compiles again.  One
+call takes ``batches_per_step * accumulation_factor * replicas`` micro-batches, stacked
+along the first dimension (the Layer is traced at the micro-batch size).  The call
+returns what the forward returns (its tensors computed on the device), in the same
+structure.
 
-Training: the Layer's forward computes the loss -- the one output it returns, or the
-output it passes through ``paddle.incubate.identity_loss`` -- and each call runs
-forward, backward and the update of ``optimizer``'s kind (SGD, Momentum, Adam,
-AdamW, Lamb) with its hyper-parameters, learning rate (a scheduler is read each
-call; the caller steps it), weight decay and gradient clipping.  The weights and the
-optimizer state live on the device between calls; :meth:`IpuModel.copy_weights_to_host`
-writes them back into the Layer's parameters and the optimizer's accumulators, so
-``paddle.save(layer.state_dict())`` and eager code see them.  ``detach()`` releases
-the device (the next call compiles again, from the Layer's current weights).
+Training.  Each call runs forward, backward and one update of ``optimizer``'s kind
+(SGD, Momentum, Adam, AdamW, Adamax, Lamb, Adagrad, Adadelta, RMSProp) with its
+hyper-parameters, learning rate (an ``LRScheduler`` is read at each call; the caller
+steps it), weight decay and gradient clipping.  The loss is found the way PopTorch finds
+it (:func:`find_loss`):
 
-Paddle 2.x's flow (``IpuStrategy.set_optimizer(opt)``, ``register_patch()``, then a
-``paddle.jit.to_static`` Layer trains on each call) is :func:`register_patch`.
+* a value passed through ``paddle.incubate.identity_loss`` marks the loss (any
+  ``reduction``: 0 sum, 1 mean, 2 none); a marked loss that feeds another marked loss
+  is only part of it, so the graph must hold one final marked loss;
+* otherwise the loss is the one returned value that holds one floating-point element
+  and that a gradient reaches from a trainable parameter (``(logits, loss)``, ``(loss,
+  accuracy)`` and a loss returned alone all qualify); a candidate that only feeds
+  another candidate is a part of it;
+* anything else (two independent losses, no candidate) is a CompileError naming the
+  outputs, raised before anything runs.
+
+A loss with more than one element (``identity_loss(x, reduction=2)``) trains as eager
+``loss.backward()`` does: on the sum of its elements.
+
+Eval mode.  A ``training_model`` whose Layer is in eval mode (``layer.eval()``) runs the
+forward only -- dropout off, BatchNorm on its running statistics -- with the trained
+weights and updates nothing; ``layer.train()`` resumes training.  The two graphs are
+compiled once each and share the weights.
+
+Weights.  The weights, BatchNorm statistics and optimizer state live on the device
+between calls.  :meth:`IpuModel.copy_weights_to_host` writes them into the Layer's
+parameters and buffers and the optimizer's accumulators (so ``paddle.save`` of their
+``state_dict()`` and eager code see them); ``layer.set_state_dict`` /
+``optimizer.set_state_dict`` mark the host as newer, and the next call writes it to the
+device (so does :meth:`IpuModel.copy_weights_to_device`).  ``detach()`` copies the
+weights back and releases the device; the next call compiles again.
+
+Paddle 2.x's flow: an ``IpuStrategy`` made in dynamic mode, or
+``IpuStrategy.register_patch()``, makes every ``paddle.jit.to_static`` Layer method
+(a ``@paddle.jit.to_static`` forward, or ``paddle.jit.to_static(layer)``) run as an
+IpuModel of that Layer: trained by ``set_optimizer``'s optimizer when ``is_training``
+and the Layer is in train mode, for inference otherwise.  ``IpuBackend.get_instance()
+.weights_to_host()`` copies back the weights of the model that ran last;
+``release_patch()`` copies back every patched model's weights, releases their devices
+and gives ``paddle.jit.to_static`` functions their own behaviour again.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,9 +70,14 @@ import numpy as np
 from paddle_ipu import strategy as strategy_module
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.legacy_reader import pir_mode
-from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
+from paddle_ipu.compiler.pir_values import dtype_name, is_dense, shape_of
+from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
 
 log = logging.getLogger("paddle_ipu")
+
+_FLOAT_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16", "uint16"})
+# Operators that only group values (a list operand), which a gradient passes through.
+_TRANSPARENT_OPS = frozenset({"builtin.combine", "builtin.split", "builtin.slice"})
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -49,67 +88,181 @@ def _as_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def _is_tensor_like(value: Any) -> bool:
+    import paddle
+
+    return isinstance(value, (paddle.Tensor, np.ndarray))
+
+
 def _static_optimizer(optimizer: Any) -> Any:
     """A static-graph optimizer of the same kind and settings as ``optimizer``."""
     import paddle
 
     opt = paddle.optimizer
-    lr = paddle_api.optimizer_attr(optimizer, "learning_rate")
+
+    def attr(name: str) -> Any:
+        return paddle_api.optimizer_attr(optimizer, name)
+
     common = {
-        "learning_rate": lr,
+        "learning_rate": attr("learning_rate"),
         "grad_clip": paddle_api.optimizer_attr(optimizer, "grad_clip", None),
     }
     kind = type(optimizer)
+    decay = {"weight_decay": optimizer.regularization, **common}
+
+    def adam_like() -> dict[str, Any]:
+        return {
+            "beta1": float(attr("beta1")),
+            "beta2": float(attr("beta2")),
+            "epsilon": float(attr("epsilon")),
+        }
+
     if kind is opt.SGD:
-        return opt.SGD(weight_decay=optimizer.regularization, **common)
+        return opt.SGD(**decay)
     if kind is opt.Momentum:
         return opt.Momentum(
-            momentum=float(paddle_api.optimizer_attr(optimizer, "momentum")),
-            use_nesterov=bool(paddle_api.optimizer_attr(optimizer, "use_nesterov")),
-            weight_decay=optimizer.regularization,
-            **common,
+            momentum=float(attr("momentum")), use_nesterov=bool(attr("use_nesterov")), **decay
         )
     if kind is opt.Adam:
-        return opt.Adam(
-            beta1=float(paddle_api.optimizer_attr(optimizer, "beta1")),
-            beta2=float(paddle_api.optimizer_attr(optimizer, "beta2")),
-            epsilon=float(paddle_api.optimizer_attr(optimizer, "epsilon")),
-            weight_decay=optimizer.regularization,
-            **common,
-        )
+        return opt.Adam(**adam_like(), **decay)
     if kind is opt.AdamW:
-        return opt.AdamW(
-            beta1=float(paddle_api.optimizer_attr(optimizer, "beta1")),
-            beta2=float(paddle_api.optimizer_attr(optimizer, "beta2")),
-            epsilon=float(paddle_api.optimizer_attr(optimizer, "epsilon")),
-            weight_decay=float(paddle_api.optimizer_attr(optimizer, "weight_decay")),
-            **common,
-        )
+        return opt.AdamW(weight_decay=float(attr("weight_decay")), **adam_like(), **common)
+    if kind is opt.Adamax:
+        return opt.Adamax(**adam_like(), **decay)
     if kind is opt.Lamb:
-        return opt.Lamb(
-            beta1=float(paddle_api.optimizer_attr(optimizer, "beta1")),
-            beta2=float(paddle_api.optimizer_attr(optimizer, "beta2")),
-            epsilon=float(paddle_api.optimizer_attr(optimizer, "epsilon")),
-            lamb_weight_decay=float(paddle_api.optimizer_attr(optimizer, "lamb_weight_decay")),
-            **common,
+        return opt.Lamb(lamb_weight_decay=float(attr("lamb_weight_decay")), **adam_like(), **common)
+    if kind is opt.Adagrad:
+        return opt.Adagrad(
+            epsilon=float(attr("epsilon")),
+            initial_accumulator_value=float(optimizer.initial_accumulator_value),
+            **decay,
+        )
+    if kind is opt.Adadelta:
+        return opt.Adadelta(epsilon=float(attr("epsilon")), rho=float(attr("rho")), **decay)
+    if kind is opt.RMSProp:
+        return opt.RMSProp(
+            rho=float(attr("rho")),
+            epsilon=float(attr("epsilon")),
+            momentum=float(attr("momentum")),
+            centered=bool(attr("centered")),
+            **decay,
         )
     raise NotSupportedError(
-        f"training_model: {kind.__name__} is not supported; use SGD, Momentum, Adam, AdamW or Lamb"
+        f"training_model: {kind.__name__} is not supported; use SGD, Momentum, Adam, AdamW, "
+        "Adamax, Lamb, Adagrad, Adadelta or RMSProp"
     )
 
 
-def _replace_identity_loss(program: Any, outputs: list[Any]) -> int | None:
-    """Take ``identity_loss`` out of the program (it only marks the loss); return
-    the index of the output it produced (None when there is none)."""
+# ----------------------------------------------------------------------------------
+# finding the loss
+# ----------------------------------------------------------------------------------
+
+
+def _users(value: Any) -> list[Any]:
+    try:
+        return list(value.all_used_ops())
+    except Exception:
+        return []
+
+
+def _operands(op: Any) -> list[Any]:
+    return [v for v in op.operands_source() if v is not None and v.initialized()]
+
+
+def _feeds_identity_loss(value: Any) -> bool:
+    """Whether ``value`` is read, directly or through other operators, by an
+    ``identity_loss`` (PopTorch: a marked loss used by another is part of it)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        for op in _users(v):
+            if op.name() == "pd_op.identity_loss":
+                return True
+            if op.id() in seen:
+                continue
+            seen.add(op.id())
+            stack.extend(op.results())
+    return False
+
+
+def _reaches_parameter(value: Any) -> bool:
+    """Whether a gradient flows from ``value`` back to a trainable parameter: through
+    floating-point values and operators that have a backward rule."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v.id in seen or not is_dense_float(v):
+            continue
+        seen.add(v.id)
+        op = v.get_defining_op()
+        if op is None:
+            continue
+        name = op.name()
+        if name == "builtin.parameter":
+            if not v.stop_gradient:
+                return True
+            continue
+        if name not in _TRANSPARENT_OPS and not paddle_api.op_has_gradient(op):
+            continue
+        stack.extend(_operands(op))
+    return False
+
+
+def is_dense_float(value: Any) -> bool:
+    if not is_dense(value):
+        # builtin.combine results (lists) carry the gradient of their members.
+        op = value.get_defining_op()
+        return op is not None and op.name() in _TRANSPARENT_OPS
+    return dtype_name(value) in _FLOAT_DTYPES
+
+
+def _ancestors(value: Any) -> set[int]:
+    """Ids of every value ``value`` is computed from."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        op = v.get_defining_op()
+        if op is None:
+            continue
+        for src in _operands(op):
+            if src.id not in seen:
+                seen.add(src.id)
+                stack.append(src)
+    return seen
+
+
+def _one_element(value: Any) -> bool:
+    shape = shape_of(value)
+    return is_dense(value) and all(d == 1 for d in shape)
+
+
+def _describe_output(index: int, value: Any) -> str:
+    op = value.get_defining_op()
+    kind = op.name() if op is not None else "?"
+    return f"output {index} ({kind}, {dtype_name(value)}{list(shape_of(value))})"
+
+
+def _take_identity_losses(program: Any, outputs: list[Any]) -> list[Any]:
+    """Replace every ``identity_loss`` with what it computes (its reduction: it only
+    marks the loss) and return the values of the final ones -- the marked losses no
+    other marked loss reads (PopTorch's rule).  ``outputs`` follows the replacement."""
     import paddle
 
     block = program.global_block()
-    marked = None
-    for op in list(block.ops):
-        if op.name() != "pd_op.identity_loss":
-            continue
+    marks = [op for op in block.ops if op.name() == "pd_op.identity_loss"]
+    finals = {op.id() for op in marks if not _feeds_identity_loss(op.result(0))}
+    losses = []
+    for op in marks:
         source = op.operand_source(0)
         reduction = int(op.attrs().get("reduction", 1))
+        if reduction not in (0, 1, 2):
+            raise CompileError(
+                f"identity_loss: reduction must be 0 (sum), 1 (mean) or 2 (none), "
+                f"received {reduction}"
+            )
         result = op.result(0)
         try:
             paddle.pir.set_insertion_point(op)
@@ -124,17 +277,155 @@ def _replace_identity_loss(program: Any, outputs: list[Any]) -> int | None:
         for i, out in enumerate(outputs):
             if out.id == result.id:
                 outputs[i] = value
-                marked = i
         result.replace_all_uses_with(value)
         block.remove_op(op)
-    return marked
+        if op.id() in finals:
+            losses.append(value)
+    return losses
+
+
+def find_loss(program: Any, outputs: list[Any], owner: str) -> tuple[Any, int | None]:
+    """The loss of a traced forward and its position among ``outputs`` (None when
+    the forward does not return it): see the module docstring.  ``identity_loss``
+    ops are taken out of ``program``; ``outputs`` follows.  CompileError, naming the
+    outputs, when the loss cannot be determined."""
+    marked = _take_identity_losses(program, outputs)
+    if len(marked) > 1:
+        raise CompileError(
+            f"{owner} marks {len(marked)} independent losses with "
+            "paddle.incubate.identity_loss: the graph must have one final loss (pass their "
+            "sum through identity_loss)"
+        )
+    if marked:
+        loss = marked[0]
+        for i, out in enumerate(outputs):
+            if out.id == loss.id:
+                return loss, i
+        return loss, None
+    candidates = [
+        (i, v) for i, v in enumerate(outputs) if _one_element(v) and _reaches_parameter(v)
+    ]
+    described = ", ".join(_describe_output(i, v) for i, v in enumerate(outputs)) or "nothing"
+    if not candidates:
+        raise CompileError(
+            f"{owner} returns {described}: none can be the loss (a loss holds one "
+            "floating-point element computed from trainable parameters); return the "
+            "loss, or mark it with paddle.incubate.identity_loss(loss, reduction)"
+        )
+    # A candidate read by another candidate is a part of that loss (PopTorch's rule
+    # for marked losses, applied to the returned ones).
+    parts: set[int] = set()
+    for _, v in candidates:
+        parts |= _ancestors(v)
+    finals = [(i, v) for i, v in candidates if v.id not in parts]
+    if len(finals) != 1:
+        which = ", ".join(_describe_output(i, v) for i, v in finals)
+        raise CompileError(
+            f"{owner} returns {len(finals)} values that could each be the loss ({which}): "
+            "mark the one to train with paddle.incubate.identity_loss(loss, reduction), "
+            "or return their sum"
+        )
+    index, loss = finals[0]
+    return loss, index
+
+
+# ----------------------------------------------------------------------------------
+# host-side changes of the weights
+# ----------------------------------------------------------------------------------
+
+_watch_lock = threading.Lock()
+# Layer or optimizer -> the IpuModels whose device copy it feeds.
+_watchers: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+_watch_installed: dict[tuple[type, str], Callable[..., Any]] = {}
+
+
+def _notify_after(original: Callable[..., Any]) -> Callable[..., Any]:
+    def set_state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        for model in list(_watchers.get(self, ())):
+            model._host_changed()
+        return result
+
+    set_state_dict.__doc__ = original.__doc__
+    set_state_dict.__name__ = original.__name__
+    set_state_dict.__wrapped__ = original  # type: ignore[attr-defined]
+    return set_state_dict
+
+
+def _watch(obj: Any, model: IpuModel) -> None:
+    """Tell ``model`` when ``obj`` (its Layer or optimizer) gets a new state through
+    ``set_state_dict`` (or ``set_dict`` / ``load_dict``): the host is then newer
+    than the device.  The methods of ``paddle.nn.Layer`` and
+    ``paddle.optimizer.Optimizer`` are wrapped once, the first time a model needs it;
+    the wrapper calls Paddle's method, then tells the models watching that object."""
+    import paddle
+
+    with _watch_lock:
+        for cls, names in (
+            (paddle.nn.Layer, ("set_state_dict", "set_dict", "load_dict")),
+            (paddle.optimizer.Optimizer, ("set_state_dict",)),
+        ):
+            for name in names:
+                if (cls, name) in _watch_installed or name not in cls.__dict__:
+                    continue
+                original = cls.__dict__[name]
+                _watch_installed[(cls, name)] = original
+                setattr(cls, name, _notify_after(original))
+        _watchers.setdefault(obj, weakref.WeakSet()).add(model)
+
+
+# ----------------------------------------------------------------------------------
+# IpuModel
+# ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    """One compiled graph of a model: training or forward only, at one signature."""
+
+    training: bool
+    signature: tuple[Any, ...]
+    compiled: Any
+    scope: Any
+    feed_names: list[str]
+    #: the forward's return structure; its tensors are replaced by output positions
+    structure: Any
+    #: outputs the caller gets back (the fetched values beyond are internal)
+    n_returned: int
+    #: the scope variables holding the Layer's parameters and buffers: name -> dtype
+    state_names: dict[str, str] = field(default_factory=dict)
+    #: whether the device holds older weights than the host
+    stale: bool = False
+    #: position, among the compiled fetches, of each output (duplicates fetched once)
+    fetch_index: list[int] = field(default_factory=list)
+    #: float16 inputs: the graph runs in float16 and its float outputs are float16
+    half: bool = False
+
+
+class _Argument:
+    """A non-tensor argument of a call: a constant of the traced graph."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def key(self) -> Any:
+        try:
+            hash(self.value)
+            return ("const", type(self.value).__name__, self.value)
+        except TypeError:
+            return ("const", type(self.value).__name__, repr(self.value))
 
 
 class IpuModel:
     """A Layer compiled for the IPU (see the module docstring)."""
 
     def __init__(
-        self, layer: Any, strategy: Any = None, optimizer: Any = None, training: bool = False
+        self,
+        layer: Any,
+        strategy: Any = None,
+        optimizer: Any = None,
+        training: bool = False,
+        function: Callable[..., Any] | None = None,
     ) -> None:
         import paddle
 
@@ -143,39 +434,81 @@ class IpuModel:
         if not isinstance(layer, paddle.nn.Layer):
             raise OptionError(f"expected a paddle.nn.Layer, received {type(layer).__name__}")
         if strategy is None:
-            strategy = IpuStrategy()
+            strategy = IpuStrategy.unpatched()
         elif not isinstance(strategy, IpuStrategy):
             raise OptionError(
                 f"strategy must be a paddle_ipu.IpuStrategy, received {type(strategy).__name__}"
             )
         if training and optimizer is None:
             raise OptionError("training_model needs the optimizer that trains the Layer")
+        if optimizer is not None and not isinstance(optimizer, paddle.optimizer.Optimizer):
+            raise OptionError(
+                f"optimizer must be a paddle.optimizer.Optimizer, received "
+                f"{type(optimizer).__name__}"
+            )
         self.layer = layer
+        if function is None:
+            function = layer.forward
+        if isinstance(function, paddle_api.static_function_type()):
+            # A forward decorated with @paddle.jit.to_static: trace what it converts.
+            function = paddle_api.static_function_source(function)
+        self._function = function
+        self._name = f"{type(layer).__name__}.{getattr(function, '__name__', 'forward')}"
         # Read in dygraph mode (Layer.parameters() answers Values in static mode).
         self._params = list(layer.parameters())
+        self._buffers = [b for b in layer.buffers() if getattr(b, "persistable", False)]
         self.optimizer = optimizer
         self.training = training
         self._strategy = strategy.copy()
-        self._strategy.set_graph_config(
-            num_ipus=strategy.num_ipus,
-            is_training=training,
-            micro_batch_size=strategy.micro_batch_size,
-            enable_manual_shard=strategy.enable_manual_shard,
-        )
-        self._signature: tuple[Any, ...] | None = None
-        self._compiled: Any = None
-        self._scope: Any = None
-        self._feed_names: list[str] = []
-        self._loss_index: int | None = None
-        self._n_outputs = 0
-        self._lock = threading.Lock()
+        self._entries: dict[bool, _Entry] = {}
+        #: the entry whose device weights are newer than the host's (None: the host)
+        self._owner: _Entry | None = None
+        self._last: _Entry | None = None
+        self._lock = threading.RLock()
+        for sub in layer.sublayers(include_self=True):  # a sublayer's load counts too
+            _watch(sub, self)
+        if optimizer is not None:
+            _watch(optimizer, self)
 
-    # -- compile ----------------------------------------------------------------
-    def _micro_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+    # -- arguments ---------------------------------------------------------------
+    def _bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The call's positional and keyword arguments, tensors as arrays and everything
+        else as :class:`_Argument` constants."""
+        try:
+            signature = inspect.signature(self._function)
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise OptionError(f"{self._name}: {exc}") from None
+        except ValueError:  # no signature (a builtin): take the call as it is
+            bound = None
+
+        def convert(value: Any) -> Any:
+            if _is_tensor_like(value):
+                return _as_array(value)
+            return _Argument(value)
+
+        if bound is None:
+            return [convert(a) for a in args], {k: convert(v) for k, v in kwargs.items()}
+        return [convert(a) for a in bound.args], {k: convert(v) for k, v in bound.kwargs.items()}
+
+    @staticmethod
+    def _signature(pos: list[Any], kw: dict[str, Any]) -> tuple[Any, ...]:
+        def key(value: Any) -> Any:
+            if isinstance(value, _Argument):
+                return value.key()
+            return ("tensor", value.shape, value.dtype.str)
+
+        return (tuple(key(v) for v in pos), tuple((k, key(v)) for k, v in sorted(kw.items())))
+
+    def _micro_shape(self, shape: tuple[int, ...], training: bool) -> tuple[int, ...]:
         s = self._strategy
         n = s.batches_per_step * s.replication_factor
-        if self.training:
+        if training:
             n *= s.accumulation_factor
+        if n == 1:
+            return tuple(shape)
         if not shape or shape[0] % n:
             raise OptionError(
                 f"an input of shape {list(shape)}: its first dimension must be a multiple "
@@ -183,75 +516,136 @@ class IpuModel:
             )
         return (shape[0] // n, *shape[1:])
 
-    def _compile(self, arrays: Sequence[np.ndarray]) -> None:
+    # -- compile -------------------------------------------------------------------
+    def _compile(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _Entry:
         import paddle
 
-        from paddle_ipu.frontends.program import IpuCompiledProgram
+        from paddle_ipu.frontends.program import IpuBackend, IpuCompiledProgram
 
-        dtypes: list[Any] = [str(a.dtype) for a in arrays]
-        specs = [
-            paddle.static.InputSpec(list(self._micro_shape(a.shape)), dtypes[i], f"input_{i}")
-            for i, a in enumerate(arrays)
-        ]
-        self._strategy.set_graph_config(
-            num_ipus=self._strategy.num_ipus,
-            is_training=self.training,
-            micro_batch_size=int(specs[0].shape[0]) if specs and specs[0].shape else 1,
-            enable_manual_shard=self._strategy.enable_manual_shard,
+        arrays: list[tuple[str, np.ndarray]] = []
+
+        def spec(value: Any, half: bool) -> Any:
+            if isinstance(value, _Argument):
+                return value.value
+            name = f"input_{len(arrays)}"
+            arrays.append((name, value))
+            shape = list(self._micro_shape(value.shape, training))
+            dtype = "float32" if half and value.dtype == np.float16 else str(value.dtype)
+            return paddle.static.InputSpec(shape, dtype, name)  # type: ignore[arg-type]
+
+        if _holds_float16(self._params + self._buffers):
+            raise NotSupportedError(
+                f"{self._name}: the Layer holds float16 weights; keep its weights float32 "
+                "and feed float16 inputs (the graph then runs in float16), or set "
+                "strategy.set_precision_config(enable_fp16=True)"
+            )
+        half = any(
+            not isinstance(v, _Argument) and v.dtype == np.float16 for v in [*pos, *kw.values()]
         )
-        function = paddle.jit.to_static(self.layer.forward, input_spec=specs, full_graph=True)
+        spec_pos = [spec(v, half) for v in pos]
+        spec_kw = {k: spec(kw[k], half) for k in sorted(kw)}
+        strategy = self._strategy.copy()
+        if training:
+            # The optimizer's own learning rate (its scheduler's, read at each run)
+            # decides, not the ``lr`` option set_optimizer() copied from it once.
+            strategy.set_options({"lr": 0.0})
+        if half:
+            # float16 inputs (PopTorch's inferenceModel of a half model, Paddle 2.x's
+            # dy2static with enable_fp16): the Layer is traced in float32 and the
+            # graph runs in float16, as every float16 graph does (the executor converts
+            # the graph and the weights; the weights stay float32 on the host).
+            strategy.set_precision_config(enable_fp16=True)
+        first = next((a for _, a in arrays if a.ndim), None)
+        strategy.set_graph_config(
+            num_ipus=strategy.num_ipus,
+            is_training=training,
+            micro_batch_size=self._micro_shape(first.shape, training)[0]
+            if first is not None
+            else 1,
+            enable_manual_shard=strategy.enable_manual_shard,
+        )
+        function = paddle.jit.to_static(self._function, full_graph=True)
         try:
-            concrete, _ = function.get_concrete_program(*specs)
+            concrete, _ = function.get_concrete_program(
+                *spec_pos, **spec_kw, is_train=bool(self.layer.training)
+            )
+        except IpuError:
+            raise
         except Exception as exc:
-            raise CompileError(
-                f"paddle.jit.to_static could not trace {type(self.layer).__name__}.forward: {exc}"
-            ) from exc
+            raise CompileError(f"paddle.jit.to_static could not trace {self._name}: {exc}") from exc
         main = concrete.main_program
-        outputs = [v for v in concrete.outputs if isinstance(v, paddle.pir.Value)]
-        self._n_outputs = len(outputs)
+        structure = concrete.outputs
+        flat = paddle.utils.flatten(structure)
+        outputs = [v for v in flat if isinstance(v, paddle.pir.Value)]
         dynamic = paddle.in_dynamic_mode()
         paddle.enable_static()
         try:
             startup = paddle.static.Program()
-            marked = _replace_identity_loss(main, outputs)
-            if self.training:
-                if marked is None and len(outputs) != 1:
-                    raise CompileError(
-                        f"{type(self.layer).__name__}.forward returns {len(outputs)} values: "
-                        "pass the loss through paddle.incubate.identity_loss to mark it"
-                    )
-                self._loss_index = 0 if marked is None else marked
+            fetches = list(outputs)
+            if training:
+                loss, index = find_loss(main, fetches, self._name)
                 with paddle.static.program_guard(main, startup):
-                    _static_optimizer(self.optimizer).minimize(outputs[self._loss_index])
+                    # Eager backward() of a tensor of several elements seeds every one
+                    # with 1: the gradient of their sum.
+                    objective = loss if _one_element(loss) else paddle.sum(loss)
+                    _static_optimizer(self.optimizer).minimize(objective)
+                if index is None:
+                    fetches.append(loss)  # trained on, not returned: fetched all the same
+            else:
+                # identity_loss only marks a loss: out of an inference graph too.
+                _take_identity_losses(main, fetches)
             scope = paddle.static.Scope()
             with paddle.static.scope_guard(scope):
                 paddle.static.Executor(paddle.CPUPlace()).run(startup)
         finally:
             if dynamic:
                 paddle.disable_static()
-        self._scope = scope
+        # The returned structure, its tensors replaced by their positions in fetches.
+        positions: list[Any] = []
+        k = 0
+        for v in flat:
+            if isinstance(v, paddle.pir.Value):
+                positions.append(_Position(k))
+                k += 1
+            else:
+                positions.append(v)
+        packed = paddle.utils.pack_sequence_as(structure, positions)
+        state_names = {
+            str(op.attrs()["parameter_name"]): dtype_name(op.result(0))
+            for op in main.global_block().ops
+            if op.name() == "builtin.parameter"
+        }
+        entry = _Entry(
+            training=training,
+            signature=(),
+            compiled=None,
+            scope=scope,
+            feed_names=[name for name, _ in arrays],
+            structure=packed,
+            n_returned=len(outputs),
+            state_names=state_names,
+        )
         # The Layer's current weights (and optimizer state) replace the startup's.
-        self._write_scope()
-        compiled = IpuCompiledProgram(main, scope=scope, ipu_strategy=self._strategy)
-        compiled.compile([s.name for s in specs], outputs)
-        self._feed_names = [str(s.name) for s in specs]
-        self._compiled = compiled
-        from paddle_ipu.frontends.program import IpuBackend
-
+        self._write_scope(entry)
+        compiled = IpuCompiledProgram(main, scope=scope, ipu_strategy=strategy)
+        compiled.compile(entry.feed_names, _unique(fetches))
+        entry.compiled = compiled
+        entry.fetch_index = _fetch_positions(fetches)
+        entry.half = half
         IpuBackend.set_current(self)
+        return entry
 
     # -- weights -----------------------------------------------------------------
-    def _state_pairs(self) -> list[tuple[Any, str]]:
-        """(dygraph tensor, scope variable name) for every parameter and, when
-        training, every optimizer accumulator of the Layer's parameters."""
-        params = self._params
-        pairs = [(p, p.name) for p in params]
-        if self.training and self.optimizer is not None and self._scope is not None:
+    def _state_pairs(self, entry: _Entry) -> list[tuple[Any, str]]:
+        """(dygraph tensor, scope variable name) for every parameter and buffer the
+        graph reads and, for a training graph, every optimizer accumulator."""
+        pairs = [(t, t.name) for t in self._params + self._buffers if t.name in entry.state_names]
+        if entry.training and self.optimizer is not None:
             accumulators = paddle_api.optimizer_accumulators(self.optimizer)
-            names = {p.name for p in params}
+            names = {p.name for p in self._params}
             # The static optimizer's state is "<param>_<accumulator>_<n>"; n is a
             # process-wide counter, so it is looked up rather than assumed 0.
-            scope_names = set(self._scope.local_var_names())
+            scope_names = set(entry.scope.local_var_names())
             for acc_name, per_param in accumulators.items():
                 for param_name, tensor in per_param.items():
                     if param_name not in names:
@@ -267,14 +661,16 @@ class IpuModel:
                         pairs.append((tensor, found[0]))
         return pairs
 
-    def _write_scope(self) -> None:
+    def _write_scope(self, entry: _Entry) -> None:
         import paddle
 
-        for tensor, name in self._state_pairs():
+        for tensor, name in self._state_pairs(entry):
             if paddle_api.is_initialized(tensor):
-                self._scope.var(name).get_tensor().set(
-                    np.asarray(tensor.numpy()), paddle.CPUPlace()
-                )
+                value = np.asarray(tensor.numpy())
+                declared = entry.state_names.get(name)
+                if declared is not None and declared != value.dtype.name:
+                    value = value.astype(declared)
+                entry.scope.var(name).get_tensor().set(value, paddle.CPUPlace())
 
     def _ensure_accumulators(self) -> None:
         """Create the dygraph optimizer's accumulators, so that state trained on the
@@ -287,75 +683,202 @@ class IpuModel:
         block = paddle.static.default_main_program().global_block()
         paddle_api.create_accumulators(opt, block, [p for p in self._params if not p.stop_gradient])
 
-    def copy_weights_to_host(self) -> None:
-        """Write the device's weights (and optimizer state) into the Layer's
-        parameters and the optimizer's accumulators."""
-        if self._compiled is None or self._compiled.executor is None:
-            return
-        self._compiled.weights_to_host()
-        if self.training:
+    def _to_host(self, entry: _Entry) -> None:
+        entry.compiled.weights_to_host()
+        if entry.training:
             self._ensure_accumulators()
-        for tensor, name in self._state_pairs():
-            var = self._scope.find_var(name)
+        for tensor, name in self._state_pairs(entry):
+            var = entry.scope.find_var(name)
             if var is None:
                 continue
             value = np.asarray(var.get_tensor())
             tensor.set_value(value.astype(tensor.numpy().dtype, copy=False))
 
+    def _to_device(self, entry: _Entry) -> None:
+        self._write_scope(entry)
+        entry.compiled.weights_from_host()
+        entry.stale = False
+
+    def _host_changed(self) -> None:
+        """The Layer or optimizer got a new state on the host (set_state_dict): every
+        graph takes it before its next run."""
+        with self._lock:
+            self._owner = None
+            for entry in self._entries.values():
+                entry.stale = True
+
+    def copy_weights_to_host(self) -> None:
+        """Write the device's weights (BatchNorm statistics, optimizer state) into the
+        Layer's parameters and buffers and the optimizer's accumulators."""
+        with self._lock:
+            owner = self._owner
+            if owner is None or owner.compiled is None or owner.compiled.executor is None:
+                return
+            self._to_host(owner)
+            self._owner = None
+
     # 2.x spelling (IpuBackend.get_instance().weights_to_host())
     weights_to_host = copy_weights_to_host
 
     def copy_weights_to_device(self) -> None:
-        """Write the Layer's parameters (after set_state_dict, say) to the device."""
-        if self._compiled is None or self._compiled.executor is None:
-            return
-        self._write_scope()
-        self._compiled.weights_from_host()
+        """Write the Layer's parameters and buffers (and the optimizer's state) to the
+        device, after changing them on the host (``set_value``, say)."""
+        with self._lock:
+            self._host_changed()
+            for entry in self._entries.values():
+                if entry.compiled is not None and entry.compiled.executor is not None:
+                    self._to_device(entry)
 
     weights_from_host = copy_weights_to_device
 
     def detach(self) -> None:
-        """Release the device; the next call compiles again from the Layer's weights."""
+        """Copy the weights back to the Layer and release the device; the next call
+        compiles again from the Layer's weights."""
         with self._lock:
-            if self._compiled is not None:
-                self.copy_weights_to_host()
-                self._compiled.reset()
-            self._compiled = None
-            self._signature = None
+            self.copy_weights_to_host()
+            for entry in self._entries.values():
+                if entry.compiled is not None:
+                    entry.compiled.reset()
+            self._entries.clear()
+            self._last = None
 
     reset = detach
 
     def save_model_proto(self, path: str) -> None:
-        if self._compiled is None:
+        if self._last is None:
             raise CompileError("nothing compiled yet: call the model first")
-        self._compiled.save_model_proto(path)
+        self._last.compiled.save_model_proto(path)
+
+    @property
+    def executor(self) -> Any:
+        """The executor of the graph that ran last (None before the first call)."""
+        return self._last.compiled.executor if self._last is not None else None
 
     # -- run -------------------------------------------------------------------------
-    def __call__(self, *inputs: Any) -> Any:
+    def _entry_for(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _Entry:
+        signature = self._signature(pos, kw)
+        entry = self._entries.get(training)
+        if entry is not None and entry.signature == signature:
+            return entry
+        if entry is not None:
+            log.info(
+                "%s: the arguments changed from %s to %s: compiling again",
+                self._name,
+                _describe_signature(entry.signature),
+                _describe_signature(signature),
+            )
+        # Compiled from the host's weights: bring the newest there first.
+        self.copy_weights_to_host()
+        if entry is not None:
+            entry.compiled.reset()
+            del self._entries[training]
+        if training:
+            # The optimizer's state goes to the device with the weights: create it now
+            # (from a state_dict loaded into a fresh optimizer, if there is one), as its
+            # first eager step would -- in the process's own IR, before PIR mode.
+            self._ensure_accumulators()
+        with pir_mode():  # traced as PIR whatever the process's IR
+            entry = self._compile(training, pos, kw)
+        entry.signature = signature
+        self._entries[training] = entry
+        return entry
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import paddle
 
-        arrays = [_as_array(v) for v in inputs]
-        signature = tuple((a.shape, a.dtype.str) for a in arrays)
+        pos, kw = self._bind(args, kwargs)
+        training = self.training and bool(self.layer.training)
         with self._lock:
-            if signature != self._signature:
-                if self._signature is not None:
-                    log.info(
-                        "%s: input shapes changed from %s to %s: compiling again",
-                        type(self.layer).__name__,
-                        [list(s) for s, _ in self._signature],
-                        [list(s) for s, _ in signature],
-                    )
-                    self.copy_weights_to_host()
-                    self._compiled.reset()
-                # Traced as PIR whatever the process's IR (a no-op under PIR).
-                with pir_mode():
-                    self._compile(arrays)
-                self._signature = signature
-            compiled = self._compiled
-        with pir_mode():
-            outs = compiled.run(dict(zip(self._feed_names, arrays)))
-        tensors = [paddle.to_tensor(o) for o in outs]
-        return tensors[0] if len(tensors) == 1 else tuple(tensors)
+            entry = self._entry_for(training, pos, kw)
+            if self._owner is not None and self._owner is not entry:
+                self.copy_weights_to_host()
+            if entry.stale:
+                self._to_device(entry)
+            feed = dict(
+                zip(
+                    entry.feed_names,
+                    [
+                        v
+                        for v in [*pos, *[kw[k] for k in sorted(kw)]]
+                        if not isinstance(v, _Argument)
+                    ],
+                )
+            )
+            with pir_mode():
+                outs = entry.compiled.run(feed)
+            if entry.training:
+                self._owner = entry
+                for other in self._entries.values():
+                    if other is not entry:
+                        other.stale = True
+            self._last = entry
+        index = entry.fetch_index
+        arrays = [np.asarray(outs[index[i]]) for i in range(entry.n_returned)]
+        if entry.half:
+            # Computed in float16 (the executor hands float32 copies back): exact.
+            arrays = [a.astype(np.float16) if a.dtype == np.float32 else a for a in arrays]
+        tensors = [paddle.to_tensor(a) for a in arrays]
+        return _unpack(entry.structure, tensors)
+
+
+class _Position:
+    """A tensor's place among the fetched outputs, in a returned structure."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _unique(values: Sequence[Any]) -> list[Any]:
+    seen: set[int] = set()
+    out = []
+    for v in values:
+        if v.id not in seen:
+            seen.add(v.id)
+            out.append(v)
+    return out
+
+
+def _fetch_positions(values: Sequence[Any]) -> list[int]:
+    """For each value, its position among :func:`_unique` of the values."""
+    first: dict[int, int] = {}
+    positions = []
+    for v in values:
+        if v.id not in first:
+            first[v.id] = len(first)
+        positions.append(first[v.id])
+    return positions
+
+
+def _unpack(structure: Any, tensors: list[Any]) -> Any:
+    import paddle
+
+    flat = [
+        tensors[v.index] if isinstance(v, _Position) else v for v in paddle.utils.flatten(structure)
+    ]
+    packed = paddle.utils.pack_sequence_as(structure, flat)
+    # Paddle wraps a single return value in a list: give it back as it was returned.
+    if isinstance(packed, list) and len(packed) == 1:
+        return packed[0]
+    if isinstance(packed, list):
+        return tuple(packed)
+    return packed
+
+
+def _holds_float16(tensors: Sequence[Any]) -> bool:
+    import paddle
+
+    return any(t.dtype == paddle.float16 for t in tensors)
+
+
+def _describe_signature(signature: tuple[Any, ...]) -> str:
+    pos, kw = signature
+    parts = []
+    for key in [*pos, *[k for _, k in kw]]:
+        if key[0] == "tensor":
+            parts.append(f"{np.dtype(key[2]).name}{list(key[1])}")
+        else:
+            parts.append(repr(key[2]))
+    return "(" + ", ".join(parts) + ")"
 
 
 def inference_model(layer: Any, strategy: Any = None) -> IpuModel:
@@ -363,9 +886,14 @@ def inference_model(layer: Any, strategy: Any = None) -> IpuModel:
     return IpuModel(layer, strategy, training=False)
 
 
-def training_model(layer: Any, optimizer: Any, strategy: Any = None) -> IpuModel:
+def training_model(layer: Any, optimizer: Any = None, strategy: Any = None) -> IpuModel:
     """``layer`` trained by ``optimizer`` on the IPU, one step per call (see
-    :mod:`paddle_ipu.frontends.dygraph`)."""
+    :mod:`paddle_ipu.frontends.dygraph`).  Without an optimizer, SGD with learning rate
+    0.01 over the Layer's parameters (PopTorch's default)."""
+    import paddle
+
+    if optimizer is None:
+        optimizer = paddle.optimizer.SGD(learning_rate=0.01, parameters=layer.parameters())
     return IpuModel(layer, strategy, optimizer=optimizer, training=True)
 
 
@@ -373,47 +901,102 @@ def training_model(layer: Any, optimizer: Any, strategy: Any = None) -> IpuModel
 # Paddle 2.x: IpuStrategy.register_patch / release_patch
 # ----------------------------------------------------------------------------------
 
-_patch_lock = threading.Lock()
-_patched: dict[str, Any] = {}
+
+class _PatchState:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.strategy: Any = None
+        self.original_call: Callable[..., Any] | None = None
+        # Layer -> {(method name, strategy id, optimizer id, training): IpuModel}
+        self.models: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], IpuModel]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+
+_patch = _PatchState()
+
+
+def _patched_model(layer: Any, function: Any, strategy: Any) -> IpuModel:
+    optimizer = strategy.optimizer
+    training = bool(strategy.is_training)
+    if training and optimizer is None:
+        raise OptionError(
+            "IpuStrategy is_training=True: call ipu_strategy.set_optimizer(optimizer) before "
+            f"calling {type(layer).__name__} (or set_graph_config(is_training=False) for "
+            "inference)"
+        )
+    name = getattr(paddle_api.static_function_source(function), "__name__", "forward")
+    key = (name, id(strategy), id(optimizer) if training else None, training)
+    models = _patch.models.setdefault(layer, {})
+    model = models.get(key)
+    if model is None:
+        for other in models.values():  # one device copy of a Layer's weights at a time
+            other.detach()
+        models.clear()
+        model = IpuModel(
+            layer,
+            strategy,
+            optimizer=optimizer if training else None,
+            training=training,
+            function=function,
+        )
+        models[key] = model
+    return model
+
+
+def _intercept(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        import paddle
+
+        strategy = _patch.strategy
+        if strategy is None or not paddle.in_dynamic_mode():
+            return original(self, *args, **kwargs)
+        layer = paddle_api.static_function_layer(self)
+        if not isinstance(layer, paddle.nn.Layer):
+            return original(self, *args, **kwargs)
+        with _patch.lock:
+            model = _patched_model(layer, self, strategy)
+        return model(*args, **kwargs)
+
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
 
 
 def register_patch(strategy: Any) -> None:
-    """Make ``paddle.jit.to_static`` Layers run on the IPU, as Paddle 2.x's
-    IpuDynamicPatcher did: after this, ``paddle.jit.to_static(layer)`` returns a
-    callable that trains the Layer (``is_training`` with ``set_optimizer``) or runs it
-    for inference as one compiled graph per call (an :class:`IpuModel`)."""
-    import paddle
-
-    with _patch_lock:
-        if _patched:
-            return
-        original = paddle.jit.to_static
-
-        def to_static(function: Any = None, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(function, paddle.nn.Layer):
-                optimizer = strategy.optimizer
-                if strategy.is_training:
-                    if optimizer is None:
-                        raise OptionError(
-                            "is_training=True: call ipu_strategy.set_optimizer(optimizer) "
-                            "before paddle.jit.to_static(layer)"
-                        )
-                    return training_model(function, optimizer, strategy)
-                return inference_model(function, strategy)
-            return original(function, *args, **kwargs)
-
-        _patched["to_static"] = original
-        paddle.jit.to_static = to_static
+    """Make ``paddle.jit.to_static`` Layer methods run on the IPU, as Paddle 2.x's
+    IpuDynamicPatcher did (see the module docstring): the last strategy registered
+    is the one used."""
+    cls = paddle_api.static_function_type()
+    with _patch.lock:
+        if _patch.original_call is None:
+            _patch.original_call = cls.__dict__["__call__"]
+            cls.__call__ = _intercept(_patch.original_call)
+        if _patch.strategy is not strategy:
+            log.info(
+                "paddle.jit.to_static Layers now run on the IPU (Paddle 2.x's dy2static "
+                "patch); IpuStrategy.release_patch() undoes it"
+            )
+        _patch.strategy = strategy
 
 
 def release_patch() -> None:
-    """Undo :func:`register_patch`."""
-    import paddle
+    """Undo :func:`register_patch`: every patched model's weights (and optimizer
+    state) go back to its Layer (and optimizer) and its device is released."""
+    cls = paddle_api.static_function_type()
+    with _patch.lock:
+        for models in list(_patch.models.values()):
+            for model in models.values():
+                model.detach()
+        _patch.models.clear()
+        _patch.strategy = None
+        if _patch.original_call is not None:
+            cls.__call__ = _patch.original_call
+            _patch.original_call = None
 
-    with _patch_lock:
-        original = _patched.pop("to_static", None)
-        if original is not None:
-            paddle.jit.to_static = original
+
+def patch_registered() -> bool:
+    """Whether the dy2static patch is on."""
+    return _patch.strategy is not None
 
 
 # IpuStrategy.register_patch / release_patch reach the two functions above through this

@@ -360,7 +360,7 @@ class _Entry:
         from paddle_ipu.frontends.pipeline import compile_executor
         from paddle_ipu.strategy import IpuStrategy
 
-        strategy = IpuStrategy()
+        strategy = IpuStrategy.unpatched()
         strategy.set_graph_config(
             num_ipus=1, is_training=training, micro_batch_size=_micro_batch(program, feed)
         )

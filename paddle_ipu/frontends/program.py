@@ -129,7 +129,7 @@ class IpuCompiledProgram:
         if program is None:
             program = paddle.static.default_main_program()
         if ipu_strategy is None:
-            ipu_strategy = IpuStrategy()
+            ipu_strategy = IpuStrategy.unpatched()
         elif not isinstance(ipu_strategy, IpuStrategy):
             raise OptionError(
                 f"ipu_strategy must be a paddle_ipu.IpuStrategy, got {type(ipu_strategy).__name__}"
@@ -183,7 +183,18 @@ class IpuCompiledProgram:
         s = self._strategy
         s.validate()
 
-        if self._legacy and s.enable_fp16 and _holds_fp16(self._program):
+        source = self._program
+        if self._legacy and s.is_training and _holds_fp16(self._program):
+            # Training a legacy program cast by Paddle's cast_model_to_fp16: its float32
+            # twin, compiled in float16 (see legacy_reader.float32_twin), as a PIR
+            # program marked by cast_model_to_fp16 is.
+            from paddle_ipu.compiler.legacy_reader import float32_twin
+
+            source = float32_twin(self._program)
+            if not s.enable_fp16:
+                s = s.copy()
+                s.set_precision_config(enable_fp16=True)
+        elif self._legacy and s.enable_fp16 and _holds_fp16(self._program):
             # A legacy program cast by Paddle's cast_model_to_fp16 is float16
             # already: it is compiled as it is, without a second conversion.
             s = s.copy()
@@ -216,7 +227,7 @@ class IpuCompiledProgram:
         given = list(fetch_list)
         fetch_list = _resolve_fetch_names(self._program, given)
         executor = compile_executor(
-            self._program, self._scope, s, list(feed_list), list(fetch_list), progress
+            source, self._scope, s, list(feed_list), list(fetch_list), progress
         )
         # Fetches given as Values of the original program can be fetched by that
         # Value from the compiled one too (and by the name it was given as).
@@ -379,7 +390,7 @@ class IpuCompiledProgram:
         outputs = executor.model.outputs
         if fetch_list is None:
             return list(range(len(outputs)))
-        items = list(fetch_list) if isinstance(fetch_list, (list, tuple)) else [fetch_list]
+        items = _flatten_fetches(fetch_list)
         if not items:
             return list(range(len(outputs)))
         names = self.fetchable()
@@ -412,6 +423,17 @@ class IpuCompiledProgram:
     def fetch_names_for(self, index: Sequence[int]) -> list[str]:
         names = self.fetchable()
         return [names[i] for i in index]
+
+
+def _flatten_fetches(fetch_list: Any) -> list[Any]:
+    """The fetch list as Paddle's executor reads it: nested lists and tuples (2.x's
+    ``fetch_list=[fetch_targets]`` from load_inference_model) give their items."""
+    if not isinstance(fetch_list, (list, tuple)):
+        return [fetch_list]
+    out: list[Any] = []
+    for item in fetch_list:
+        out.extend(_flatten_fetches(item) if isinstance(item, (list, tuple)) else [item])
+    return out
 
 
 def _holds_fp16(program: Any) -> bool:

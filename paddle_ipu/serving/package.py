@@ -37,7 +37,7 @@ from typing import Any
 
 from paddle_ipu._infra.files import write_atomically
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
-from paddle_ipu.errors import CompileError, OptionError, OutputFileError, PackageError
+from paddle_ipu.errors import CompileError, IpuError, OptionError, OutputFileError, PackageError
 
 log = logging.getLogger("paddle_ipu")
 
@@ -88,7 +88,7 @@ class Package:
         passed to ``set_options``)."""
         from paddle_ipu.strategy import IpuStrategy
 
-        s = IpuStrategy()
+        s = IpuStrategy.unpatched()
         s.set_graph_config(is_training=False, micro_batch_size=self.options["micro_batch_size"])
         s.set_pipelining_config(batches_per_step=self.options["batches_per_step"])
         s.set_precision_config(enable_fp16=bool(self.options["enable_fp16"]))
@@ -264,13 +264,22 @@ def compile_model(
     paddle.enable_static()
     scope = paddle.static.Scope()
     exe = paddle.static.Executor(paddle.CPUPlace())
+    # A model saved by Paddle 2.x (or in the legacy IR) is a .pdmodel protobuf, which
+    # loads as a legacy program (compiled through its PIR translation); Paddle 3's
+    # PIR mode only looks for .json.
+    legacy = not Path(prefix + ".json").exists() and Path(prefix + ".pdmodel").exists()
+    guard = paddle.pir_utils.OldIrGuard() if legacy else contextlib.nullcontext()
     try:
-        with paddle.static.scope_guard(scope):
+        with guard, paddle.static.scope_guard(scope):
             program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
+            stage()
+            model = compile_program(
+                program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size
+            )
+    except IpuError:
+        raise
     except Exception as exc:
         raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
-    stage()
-    model = compile_program(program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size)
     stage()
     meta = {
         "format": PACKAGE_FORMAT,

@@ -165,3 +165,24 @@ def test_recompiling_closes_the_previous_executor() -> None:
     compiled.compile(["x", "y"], [net["logits"]])
     assert compiled.executor is not old
     assert old.session is None  # reset: its device is released
+
+
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_nested_fetch_list_and_scalars_read_both_ways(monkeypatch, direct: str) -> None:
+    """2.x code fetches ``[fetch_targets]`` (a list in the list, as load_inference_model
+    returns them) and reads a scalar result with len() / [0], as 2.x's IPU backend gave
+    it the shape [1]; Paddle 3 code reads the same result as the CPU's 0-d array."""
+    monkeypatch.setenv("PADDLE_IPU_DIRECT_RUN", direct)
+    net = build(False)
+    _, prog = compile_(net, False, [net["loss"], net["logits"]])
+    exe = paddle.static.Executor(IPU)
+    cpu = paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(net["scope"]):
+        want_loss, want_logits = cpu.run(
+            net["main"], feed=feed(), fetch_list=[net["loss"], net["logits"]]
+        )
+        loss, logits = exe.run(prog, feed=feed(), fetch_list=[[net["loss"], net["logits"]]])
+    assert np.asarray(want_loss).shape == () and loss.shape == ()
+    assert float(loss) == pytest.approx(float(want_loss), rel=1e-5)
+    assert len(loss) == 1 and loss[0] == pytest.approx(float(want_loss), rel=1e-5)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-6)

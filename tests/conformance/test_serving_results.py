@@ -60,10 +60,21 @@ def test_handles_as_in_paddle_inference(saved: tuple[Built, str]) -> None:
     # run(list) returns the outputs, as in Paddle 2.5+
     (out,) = predictor.run([x])  # type: ignore[misc]
     np.testing.assert_allclose(out, paddle_cpu(prefix, x), rtol=1e-5, atol=1e-6)
-    # without the model runtime a run is one micro-batch: other row counts are refused
-    x_handle.copy_from_cpu(np.zeros((3, 1, 8, 8), np.float32))
+    # another row count, as Paddle Inference takes any batch: compiled for it
+    x3 = np.random.default_rng(7).standard_normal((3, 1, 8, 8)).astype(np.float32)
+    x_handle.reshape([3, 1, 8, 8])
+    x_handle.copy_from_cpu(x3)
+    predictor.run()
+    out_handle = predictor.get_output_handle(predictor.get_output_names()[0])
+    np.testing.assert_allclose(
+        out_handle.copy_to_cpu(), paddle_cpu(prefix, x3), rtol=1e-5, atol=1e-6
+    )
+    # a run that fails leaves no older result behind
+    x_handle.copy_from_cpu(np.zeros((4, 1, 9, 9), np.float32))
     with pytest.raises(FeedError, match="'x'"):
         predictor.run()
+    with pytest.raises(FetchError, match="holds no data"):
+        out_handle.copy_to_cpu()
     with pytest.raises(FeedError, match="unknown input 'y'"):
         predictor.get_input_handle("y")
     with pytest.raises(FetchError, match="unknown output"):

@@ -29,3 +29,19 @@ def test_same_bytes_is_bitwise_not_by_value() -> None:
     assert not same_bytes(np.zeros(4, np.float32), np.zeros(4, np.int32))
     strided = np.arange(20, dtype=np.float32)[::2]
     assert same_bytes(strided, np.ascontiguousarray(strided))
+
+
+def test_sized_scalar_is_0d_and_reads_as_a_1_element_array() -> None:
+    """A 0-d result for Paddle 3 code (float(), shape ()) that Paddle 2.x code can also
+    index and measure as the [1]-shaped scalar 2.x's IPU backend returned."""
+    from paddle_ipu._infra.arrays import sized_scalar
+
+    x = sized_scalar(np.array(2.5, np.float32))
+    assert x.shape == () and float(x) == 2.5 and float(x + 1) == 3.5
+    assert len(x) == 1 and x[0] == 2.5 and x[-1] == 2.5 and list(x) == [2.5]
+    with pytest.raises(IndexError):
+        x[1]
+    assert np.array([x]).shape == (1,)  # a list of results stacks as 0-d ones do
+    np.testing.assert_allclose(np.asarray(x).reshape(1), [2.5])
+    vector = np.arange(3.0)
+    assert sized_scalar(vector) is vector

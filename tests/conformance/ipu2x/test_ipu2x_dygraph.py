@@ -228,3 +228,185 @@ def test_batch_norm_statistics_come_back() -> None:
         np.testing.assert_allclose(
             getattr(net2.bn, name).numpy(), getattr(net.bn, name).numpy(), rtol=1e-5, atol=1e-6
         )
+
+
+# -- the loss, found the way PopTorch finds it ------------------------------------------
+
+
+class Forwards(paddle.nn.Layer):
+    """One network, several ways of returning its loss."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self.style = style
+        self.fc1 = paddle.nn.Linear(8, 16)
+        self.fc2 = paddle.nn.Linear(16, 3)
+
+    def forward(self, x: Any, y: Any = None, scale: float = 1.0) -> Any:
+        logits = self.fc2(paddle.nn.functional.relu(self.fc1(x))) * scale
+        if y is None:
+            return logits
+        loss = paddle.nn.functional.cross_entropy(logits, y)
+        accuracy = paddle.metric.accuracy(paddle.nn.functional.softmax(logits), y)
+        if self.style == "logits_loss":
+            return logits, loss
+        if self.style == "loss_accuracy":  # the accuracy has no gradient: not a loss
+            return loss, accuracy
+        if self.style == "dict":
+            return {"logits": logits, "loss": loss}
+        if self.style == "parts":  # the cross entropy is part of the returned total
+            total = loss + 0.01 * paddle.mean(logits * logits)
+            return loss, total
+        if self.style == "hidden":  # marked but not returned: trained on all the same
+            paddle.incubate.identity_loss(loss, 1)
+            return logits
+        raise AssertionError(self.style)
+
+
+def _loss_of(style: str, out: Any) -> Any:
+    if style == "dict":
+        return out["loss"]
+    if style == "parts":
+        return out[1]
+    if style == "hidden":
+        return None
+    return out[0] if style == "loss_accuracy" else out[1]
+
+
+@pytest.mark.parametrize("style", ["logits_loss", "loss_accuracy", "dict", "parts", "hidden"])
+def test_loss_found_as_poptorch_finds_it(style: str) -> None:
+    paddle.seed(6)
+    net = Forwards(style)
+    reference = Forwards(style)
+    reference.set_state_dict(net.state_dict())
+    ref_opt = paddle.optimizer.Adam(0.01, parameters=reference.parameters())
+    model = paddle_ipu.training_model(net, paddle.optimizer.Adam(0.01, parameters=net.parameters()))
+    for x, y in DATA[:15]:
+        want = reference(paddle.to_tensor(x), paddle.to_tensor(y))
+        loss = _loss_of(style, want)
+        if loss is None:  # eager: the marked loss is the cross entropy
+            loss = paddle.nn.functional.cross_entropy(want, paddle.to_tensor(y))
+        loss.backward()
+        ref_opt.step()
+        ref_opt.clear_grad()
+        got = model(x, y=y)
+        flat_got = paddle.utils.flatten(got)
+        flat_want = paddle.utils.flatten(want)
+        assert type(got) is type(want)
+        for g, w in zip(flat_got, flat_want):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-5)
+    model.copy_weights_to_host()
+    for a, b in zip(net.parameters(), reference.parameters()):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class TwoIndependentLosses(Forwards):
+    def forward(self, x: Any, y: Any = None, scale: float = 1.0) -> Any:
+        logits = self.fc2(paddle.nn.functional.relu(self.fc1(x)))
+        return paddle.nn.functional.cross_entropy(logits, y), paddle.mean(logits**2)
+
+
+class NoLoss(Forwards):
+    def forward(self, x: Any, y: Any = None, scale: float = 1.0) -> Any:
+        return self.fc2(self.fc1(x))
+
+
+class TwoMarks(Forwards):
+    def forward(self, x: Any, y: Any = None, scale: float = 1.0) -> Any:
+        logits = self.fc2(self.fc1(x))
+        a = paddle.incubate.identity_loss(paddle.nn.functional.cross_entropy(logits, y), 1)
+        b = paddle.incubate.identity_loss(paddle.mean(logits**2), 1)
+        return a, b
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        (TwoIndependentLosses, r"returns 2 values that could each be the loss \(output 0 "),
+        (NoLoss, r"none can be the loss"),
+        (TwoMarks, r"marks 2 independent losses"),
+    ],
+)
+def test_undetermined_loss_is_refused_before_anything_runs(layer: Any, message: str) -> None:
+    paddle.seed(7)
+    net = layer("-")
+    before = [p.numpy().copy() for p in net.parameters()]
+    model = paddle_ipu.training_model(net, paddle.optimizer.SGD(0.1, parameters=net.parameters()))
+    x, y = DATA[0]
+    with pytest.raises(paddle_ipu.errors.CompileError, match=message):
+        model(x, y)
+    model.copy_weights_to_host()
+    for p, b in zip(net.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+
+
+def test_training_model_in_eval_mode_and_constants() -> None:
+    """layer.eval(): the forward only, nothing updated; a non-tensor argument is a
+    constant of the graph (a new value compiles again); layer.train() trains on."""
+    paddle.seed(8)
+    net = Forwards("logits_loss")
+    reference = Forwards("logits_loss")
+    reference.set_state_dict(net.state_dict())
+    ref_opt = paddle.optimizer.SGD(0.1, parameters=reference.parameters())
+    model = paddle_ipu.training_model(net, paddle.optimizer.SGD(0.1, parameters=net.parameters()))
+
+    def eager_step(x: Any, y: Any, scale: float) -> float:
+        _, loss = reference(paddle.to_tensor(x), paddle.to_tensor(y), scale=scale)
+        loss.backward()
+        ref_opt.step()
+        ref_opt.clear_grad()
+        return float(loss)
+
+    for x, y in DATA[:5]:
+        assert float(model(x, y)[1]) == pytest.approx(eager_step(x, y, 1.0), rel=1e-5)
+    net.eval()
+    reference.eval()
+    probe = DATA[50][0]
+    for _ in range(2):
+        np.testing.assert_allclose(
+            model(probe).numpy(), reference(paddle.to_tensor(probe)).numpy(), rtol=1e-5, atol=1e-6
+        )
+    net.train()
+    reference.train()
+    for x, y in DATA[5:10]:
+        got = float(model(x, y, scale=0.5)[1])
+        assert got == pytest.approx(eager_step(x, y, 0.5), rel=1e-5)
+
+
+def test_host_changes_reach_the_device() -> None:
+    """set_state_dict on the Layer and the optimizer (a checkpoint loaded between
+    steps) replaces what the device holds; so does copy_weights_to_device after
+    set_value."""
+    paddle.seed(9)
+    net, optimizer = _make("adam")
+    model = paddle_ipu.training_model(net, optimizer)
+    for x, y in DATA[:5]:
+        model(x, y)
+    model.copy_weights_to_host()
+    saved_net = {k: v.numpy().copy() for k, v in net.state_dict().items()}
+    saved_opt = {
+        k: (v.numpy().copy() if hasattr(v, "numpy") else v)
+        for k, v in optimizer.state_dict().items()
+    }
+    for x, y in DATA[5:10]:
+        model(x, y)
+    net.set_state_dict(saved_net)
+    optimizer.set_state_dict(saved_opt)
+    got = [float(np.asarray(model(x, y)).reshape(-1)[0]) for x, y in DATA[5:8]]
+    # the oracle: eager from the saved weights and optimizer state
+    ref, ref_opt = _make("adam")
+    ref.set_state_dict(saved_net)
+    ref_opt.set_state_dict(saved_opt)
+    want = _eager_losses(ref, ref_opt, DATA[5:8])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    model.copy_weights_to_host()
+    with paddle.no_grad():
+        net.fc1.weight.set_value(np.zeros([8, 16], np.float32))
+    model.copy_weights_to_device()
+    x, y = DATA[20]
+    got_zero = float(np.asarray(model(x, y)).reshape(-1)[0])
+    zeroed, _ = _make("adam")
+    zeroed.set_state_dict(net.state_dict())
+    np.testing.assert_allclose(
+        got_zero, float(zeroed(paddle.to_tensor(x), paddle.to_tensor(y))), rtol=1e-5
+    )
