@@ -696,7 +696,31 @@ std::string Quote(std::string_view s) {
   return json::serialize(json::string_view(s.data(), s.size()));
 }
 
-std::string ErrorJson(std::string_view message) { return "{\"error\":" + Quote(message) + "}"; }
+std::string ValidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 2;
+    if (ok) {
+      out.append(s.data() + i, n);
+      i += n;
+    } else {  // bytes of the request that are no text: shown, not passed on
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+      i += 1;
+    }
+  }
+  return out;
+}
+
+std::string ErrorJson(std::string_view message) {
+  return "{\"error\":" + Quote(ValidUtf8(message)) + "}";
+}
 
 Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view blob,
                      InferRequest* r) {
@@ -885,7 +909,7 @@ Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r) 
     } else if (f == 2 && wt == 2) {
       version = w.Bytes();
     } else if (f == 3 && wt == 2) {
-      r->id = std::string(w.Bytes());
+      r->id = ValidUtf8(w.Bytes());  // a protobuf string is text: it is sent back
     } else if (f == 4 && wt == 2) {  // parameters: map<string, InferParameter>
       Wire e(w.Bytes());
       std::string_view key, value;

@@ -133,6 +133,9 @@ struct GrpcAnswer {
 void StartGrpcAnswer(const ModelPlan& m, const InferRequest& r, GrpcAnswer* a);
 
 std::string ErrorJson(std::string_view message);
+// `s` with every byte that is not part of valid UTF-8 written as \xNN: messages echo
+// what a request sent, and JSON and Python strings need text.
+std::string ValidUtf8(std::string_view s);
 std::string Quote(std::string_view s);
 
 // Counters of the front ends (HTTP and gRPC together), for /metrics and statistics.

@@ -810,7 +810,7 @@ ModelPlan PlanFrom(const py::dict& d) {
 }
 
 py::tuple ParsedTuple(const ModelPlan& m, const serving::Error& e, const InferRequest& r) {
-  if (e) return py::make_tuple(e.status, e.message, py::none());
+  if (e) return py::make_tuple(e.status, ValidUtf8(e.message), py::none());
   py::list inputs;
   for (size_t k = 0; k < m.inputs.size(); ++k) {
     inputs.append(py::bytes(r.in[k], static_cast<size_t>(r.units * m.inputs[k].unit_bytes)));
@@ -853,7 +853,7 @@ void RegisterServing(py::module_& m) {
               fe.NotifyDrain();
             }
             if (status == 200) return py::make_tuple(0, py::bytes(c.job_->grpc.body));
-            return py::make_tuple(GrpcCode(status), py::str(c.message_));
+            return py::make_tuple(GrpcCode(status), py::str(ValidUtf8(c.message_)));
           },
           py::arg("timeout"), py::arg("front_end"),
           "Wait for the answer (without the GIL); a request not started within timeout\n"
