@@ -53,6 +53,7 @@ constexpr const char* kRetryAfter = "1";
 
 class FrontEnd;
 class Session;
+struct IoThread;
 
 // What a native request owns: the body its inputs point into, the converted
 // inputs, and the answer its outputs are written into.
@@ -63,6 +64,9 @@ struct Job {
   GrpcAnswer grpc;
   std::chrono::steady_clock::time_point start;
   std::weak_ptr<Session> session;  // HTTP: who answers
+  // HTTP: the request's sink. A request outlives its front end when a stop gave up
+  // waiting for it: the worker still delivers it, to a sink that must still exist.
+  std::shared_ptr<IoThread> io;
 };
 
 RequestPtr MakeRequest(const ModelPlan& m, const std::shared_ptr<Job>& job,
@@ -87,7 +91,7 @@ std::string ShortMs(double seconds) {
   return buf;
 }
 
-struct IoThread : NativeSink {
+struct IoThread : NativeSink, std::enable_shared_from_this<IoThread> {
   asio::io_context ioc{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard{ioc.get_executor()};
   std::optional<tcp::acceptor> acceptor;
@@ -245,7 +249,7 @@ class FrontEnd {
   ModelPlan plan_;
   Counters counters_;
   std::string metadata_, server_metadata_, config_;
-  std::vector<std::unique_ptr<IoThread>> ios_;
+  std::vector<std::shared_ptr<IoThread>> ios_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> ready_{true};
   std::mutex drain_mu_;
@@ -581,6 +585,7 @@ void Session::Infer(http::request<http::string_body>& req) {
                  bin ? "application/octet-stream" : "application/json", job->http.header_length);
   }
   job->session = shared_from_this();
+  job->io = io_->shared_from_this();
   RequestPtr r = MakeRequest(m, job, job->http.out, io_, job);
   int64_t in_flight = 0;
   const int st = SubmitNative(fe_->queue(), r, &in_flight);
@@ -641,7 +646,7 @@ int FrontEnd::StartHttp(const std::string& host, int port, int threads, bool reu
   if (threads < 1) throw std::invalid_argument("threads must be >= 1");
   const auto addr = asio::ip::make_address(host);
   for (int i = 0; i < threads; ++i) {
-    auto io = std::make_unique<IoThread>();
+    auto io = std::make_shared<IoThread>();
     io->acceptor.emplace(io->ioc);
     tcp::endpoint ep(addr, static_cast<unsigned short>(port));
     io->acceptor->open(ep.protocol());
