@@ -298,6 +298,30 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(static_cast<uint64_t>(fe_->plan().max_body));
     parser_->header_limit(64 * 1024);
+    http::async_read_header(
+        sock_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  // A client that asks before it sends its body (curl does for bodies over 1 KiB) is
+  // told to go on, unless the body is already known to be too large.
+  void OnHeader(beast::error_code ec) {
+    if (ec) return OnRead(ec);
+    auto& req = parser_->get();
+    const auto expect = req[http::field::expect];
+    const bool too_large = parser_->content_length() &&
+                           *parser_->content_length() > static_cast<uint64_t>(fe_->plan().max_body);
+    if (too_large) return OnRead(http::error::body_limit);
+    if (!beast::iequals(expect, "100-continue") || parser_->is_done()) return ReadBody();
+    continue_.version(11);
+    continue_.result(http::status::continue_);
+    http::async_write(sock_, continue_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->Close();
+      self->ReadBody();
+    });
+  }
+
+  void ReadBody() {
     http::async_read(sock_, buf_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
@@ -399,6 +423,7 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::response<http::string_body> res_;
+  http::response<http::empty_body> continue_;
   bool keep_alive_ = true;
   bool close_after_ = false;
   bool busy_ = false;
@@ -450,7 +475,7 @@ void Session::Route() {
   const ModelPlan& m = fe_->plan();
   std::string_view target(req.target().data(), req.target().size());
   if (const size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+  const bool get = req.method() == http::verb::get;
   const bool post = req.method() == http::verb::post;
   auto only = [&](bool ok, const char* allow) {
     if (ok) return true;

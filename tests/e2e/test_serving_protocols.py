@@ -313,6 +313,9 @@ def valid_request() -> bytes:
 
 
 def send_raw(port: int, data: bytes) -> bytes:
+    """Send, close the sending side, read until the server closes. (A request the
+    server admitted is then dropped as its client's: an end of stream before the
+    answer is a client gone; the bad ones are answered before they are admitted.)"""
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
@@ -357,6 +360,34 @@ def test_fuzzed_http_bytes_get_4xx_and_the_server_keeps_serving(
     if status != 200:
         assert fields[b"Content-Type"] == b"application/json"
         assert json.loads(body)["error"]
+
+
+def test_a_client_that_expects_100_continue_is_told_to_go_on(
+    server: ServerProcess, mlp: Built
+) -> None:
+    x = rows(12, 3)
+    body, n = binary_body(x)
+    head = (
+        "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        f"Inference-Header-Content-Length: {n}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as s:
+        s.sendall(head.encode())
+        s.settimeout(0.9)  # curl waits 1 s for it before sending the body anyway
+        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.settimeout(WAIT)
+        s.sendall(body)  # (no half-close: an end of stream is a client gone)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += s.recv(65536)
+        fields, _, data = answer.partition(b"\r\n\r\n")
+        size = int(fields.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        while len(data) < size:
+            data += s.recv(65536)
+    assert fields.startswith(b"HTTP/1.1 200")
+    length = int(fields.split(b"Inference-Header-Content-Length: ")[1].split(b"\r\n")[0])
+    got = np.frombuffer(data[length:], np.float32).reshape(3, 10)
+    np.testing.assert_allclose(got, reference(mlp, {"x": x}), rtol=1e-5, atol=1e-6)
 
 
 def test_after_the_fuzz_answers_are_right(server: ServerProcess, mlp: Built) -> None:
