@@ -20,6 +20,8 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+#: the ipu kernels (csrc/kernels), built beside the core
+KERNELS_LIB = "libpaddle-ipu-kernels.so"
 
 
 class CMakeExtension(Extension):
@@ -28,6 +30,16 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
+    def copy_extensions_to_source(self) -> None:
+        """An editable install: the core and the kernels library into the source
+        package, the plugin into the editable wheel's root (site-packages)."""
+        super().copy_extensions_to_source()
+        built = Path(self.build_lib).resolve()
+        self.copy_file(str(built / "paddle_ipu" / KERNELS_LIB), str(ROOT / "paddle_ipu"))
+        root = editable_root(self)
+        if root is not None:
+            self.copy_tree(str(built / "paddle_custom_device"), str(root / "paddle_custom_device"))
+
     def build_extension(self, ext: Extension) -> None:
         package_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         plugin_dir = Path(self.build_lib).resolve() / "paddle_custom_device"
@@ -54,15 +66,32 @@ class CMakeBuild(build_ext):
         subprocess.run(["cmake", "--build", ".", "--parallel", jobs], cwd=build_temp, check=True)
 
 
+#: installed at the root of site-packages: the import hook, the .pth that loads it at
+#: interpreter start (see toplevel/_paddle_ipu_autoload.py), the command's entry point
+TOPLEVEL = ("_paddle_ipu_autoload.py", "paddle_ipu_autoload.pth", "paddle_ipu_cli.py")
+
+
 class BuildPy(build_py):
-    """Also put the import hook (a top-level module and the .pth that loads it) at
-    the root of site-packages: see paddle_ipu_autoload/_paddle_ipu_autoload.py."""
+    """Also put the top-level modules (TOPLEVEL) at the root of site-packages."""
 
     def run(self) -> None:
         super().run()
-        source = ROOT / "paddle_ipu_autoload"
-        for name in ("_paddle_ipu_autoload.py", "paddle_ipu_autoload.pth"):
-            self.copy_file(str(source / name), str(Path(self.build_lib) / name))
+        # An editable install's wheel holds only what lands in its root (install_lib).
+        target = editable_root(self) or Path(self.build_lib)
+        source = ROOT / "toplevel"
+        for name in TOPLEVEL:
+            self.copy_file(str(source / name), str(target / name))
+
+
+def editable_root(command: build_py | build_ext) -> Path | None:
+    """The root of the wheel an editable install (pip install -e) builds, or None.
+
+    An editable wheel maps the package onto the source tree; what a regular install
+    puts beside the package (the import hook, the plugin Paddle loads from
+    site-packages/paddle_custom_device) must be written into that wheel's root."""
+    if not getattr(command, "editable_mode", False):
+        return None
+    return Path(command.get_finalized_command("install").install_lib)
 
 
 #: the PaddlePaddle releases this source builds against

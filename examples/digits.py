@@ -16,21 +16,16 @@ The digits data ships inside scikit-learn, so nothing is downloaded.
 from __future__ import annotations
 
 import argparse
-import os
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
-# Paddle's own start-up log lines (glog) and Python warnings are not this demo's
-# output; GLOG_minloglevel=0 brings the log lines back.
-os.environ.setdefault("GLOG_minloglevel", "2")
-warnings.filterwarnings("ignore", category=UserWarning, module=r"paddle(\.|$)")
+# paddle_ipu before paddle: it keeps Paddle's own log lines and warnings out of the
+# demo's output (PADDLE_IPU_PADDLE_LOGS=1 shows them).
+import paddle_ipu
 
-import numpy as np  # noqa: E402
-import paddle  # noqa: E402
-
-import paddle_ipu  # noqa: E402
+import numpy as np
+import paddle
 
 
 def load_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# Paddle finds the ipu device by itself; importing paddle_ipu first only keeps Paddle's
+# own log lines and warnings out of the output (PADDLE_IPU_PADDLE_LOGS=1 shows them).
+import paddle_ipu  # noqa: F401
+
 import numpy as np
 import paddle
 

@@ -10,12 +10,13 @@ IPU on the CPU, the default).
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys as _sys
 from typing import Any
-
-import paddle as _paddle
 
 from paddle_ipu._infra.env import env_flag
 from paddle_ipu._infra.versions import check_paddle_version
+from paddle_ipu._internals import paddle_logs as _paddle_logs
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
     BackendError,
@@ -50,6 +51,17 @@ def _preload_poplar_sdk() -> None:
 
 
 _preload_poplar_sdk()
+
+# An import of the user's (not the one paddle-ipu's import hook does in every Paddle
+# process) keeps Paddle's log lines and warnings from the user: see
+# paddle_ipu._internals.paddle_logs (PADDLE_IPU_PADDLE_LOGS=1 shows them).
+_hook = _sys.modules.get("_paddle_ipu_autoload")
+_BY_USER = not getattr(_hook, "loading_paddle_ipu", False)
+if _BY_USER:
+    _paddle_logs.quiet_paddle_warnings()
+_paddle = importlib.import_module("paddle")
+if _BY_USER:
+    _paddle_logs.quiet_paddle()
 
 # The compiled core (a module mypy cannot see into) records the Paddle it was built with.
 try:
@@ -118,9 +130,14 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        # A public submodule (paddle_ipu.inference, paddle_ipu.serving, ...) is an
+        # attribute too, imported on first use.
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'paddle_ipu' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
-from paddle_ipu._internals import paddle_api
+from paddle_ipu._internals import paddle_api, paddle_logs
 from paddle_ipu.backends.layout import check_everyn_period
 from paddle_ipu.errors import NotSupportedError, OptionError
 from paddle_ipu.options import ALIASES, OPTIONS, CustomOp, coerce, default_of, resolve
@@ -103,6 +103,7 @@ class IpuStrategy:
     """
 
     def __init__(self) -> None:
+        paddle_logs.quiet_paddle()  # the user asked for the IPU
         self._values: dict[str, Any] = {
             name: spec.initial() for name, spec in OPTIONS.items() if spec.derived is None
         }

@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from paddle_ipu._infra.env import env_flag
+from paddle_ipu._internals import paddle_logs
 
 _lock = threading.Lock()
 _original: Any = None
@@ -68,6 +69,7 @@ def install() -> None:
                 getattr(program, "ipu_compiled_program", None) if program is not None else None
             )
             if compiled is not None:
+                paddle_logs.quiet_paddle()
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
             from paddle_ipu.frontends import implicit, names
 
@@ -78,6 +80,7 @@ def install() -> None:
                     program if program is not None else _default_main(), fetch_list
                 )
             if implicit.targets(self, program):
+                paddle_logs.quiet_paddle()
                 return implicit.run(
                     original, self, program, feed, fetch_list, options, args, kwargs
                 )

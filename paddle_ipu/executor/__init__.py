@@ -2,7 +2,7 @@
 
 - :mod:`.ipu_executor`: :class:`IpuExecutor` (prepare, run, weights to and from the
   Paddle scope, eval mode, lr updates), Paddle 2.x's ipu_executor.cc in Python;
-- :mod:`.layout`: PopART's step layout of feeds and anchors.
+- the step layout of feeds and anchors (PopART's) is :mod:`paddle_ipu.backends.layout`.
 """
 
 from paddle_ipu.executor.ipu_executor import IpuExecutor, check_ranges

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from paddle_ipu._internals import paddle_logs
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 
@@ -35,6 +36,7 @@ def compile_executor(
     part of a compile that IpuCompiledProgram and implicit compiles share)."""
     from paddle_ipu.compiler.legacy_reader import is_legacy, pir_mode
 
+    paddle_logs.quiet_paddle()
     if is_legacy(program):
         # A legacy-IR program is translated to PIR by Paddle's own translator and
         # compiled as PIR (paddle_ipu.compiler.legacy_reader); Paddle's static APIs

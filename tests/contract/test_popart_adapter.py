@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import paddle_ipu.backends as backends
+import paddle_ipu.backends.popart.device as popart_device
 import paddle_ipu.backends.popart.optimizer as popart_optimizer
 import paddle_ipu.backends.popart.session as adapter
 from paddle_ipu.backends.base import AnchorReturnType, SessionConfig
@@ -594,8 +595,8 @@ def test_ipu_count_is_rounded_up_and_acquisition_retries(
     sdk: FakeSDK, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [0.0]
-    monkeypatch.setattr(adapter, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(adapter, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(popart_device, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(popart_device, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     sdk.acquire_failures = 2
     cfg = SessionConfig(options={"num_ipus": 3}, extras={"device_wait_seconds": 10})
     session = adapter.create_session(model(), cfg)
@@ -608,8 +609,8 @@ def test_acquisition_gives_up_with_a_clear_error(
     sdk: FakeSDK, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [0.0]
-    monkeypatch.setattr(adapter, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(adapter, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(popart_device, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(popart_device, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     sdk.acquire_failures = 10**6
     cfg = SessionConfig(options={"num_ipus": 3}, extras={"device_wait_seconds": 5})
     session = adapter.create_session(model(), cfg)

@@ -270,11 +270,15 @@ def test_fp16_pass_reaches_popart(popart_double: ModuleType) -> None:
 
 
 @pytest.mark.slow
-def test_executor_on_the_double_keeps_paddles_beta1_pow(popart_double: ModuleType) -> None:
+def test_executor_on_the_double_keeps_paddles_beta1_pow(
+    popart_double: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Adam through IpuCompiledProgram on the popart backend: the first loss is the
     forward pass Paddle's CPU executor computes, and after weights_to_host the scope's
     beta1_pow is what Paddle's own kernel leaves after as many steps (the double counts
     steps on Step___; it does not update weights, so only the first loss compares)."""
+    # The training models and Paddle's CPU reference live with the conformance tier.
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "conformance"))
     from test_training import MBS, P, build_mlp, mlp_batches, run_ipu, train_cpu
 
     steps = 3

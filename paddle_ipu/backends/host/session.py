@@ -27,7 +27,7 @@ from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
 from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
-from paddle_ipu.errors import BackendError, NotSupportedError
+from paddle_ipu.errors import BackendError, FeedError, NotSupportedError
 
 log = logging.getLogger("paddle_ipu.host")
 
@@ -138,6 +138,9 @@ class HostSession(Session):
         self._graph = proto.SerializeToString()
         if self.config.is_training:
             self._trainer = self._make_trainer()
+            # A prepared session holds the compiled weights, training or not (PopART's
+            # do): the trainer shares them until something else is written.
+            self._trainer.write(self._weights)
         self._dirty = True
 
     def _convert_fp16(self, proto: Any) -> Any:
@@ -248,10 +251,12 @@ class HostSession(Session):
     def read_weights(
         self, names: Sequence[str] | None = None, *, copy: bool = True
     ) -> dict[str, np.ndarray]:
-        """The named weights and optimizer state (default: the weights), one copy each.
-        ``copy=False``: the session's own arrays where it can (read-only for the
-        caller, valid until the next run)."""
+        """The named weights and optimizer state (default: every one the session
+        holds), one copy each.  ``copy=False``: the session's own arrays where it can
+        (read-only for the caller, valid until the next run)."""
         wanted = list(self._weights) if names is None else list(names)
+        if names is None and self._trainer is not None:
+            wanted += [n for n in self._trainer.names if n not in self._weights]
         out: dict[str, np.ndarray] = {}
         if self._trainer is not None:
             # the trainer holds the current values of everything it trains
@@ -304,6 +309,8 @@ class HostSession(Session):
             result = self._run_direct(inputs)
             if result is not None:
                 return result
+        if outputs is not None:
+            self._check_output_buffers(outputs)
         layout = self.layout
         bps, af, rf = layout.factors()
         # The executor checked the inputs (IpuExecutor.check_feed, the one feed check).
@@ -317,6 +324,25 @@ class HostSession(Session):
         else:
             per_micro = self._infer(steps, bps, af, rf)
         return self._anchor_outputs(per_micro, outputs)
+
+    def _check_output_buffers(self, outputs: Mapping[str, np.ndarray]) -> None:
+        """The caller's buffers, checked before anything runs (a training run would
+        have updated the weights before a bad buffer is found)."""
+        for spec in self.model.outputs:
+            buf = outputs.get(spec.name)
+            if buf is None:
+                continue  # returned as a new array
+            art = self._anchors[spec.name]
+            shape = self.layout.anchor_shape(spec.shape, art.kind, art.period)
+            dtype = spec.numpy_dtype
+            if not isinstance(buf, np.ndarray) or buf.shape != shape or buf.dtype != dtype:
+                got = f"{buf.dtype}{list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
+                raise FeedError(
+                    f"output buffer {spec.name!r} is {got}; the {art.kind} anchor needs "
+                    f"{dtype}{list(shape)}"
+                )
+            if not buf.flags.c_contiguous or not buf.flags.writeable:
+                raise FeedError(f"output buffer {spec.name!r} must be C-contiguous and writable")
 
     def _run_direct(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """One micro-batch, every anchor's shape is the tensor's: no layout work.
@@ -390,10 +416,6 @@ class HostSession(Session):
         """The host's offline artefact is the ONNX graph it runs, with its weights
         (those the program was compiled with: nothing is written to the device)."""
         self.prepare_device()
-        if self._trainer is not None:
-            # A training session holds its weights in the trainer, which nothing
-            # has written to yet: give it the compiled weights to export.
-            self._trainer.write(self._weights)
         self.model_to_host(path)
 
     def model_to_host(self, path: str) -> None:
@@ -402,7 +424,7 @@ class HostSession(Session):
         if self._graph is None:
             raise BackendError("the host session is not prepared: call prepare_device() first")
         proto = onnx.load_from_string(self._graph)
-        current = self.read_weights()
+        current = self.read_weights(list(self._weights))
         for init in proto.graph.initializer:
             if init.name in current:
                 init.CopyFrom(onnx.numpy_helper.from_array(current[init.name], init.name))

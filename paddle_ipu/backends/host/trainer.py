@@ -423,7 +423,13 @@ class HostTrainer:
                     for name, value in self._replica_buffers[r].items():
                         self._set_scope(name, value)
                 feed = {name: arr[a, r] for name, arr in arrays.items()}
-                result = self._runner.run(feed)
+                try:
+                    result = self._runner.run(feed)
+                except Exception as exc:  # a kernel's own check (an index out of range ...)
+                    raise BackendError(
+                        f"the emulated IPU failed to run the training graph (Paddle's CPU "
+                        f"kernels) on micro-batch {a} of replica {r}: {exc}"
+                    ) from exc
                 if swap:
                     for name in gp.buffers:
                         self._replica_buffers[r][name] = self._get_scope(name)

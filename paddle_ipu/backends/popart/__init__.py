@@ -1,8 +1,10 @@
 """The ``popart`` backend: Graphcore's Poplar SDK (PopART, PopEF, model_runtime).
 
 - :mod:`.session`: the Session over PopART's InferenceSession / TrainingSession;
-- :mod:`.options`: the IpuStrategy options in PopART's names, set on SessionOptions;
+- :mod:`.device`: taking a device (IPU Model, offline IPU, popdist, real IPUs);
+- :mod:`.options`: the IpuStrategy options in PopART's names, a session's SessionOptions;
 - :mod:`.optimizer`: the compiled optimizer as a PopART optimizer;
+- :mod:`.state`: optimizer state between Paddle's form and PopART's (beta1_pow <-> Step___);
 - :mod:`.popef`: serving an exported PopEF executable through model_runtime.
 
 ``import popart`` fails once ``onnx`` is imported: :mod:`.session` imports the SDK

@@ -1,6 +1,8 @@
 """Translating the compiled model's optimizer (:class:`OptimizerConfig`, Paddle's
 optimizer as the compiler read it) into a PopART optimizer (``SGD``, ``Adam``,
-``Adaptive``), with the hyper-parameters and per-weight settings PopART names.
+``Adaptive``), with the hyper-parameters and per-weight settings PopART names
+(:func:`to_popart_optimizer`); :func:`session_optimizer` adds what the IpuStrategy
+says about it (:func:`with_strategy` its overrides of the program's).
 
 Checked against PopART 3.0-3.4's ``willow/include/popart/adam.hpp``, ``sgd.hpp`` and
 ``adaptive.hpp``; see docs/optimizers.md for the mapping of each optimizer.
@@ -8,9 +10,11 @@ Checked against PopART 3.0-3.4's ``willow/include/popart/adam.hpp``, ``sgd.hpp``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.compiler.optimizer import OptimizerConfig
 from paddle_ipu.errors import NotSupportedError, OptionError
 
@@ -201,3 +205,40 @@ def to_popart_optimizer(
 
 
 # --------------------------------------------------------------------------- session
+
+
+def with_strategy(cfg: OptimizerConfig, config: SessionConfig) -> OptimizerConfig:
+    """The IpuStrategy's weight_decay_mode and accl*_type override the program's."""
+    changes: dict[str, Any] = {}
+    mode = config.option("weight_decay_mode")
+    if mode:
+        changes["weight_decay_mode"] = str(mode)
+    for field in ("accl1_type", "accl2_type", "accl3_type"):
+        if config.changed(field):
+            changes[field] = str(config.option(field))
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def session_optimizer(
+    cfg: OptimizerConfig,
+    popart: Any,
+    config: SessionConfig,
+    weights: Mapping[str, str],
+    specific: Sequence[str],
+) -> Any:
+    """The PopART optimizer of a session for ``cfg`` (already :func:`with_strategy`),
+    with the strategy's Lamb bound, scaled optimizer state and no-bias choice.
+    ``weights`` maps ONNX (device) names to Paddle names; ``specific`` is the list the
+    session was built with (:func:`specific_decay_weights`)."""
+    device_names = {paddle: onnx for onnx, paddle in weights.items()}
+    # Paddle's lamb kernel has no bound: only a max_weight_norm set explicitly sets one.
+    bound = config.option("max_weight_norm") if config.changed("max_weight_norm") else None
+    return to_popart_optimizer(
+        cfg,
+        popart,
+        device_names,
+        specific,
+        max_weight_norm=None if bound is None else float(bound),
+        scaled_optimizer_state=bool(config.option("scaled_optimizer_state")),
+        no_bias=bool(config.option("use_no_bias_optimizer")),
+    )

@@ -10,6 +10,10 @@ name to the enum member, a list to a set where the field is a ``std::set``, a di
 the settings object (``TensorLocationSettings`` ...): :func:`set_session_option`.  An
 option this SDK has no binding for raises, naming it (see :data:`UNBOUND_OPTIONS`).
 
+:func:`session_options` builds a session's whole ``SessionOptions``: the step layout
+and gradient reduction of the config first, then those options, then the backend's own
+``session_options`` setting, then popdist's (``enable_distribution``).
+
 Checked against PopART 3.0-3.4's ``python/popart/popart_core/popart.cpp`` and
 ``willow/include/popart/sessionoptions.hpp``.
 """
@@ -17,12 +21,16 @@ Checked against PopART 3.0-3.4's ``python/popart/popart_core/popart.cpp`` and
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from paddle_ipu.errors import NotSupportedError, OptionError, UnknownOptionError
+from paddle_ipu.backends.base import SessionConfig
+from paddle_ipu.backends.popart.device import import_popdist
+from paddle_ipu.compiler.model import CompiledModel
+from paddle_ipu.errors import BackendError, NotSupportedError, OptionError, UnknownOptionError
 from paddle_ipu.options import OPTIONS, OptionSpec
 from paddle_ipu.options.table import SHARDING_KEYS
 
@@ -278,3 +286,76 @@ def set_session_option(popart: Any, opts: Any, name: str, value: Any) -> None:
             f"binding for {name!r}; leave it at {default!r}"
         )
     _assign(popart, opts, name.split("."), value, name)
+
+
+def _check_cache_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise BackendError(f"the engine cache directory {path!r} cannot be created: {exc}") from exc
+    if not os.access(path, os.W_OK):
+        raise BackendError(f"the engine cache directory {path!r} is not writable")
+
+
+def session_options(
+    popart: Any,
+    config: SessionConfig,
+    model: CompiledModel,
+    extras: Mapping[str, Any],
+    *,
+    constant_weights: bool,
+    distributed: bool = False,
+) -> Any:
+    """The ``popart.SessionOptions`` of one session.
+
+    From ``config``: replicas, gradient accumulation and its reduction (training),
+    ``virtualGraphMode`` Manual for a sharded model, ``constantWeights`` for inference
+    (``constant_weights``), PopART's engine cache from ``IPU_CACHE_PATH``; then the
+    options passed through (:func:`popart_options`), then ``extras["session_options"]``
+    by PopART's names; with ``distributed`` (enable_distribution) ``popdist.popart``
+    configures the options last, so that its distributed settings win."""
+    opts = popart.SessionOptions()
+    rf = max(1, config.replication_factor)
+    af = max(1, config.accumulation_factor)
+    if rf > 1:
+        opts.enableReplicatedGraphs = True
+        opts.replicatedGraphCount = rf
+    if config.is_training and af > 1:
+        opts.enableGradientAccumulation = True
+        opts.accumulationFactor = af
+    if config.is_training:
+        reduction = config.gradient_reduction.lower()
+        if reduction == "mean":
+            opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
+            opts.meanAccumulationAndReplicationReductionStrategy = popart.MeanReductionStrategy.Post
+        elif reduction == "sum":
+            opts.accumulationAndReplicationReductionType = popart.ReductionType.Sum
+        else:
+            raise OptionError(
+                f"gradient_reduction {config.gradient_reduction!r} is not 'mean' or 'sum'"
+            )
+    if any(s.ipu_index >= 0 for s in model.shards.values()):
+        opts.virtualGraphMode = popart.VirtualGraphMode.Manual
+    if not config.is_training:
+        opts.constantWeights = constant_weights
+    cache = os.environ.get("IPU_CACHE_PATH", "").strip()
+    if cache:
+        opts.enableEngineCaching = True
+        opts.cachePath = cache
+    fields = popart_options(config.options, config.explicit)
+    fields.update(extras.get("session_options") or {})
+    for name, value in fields.items():
+        set_session_option(popart, opts, name, value)
+    if distributed:
+        import_popdist().configureSessionOptions(opts)
+    if getattr(opts, "enableEngineCaching", False):
+        _check_cache_dir(str(opts.cachePath))
+    return opts
+
+
+def wanted_patterns(config: SessionConfig, extras: Mapping[str, Any]) -> dict[str, bool]:
+    """PopART pattern name -> enabled: IpuStrategy.enable_pattern / disable_pattern,
+    then the backend's ``patterns`` setting."""
+    wanted: dict[str, bool] = dict(config.patterns)
+    wanted.update(dict(extras.get("patterns") or {}))
+    return wanted

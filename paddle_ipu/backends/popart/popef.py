@@ -33,7 +33,10 @@ modules (tests/contract/popart_double).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,7 +44,16 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu.errors import BackendError, BackendUnavailableError, FeedError, IpuError
+from paddle_ipu._infra.env import env_flag
+from paddle_ipu.backends.base import SessionConfig
+from paddle_ipu.errors import (
+    BackendError,
+    BackendUnavailableError,
+    FeedError,
+    IpuError,
+    NotSupportedError,
+    OptionError,
+)
 
 #: The SDK modules the PopEF path imports, in the order they are imported.
 MODULES = ("model_runtime", "popef")
@@ -202,4 +214,113 @@ class PopefRunner:
         self._runner = None
 
 
-__all__ = ["MODULES", "PopefRunner", "TensorDesc", "import_runtime"]
+TensorInfos = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+
+class PopefServing:
+    """A popart session's PopEF path: the checks at prepare time, the export, the
+    ModelRunner over it, and the files it leaves.
+
+    The session calls :meth:`check` at prepare time, :meth:`runner` at each run (it
+    exports and loads at the first run after the weights were written, as Paddle 2.x's
+    PreparePopefSession did), :meth:`drop_runner` when new weights make the export
+    stale, and :meth:`close` when it closes.
+
+    Args:
+        extras: the popart backend's own settings (``popef_path``,
+            ``device_wait_seconds``).
+    """
+
+    def __init__(self, extras: Mapping[str, Any], device_wait_s: float) -> None:
+        self._extras = extras
+        self._device_wait_s = device_wait_s
+        self._modules: tuple[Any, Any] | None = None
+        self._runner: PopefRunner | None = None
+        self._dir: str | None = None  # a temporary directory this path made
+        #: the PopEF file the runner serves (None before the first export)
+        self.path: str | None = None
+        #: PopART's device was detached for model_runtime: no device call after this
+        self.exported = False
+
+    def check(self, config: SessionConfig) -> None:
+        """At prepare time, before a device is taken: the SDK modules import, and the
+        session is one the PopEF path can serve."""
+        bps = config.batches_per_step
+        rf = max(1, config.replication_factor)
+        if bps > 1 or rf > 1:
+            raise NotSupportedError(
+                f"enable_model_runtime_executor on the popart backend takes batches_per_step=1 "
+                f"and one replica (got batches_per_step={bps}, replication_factor={rf}): how "
+                "model_runtime's ModelRunner feeds a PopEF executable of several micro-batches "
+                "per step is not confirmed; set batches_per_step=1, or turn "
+                "enable_model_runtime_executor off"
+            )
+        if env_flag("POPLAR_IPUMODEL"):
+            raise OptionError(
+                "enable_model_runtime_executor runs a PopEF export, and PopART exports "
+                "executables only for IPU and offline IPU devices (session.cpp "
+                "assertDeviceCanCompileOffline), not the IPU Model: unset POPLAR_IPUMODEL, or "
+                "turn enable_model_runtime_executor off"
+            )
+        self._modules = import_runtime()
+
+    def _target(self) -> str:
+        asked = self._extras.get("popef_path")
+        if asked:
+            return str(asked)
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="paddle-ipu-popef-")
+        return os.path.join(self._dir, "model.popef")
+
+    def runner(
+        self,
+        export: Callable[[str], str],
+        detach: Callable[[], None],
+        inputs: TensorInfos,
+        outputs: TensorInfos,
+    ) -> PopefRunner:
+        """The ModelRunner, made at the first call after the weights were written:
+        ``export(path)`` (returning the file written), ``detach()`` PopART's device
+        so the runner can take the IPU, then load the PopEF file.  ``inputs`` and
+        ``outputs`` are the shapes and dtypes PopART's session gives them."""
+        runner = self._runner
+        if runner is not None:
+            return runner
+        self.path = export(self._target())
+        self.exported = True
+        detach()
+        runner = PopefRunner(
+            self.path,
+            inputs,
+            outputs,
+            device_wait_s=self._device_wait_s,
+            modules=self._modules,
+        )
+        self._runner = runner
+        return runner
+
+    def refuse_after_export(self, what: str) -> None:
+        """NotSupportedError for a device call once the device was given up."""
+        if self.exported:
+            raise NotSupportedError(
+                f"{what}: the graph runs through model_runtime over a PopEF export and "
+                "PopART's device is detached; no device call is made after the export"
+            )
+
+    def drop_runner(self) -> None:
+        """Release the runner (the next :meth:`runner` exports again)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.close()
+
+    def close(self) -> None:
+        """Release the runner and remove the temporary export."""
+        try:
+            self.drop_runner()
+        finally:
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+
+__all__ = ["MODULES", "PopefRunner", "PopefServing", "TensorDesc", "import_runtime"]

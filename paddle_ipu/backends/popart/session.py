@@ -30,6 +30,11 @@ Serving (``enable_model_runtime_executor`` on an inference graph): after the wei
 are written, the first run exports the executable as PopEF (``compileAndExport``),
 detaches PopART's device and runs every step through the SDK's ``model_runtime``
 (:mod:`.popef`), as Paddle 2.x's PreparePopefSession/RunPopef did.
+
+This module is the adapter over the Session protocol; the rest of the backend is in
+its neighbours: :mod:`.device` (taking a device), :mod:`.options` (``SessionOptions``),
+:mod:`.optimizer` (the PopART optimizer), :mod:`.state` (optimizer state between
+Paddle's and PopART's forms), :mod:`.popef` (the serving path).
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import math
 import sys
 
 
@@ -58,9 +62,6 @@ _preload_sdk()
 
 # ruff: noqa: E402 - the SDK must be imported before these (they import onnx)
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -70,9 +71,20 @@ import numpy as np
 from paddle_ipu._infra.env import env_flag
 from paddle_ipu.backends.base import AnchorReturnType, OptionSupport, Session, SessionConfig
 from paddle_ipu.backends.layout import StepLayout
-from paddle_ipu.backends.popart import popef as popef_runtime
-from paddle_ipu.backends.popart.optimizer import specific_decay_weights, to_popart_optimizer
-from paddle_ipu.backends.popart.options import EXTRAS, popart_options, set_session_option
+from paddle_ipu.backends.popart.device import (
+    DEFAULT_DEVICE_WAIT_S,
+    DeviceRequest,
+    device_wait_seconds,
+    next_power_of_two,
+)
+from paddle_ipu.backends.popart.optimizer import (
+    session_optimizer,
+    specific_decay_weights,
+    with_strategy,
+)
+from paddle_ipu.backends.popart.options import EXTRAS, session_options, wanted_patterns
+from paddle_ipu.backends.popart.popef import PopefServing
+from paddle_ipu.backends.popart.state import StepCounts
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.compiler.optimizer import STATE_PREFIXES, OptimizerConfig
 from paddle_ipu.errors import (
@@ -96,14 +108,6 @@ SUPPORT = OptionSupport(
         "host_spin_threads": "the host backend's threads",
     },
 )
-
-
-DEFAULT_DEVICE_WAIT_S = 30.0
-_TILES_PER_IPU = {"ipu1": 1216, "ipu2": 1472, "ipu21": 1472}
-
-# Indirection so tests can replace the clock without sleeping.
-_monotonic = time.monotonic
-_sleep = time.sleep
 
 
 def _import_popart() -> Any:
@@ -140,13 +144,6 @@ def create_session(model: CompiledModel, config: SessionConfig) -> PopartSession
     return PopartSession(model, config)
 
 
-def next_power_of_two(n: int) -> int:
-    """IPUs are handed out in groups of a power of two."""
-    if n < 1:
-        raise OptionError(f"the number of IPUs must be >= 1, got {n}")
-    return 1 << (n - 1).bit_length()
-
-
 def _sdk_installed() -> bool:
     """Whether a ``popart`` package can be found, without importing it."""
     try:
@@ -175,8 +172,9 @@ class PopartSession(Session):
         self._pending_seed: int | None = config.random_seed
         self._specific: list[str] | None = None  # weights with their own decay
         self._eval = False
-        self._optimizer_cfg: OptimizerConfig | None = (
-            model.optimizer if isinstance(model.optimizer, OptimizerConfig) else None
+        self._steps = StepCounts(
+            model.optimizer if isinstance(model.optimizer, OptimizerConfig) else None,
+            model.weights,
         )
         # InferenceSession's constantWeights (True by default, sessionoptions.hpp)
         # makes writeWeights raise (willow/src/session.cpp, 3.1+): the executor loads
@@ -185,6 +183,7 @@ class PopartSession(Session):
         self._constant_weights = bool(raw.get("constantWeights", False))
         self.compile_only = env_flag("IPU_COMPILE_ONLY")
         self.export_path: str | None = None
+        self._request = DeviceRequest(model, config, self._extras, self.compile_only)
         if config.is_training and not model.loss:
             raise OptionError("a training session needs the model's loss tensor (model.loss)")
         if config.is_training and model.optimizer is None:
@@ -194,15 +193,16 @@ class PopartSession(Session):
                 "gradient accumulation (accumulation_factor > 1) applies to training only"
             )
         self._anchors = self._anchor_types()
-        # The PopEF path (see paddle_ipu/backends/popef.py): inference only.
+        # The PopEF path (:mod:`.popef`): inference only.
         self.model_runtime = not config.is_training and bool(
             config.option("enable_model_runtime_executor")
         )
-        self._runtime_modules: tuple[Any, Any] | None = None
-        self._popef: popef_runtime.PopefRunner | None = None
-        self._popef_dir: str | None = None  # a temporary directory this session made
-        self.popef_path: str | None = None
-        self._exported = False  # PopART's device was detached for model_runtime
+        self._serving = PopefServing(self._extras, device_wait_seconds(self._extras))
+
+    @property
+    def popef_path(self) -> str | None:
+        """The PopEF file the model runtime serves (after the first run)."""
+        return self._serving.path
 
     # ---------------------------------------------------------------- building
 
@@ -223,156 +223,19 @@ class PopartSession(Session):
                 )
         return anchors
 
-    def _num_ipus(self) -> int:
-        needed = self._ipus_per_replica() * max(1, self.config.replication_factor)
-        if not self.config.changed("num_ipus"):
-            return needed
-        asked = self.config.option("num_ipus")
-        if int(asked) < needed:
-            raise OptionError(
-                f"num_ipus is {int(asked)}, but {self._ipus_per_replica()} IPU(s) per "
-                f"replica x {max(1, self.config.replication_factor)} replica(s) need {needed}"
-            )
-        return int(asked)
-
-    def _ipus_per_replica(self) -> int:
-        indices = [s.ipu_index for s in self.model.shards.values() if s.ipu_index >= 0]
-        return max(indices) + 1 if indices else 1
-
-    def _device_opts(self, for_offline: bool) -> dict[str, str]:
-        version = str(self._extras.get("ipu_version", "ipu2"))
-        tiles: Any = None
-        if not for_offline or self.config.changed("tiles_per_ipu"):
-            tiles = self.config.option("tiles_per_ipu")
-        if tiles is None:
-            # Paddle 2.x used 4 tiles for the IPU Model; an offline executable meant
-            # for real IPUs is compiled for the whole chip unless told otherwise.
-            tiles = _TILES_PER_IPU.get(version, 1472) if for_offline else 4
-        return {"numIPUs": str(self._num_ipus()), "tilesPerIPU": str(tiles), "ipuVersion": version}
-
-    def _acquire_device(self) -> Any:
-        popart = self._popart
-        manager = popart.DeviceManager()
-        if self.compile_only:
-            # Before POPLAR_IPUMODEL: compileAndExport refuses an IPU Model device
-            # ("Executables for device type ... cannot be saved", session.cpp
-            # assertDeviceCanCompileOffline; only Ipu and OfflineIpu devices can).
-            return manager.createOfflineIPUDevice(self._device_opts(for_offline=True))
-        if env_flag("POPLAR_IPUMODEL"):
-            return manager.createIpuModelDevice(self._device_opts(for_offline=False))
-        if self._distributed():
-            popdist_popart = self._import_popdist()
-            device = popdist_popart.getDevice(self._ipus_per_replica())
-            if device is None:
-                raise BackendError(
-                    f"popdist could not attach {self._ipus_per_replica()} IPU(s) per replica"
-                )
-            return device
-        return self._acquire_hardware(manager)
-
-    def _acquire_hardware(self, manager: Any) -> Any:
-        asked = self._num_ipus()
-        request = next_power_of_two(asked)
-        wait = float(self._extras.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S))
-        deadline = _monotonic() + max(0.0, wait)
-        delay = 0.5
-        attempts = 0
-        last_error: str = "no device was returned"
-        while True:
-            attempts += 1
-            try:
-                device = manager.acquireAvailableDevice(request)
-            except Exception as exc:  # the SDK raises when none is free
-                device = None
-                last_error = str(exc) or type(exc).__name__
-            if device is not None:
-                return device
-            remaining = deadline - _monotonic()
-            if remaining <= 0:
-                break
-            _sleep(min(delay, remaining))
-            delay = min(delay * 2, 5.0)
-        rounded = f" (asked for {asked}, rounded up to a power of two)" if request != asked else ""
-        raise BackendError(
-            f"could not acquire {request} IPU(s){rounded} after {attempts} attempt(s) over "
-            f"{wait:g} s: {last_error}. Other processes may hold the IPUs (see `gc-monitor`); "
-            "raise extras['device_wait_seconds'] to wait longer, or set POPLAR_IPUMODEL=1 "
-            "to use the simulated IPU Model."
-        )
-
-    def _distributed(self) -> bool:
-        return bool(self.config.option("enable_distribution"))
-
-    def _import_popdist(self) -> Any:
-        try:
-            importlib.import_module("popdist")
-            return importlib.import_module("popdist.popart")
-        except ImportError as exc:
-            raise BackendUnavailableError(
-                f"enable_distribution needs popdist (run under poprun): {exc}"
-            ) from exc
-
     def _session_options(self) -> Any:
-        popart = self._popart
-        cfg = self.config
-        opts = popart.SessionOptions()
-        rf = max(1, cfg.replication_factor)
-        af = max(1, cfg.accumulation_factor)
-        if rf > 1:
-            opts.enableReplicatedGraphs = True
-            opts.replicatedGraphCount = rf
-        if cfg.is_training and af > 1:
-            opts.enableGradientAccumulation = True
-            opts.accumulationFactor = af
-        if cfg.is_training:
-            reduction = cfg.gradient_reduction.lower()
-            if reduction == "mean":
-                opts.accumulationAndReplicationReductionType = popart.ReductionType.Mean
-                opts.meanAccumulationAndReplicationReductionStrategy = (
-                    popart.MeanReductionStrategy.Post
-                )
-            elif reduction == "sum":
-                opts.accumulationAndReplicationReductionType = popart.ReductionType.Sum
-            else:
-                raise OptionError(
-                    f"gradient_reduction {cfg.gradient_reduction!r} is not 'mean' or 'sum'"
-                )
-        if any(s.ipu_index >= 0 for s in self.model.shards.values()):
-            opts.virtualGraphMode = popart.VirtualGraphMode.Manual
-        if not cfg.is_training:
-            opts.constantWeights = self._constant_weights
-        cache = os.environ.get("IPU_CACHE_PATH", "").strip()
-        if cache:
-            opts.enableEngineCaching = True
-            opts.cachePath = cache
-        fields = popart_options(cfg.options, cfg.explicit)
-        fields.update(self._extras.get("session_options") or {})
-        for name, value in fields.items():
-            self._set_option(opts, name, value)
-        if self._distributed():
-            self._import_popdist().configureSessionOptions(opts)
-        if getattr(opts, "enableEngineCaching", False):
-            self._check_cache_dir(str(opts.cachePath))
-        return opts
-
-    def _set_option(self, opts: Any, name: str, value: Any) -> None:
-        set_session_option(self._popart, opts, name, value)
-
-    @staticmethod
-    def _check_cache_dir(path: str) -> None:
-        try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            raise BackendError(
-                f"the engine cache directory {path!r} cannot be created: {exc}"
-            ) from exc
-        if not os.access(path, os.W_OK):
-            raise BackendError(f"the engine cache directory {path!r} is not writable")
+        return session_options(
+            self._popart,
+            self.config,
+            self.model,
+            self._extras,
+            constant_weights=self._constant_weights,
+            distributed=self._request.distributed,
+        )
 
     def _patterns(self) -> Any:
         """IpuStrategy.enable_pattern / disable_pattern, then extras["patterns"]."""
-        wanted: dict[str, bool] = dict(self.config.patterns)
-        wanted.update(dict(self._extras.get("patterns") or {}))
+        wanted = wanted_patterns(self.config, self._extras)
         if not wanted:
             return None
         patterns = self._popart.Patterns()
@@ -407,7 +270,7 @@ class PopartSession(Session):
         opts = self._session_options()
         patterns = self._patterns()
         with self._sdk("acquiring the device"):
-            self._device = self._acquire_device()
+            self._device = self._request.acquire(popart)
         kwargs: dict[str, Any] = {
             "fnModel": self._graph(),
             "dataFlow": dataflow,
@@ -441,39 +304,14 @@ class PopartSession(Session):
             raise OptionError(
                 f"expected an OptimizerConfig or a popart.Optimizer, got {type(optimizer).__name__}"
             )
-        optimizer = self._with_strategy(optimizer)
-        self._optimizer_cfg = optimizer
-        device_names = {paddle: onnx for onnx, paddle in self.model.weights.items()}
+        optimizer = with_strategy(optimizer, self.config)
+        self._steps.optimizer = optimizer
         if self._specific is None:
+            device_names = {paddle: onnx for onnx, paddle in self.model.weights.items()}
             self._specific = specific_decay_weights(optimizer, device_names)
-        # Paddle's lamb kernel has no bound: only a max_weight_norm set explicitly sets one.
-        bound = (
-            self.config.option("max_weight_norm")
-            if self.config.changed("max_weight_norm")
-            else None
+        return session_optimizer(
+            optimizer, self._popart, self.config, self.model.weights, self._specific
         )
-        return to_popart_optimizer(
-            optimizer,
-            self._popart,
-            device_names,
-            self._specific,
-            max_weight_norm=None if bound is None else float(bound),
-            scaled_optimizer_state=bool(self.config.option("scaled_optimizer_state")),
-            no_bias=bool(self.config.option("use_no_bias_optimizer")),
-        )
-
-    def _with_strategy(self, cfg: OptimizerConfig) -> OptimizerConfig:
-        """The IpuStrategy's weight_decay_mode and accl*_type override the program's."""
-        import dataclasses
-
-        changes: dict[str, Any] = {}
-        mode = self.config.option("weight_decay_mode")
-        if mode:
-            changes["weight_decay_mode"] = str(mode)
-        for field in ("accl1_type", "accl2_type", "accl3_type"):
-            if self.config.changed(field):
-                changes[field] = str(self.config.option(field))
-        return dataclasses.replace(cfg, **changes) if changes else cfg
 
     @contextmanager
     def _sdk(self, what: str) -> Iterator[None]:
@@ -501,7 +339,7 @@ class PopartSession(Session):
             self.compile_and_export(path)
             return
         if self.model_runtime:
-            self._check_model_runtime()
+            self._serving.check(self.config)
         session = self._build()
         with self._sdk("compiling and loading the graph (prepareDevice)"):
             session.prepareDevice()
@@ -523,7 +361,7 @@ class PopartSession(Session):
     def has_info(self, name: str) -> bool:
         # No 3.x binding has Session.hasInfo (popart.cpp): ask for the tensor ids,
         # which need the executable (session.cpp assertExecutableLoaded).
-        step = self._beta2_pow_steps().get(name)
+        step = self._steps.beta2_pow_steps().get(name)
         if step is not None:
             return self.has_info(step)
         if not self._prepared:
@@ -536,64 +374,13 @@ class PopartSession(Session):
             info = self._build().getInfo(name)
             return tuple(int(d) for d in info.shape()), np.dtype(info.data_type_lcase())
 
-    # -- Adam-family step count --------------------------------------------------
-
-    def _step_beta1(self, name: str) -> float | None:
-        """beta1 when ``name`` is PopART's step count of an Adam-family weight."""
-        cfg = self._optimizer_cfg
-        if not name.startswith("Step___") or cfg is None:
-            return None
-        if cfg.type not in ("adam", "adamw", "adamax", "lamb"):
-            return None
-        return float(cfg.beta1)
-
-    @staticmethod
-    def _beta1_pow_to_step(name: str, value: np.ndarray, beta1: float) -> np.ndarray:
-        """Paddle's ``beta1_pow_acc`` -> PopART's ``Step___``.
-
-        Paddle's beta1_pow starts at beta1 and is multiplied by beta1 after each
-        update, so after k updates it is beta1**(k+1).  PopART's Step___ is a float
-        count that starts at 0 and is incremented before the bias correction
-        1 - beta1**t (adamdecompose.cpp, adamupdaterx.cpp): after k updates it is k.
-        The count is kept fractional, so the device corrects by exactly 1 - pow."""
-        pow_ = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
-        if not 0.0 < beta1 < 1.0:
-            return np.zeros((), np.float64)  # bias correction is 1 - beta1**t = 1 - 0 / 0
-        if not 0.0 < pow_ <= 1.0:
-            raise FeedError(f"optimizer state {name!r}: beta1_pow must be in (0, 1], got {pow_!r}")
-        return np.asarray(math.log(pow_) / math.log(beta1) - 1.0, dtype=np.float64)
-
-    def _beta2_pow_steps(self) -> dict[str, str]:
-        """Paddle's ``beta2_pow_acc`` variable -> the ``Step___`` tensor it follows.
-
-        PopART keeps one step count per weight and derives both bias corrections
-        from it (adamupdaterx.cpp), so Paddle's beta2_pow has no device tensor: it
-        is read as beta2**(t+1) and never written (the count comes from beta1_pow)."""
-        cfg = self._optimizer_cfg
-        if cfg is None or cfg.type not in ("adam", "adamw", "lamb"):
-            return {}
-        onnx_of = {paddle: onnx for onnx, paddle in self.model.weights.items()}
-        return {
-            var: "Step___" + onnx_of.get(slot.name, slot.name)
-            for slot in cfg.params
-            if (var := slot.state.get("beta2_pow"))
-        }
-
-    @staticmethod
-    def _step_to_beta1_pow(value: np.ndarray, beta1: float) -> np.ndarray:
-        step = float(np.asarray(value, dtype=np.float64).reshape(-1)[0])
-        return np.asarray([beta1 ** (step + 1.0)], dtype=np.float32)
-
     # -- weights -------------------------------------------------------------------
 
     def _to_device_buffers(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         buffers: dict[str, np.ndarray] = {}
         for name, array in weights.items():
             shape, dtype = self._info(name)
-            arr = np.asarray(array)
-            beta1 = self._step_beta1(name)
-            if beta1 is not None:
-                arr = self._beta1_pow_to_step(name, arr, beta1)
+            arr = self._steps.to_device(name, np.asarray(array))
             if arr.size != int(np.prod(shape, dtype=np.int64)):
                 raise FeedError(f"weight {name!r} has shape {arr.shape}; the session holds {shape}")
             # The exact shape (a 0-d Step___ stays 0-d: np.ascontiguousarray would
@@ -611,15 +398,15 @@ class PopartSession(Session):
                 "the executable and refuses writeWeights (willow/src/session.cpp); leave "
                 "constantWeights unset to load weights after compiling"
             )
-        derived = self._beta2_pow_steps()
+        derived = self._steps.beta2_pow_steps()
         buffers = self._to_device_buffers({k: v for k, v in weights.items() if k not in derived})
         if not buffers:
             return
-        if self._exported:
+        if self._serving.exported:
             # PopART's device is detached and model_runtime runs the exported
             # executable: writeWeights sets the host data of the weights
             # (devicex.cpp), which the next export writes into the PopEF file.
-            self._close_popef()
+            self._serving.drop_runner()
             with self._sdk("writing weights"):
                 session.writeWeights(self._popart.PyWeightsIO(dict(buffers)))
             return
@@ -667,22 +454,12 @@ class PopartSession(Session):
     ) -> dict[str, np.ndarray]:
         del copy  # readWeights fills new arrays: always copies
         session = self._require_prepared("read_weights")
-        self._refuse_after_export("read_weights")
+        self._serving.refuse_after_export("read_weights")
         wanted = list(names) if names is not None else self.weight_names()
-        derived = self._beta2_pow_steps()
+        derived = self._steps.beta2_pow_steps()
         steps = {derived[n] for n in wanted if n in derived}
         raw = self._read_raw(session, [n for n in wanted if n not in derived] + sorted(steps))
-        buffers: dict[str, np.ndarray] = {}
-        for name in wanted:
-            if name in derived:
-                beta2 = float(self._optimizer_cfg.beta2)  # type: ignore[union-attr]
-                buffers[name] = self._step_to_beta1_pow(raw[derived[name]], beta2)
-                continue
-            beta1 = self._step_beta1(name)
-            buffers[name] = (
-                raw[name] if beta1 is None else self._step_to_beta1_pow(raw[name], beta1)
-            )
-        return buffers
+        return {name: self._steps.from_device(name, raw) for name in wanted}
 
     def snapshot(self) -> Any:
         # Raw device values: no step-count conversion on the way back.
@@ -772,58 +549,9 @@ class PopartSession(Session):
 
     # -- the PopEF path (enable_model_runtime_executor) ------------------------------
 
-    def _check_model_runtime(self) -> None:
-        """At prepare time, before a device is taken: the SDK modules import, and
-        the session is one the PopEF path can serve."""
-        bps = self.config.batches_per_step
-        rf = max(1, self.config.replication_factor)
-        if bps > 1 or rf > 1:
-            raise NotSupportedError(
-                f"enable_model_runtime_executor on the popart backend takes batches_per_step=1 "
-                f"and one replica (got batches_per_step={bps}, replication_factor={rf}): how "
-                "model_runtime's ModelRunner feeds a PopEF executable of several micro-batches "
-                "per step is not confirmed; set batches_per_step=1, or turn "
-                "enable_model_runtime_executor off"
-            )
-        if env_flag("POPLAR_IPUMODEL"):
-            raise OptionError(
-                "enable_model_runtime_executor runs a PopEF export, and PopART exports "
-                "executables only for IPU and offline IPU devices (session.cpp "
-                "assertDeviceCanCompileOffline), not the IPU Model: unset POPLAR_IPUMODEL, or "
-                "turn enable_model_runtime_executor off"
-            )
-        self._runtime_modules = popef_runtime.import_runtime()
-
-    def _popef_target(self) -> str:
-        asked = self._extras.get("popef_path")
-        if asked:
-            return str(asked)
-        if self._popef_dir is None:
-            self._popef_dir = tempfile.mkdtemp(prefix="paddle-ipu-popef-")
-        return os.path.join(self._popef_dir, "model.popef")
-
-    def _popef_runner(self) -> popef_runtime.PopefRunner:
-        """The ModelRunner, made at the first run after the weights were written
-        (Paddle 2.x's PreparePopefSession order): export, detach PopART's device so
-        the runner can take the IPU, then load the PopEF file."""
-        runner = self._popef
-        if runner is not None:
-            return runner
-        inputs = {s.name: self._info(s.name) for s in self.model.inputs}
-        outputs = {name: self._info(name) for name in self._anchors}
-        self.compile_and_export(self._popef_target())
-        self.popef_path = self.export_path
-        self._exported = True
-        self._detach()
-        runner = popef_runtime.PopefRunner(
-            str(self.popef_path),
-            inputs,
-            outputs,
-            device_wait_s=float(self._extras.get("device_wait_seconds", DEFAULT_DEVICE_WAIT_S)),
-            modules=self._runtime_modules,
-        )
-        self._popef = runner
-        return runner
+    def _export_for_serving(self, path: str) -> str:
+        self.compile_and_export(path)
+        return str(self.export_path)
 
     def _run_popef(
         self,
@@ -831,7 +559,12 @@ class PopartSession(Session):
         outputs: Mapping[str, np.ndarray] | None,
         layout: StepLayout,
     ) -> dict[str, np.ndarray]:
-        runner = self._popef_runner()
+        runner = self._serving.runner(
+            self._export_for_serving,
+            self._detach,
+            {s.name: self._info(s.name) for s in self.model.inputs},
+            {name: self._info(name) for name in self._anchors},
+        )
         result = runner.execute(feeds)
         anchors = self._output_buffers(outputs, layout) if outputs is not None else {}
         for name, art in self._anchors.items():
@@ -845,18 +578,6 @@ class PopartSession(Session):
                 anchors[name] = value
         return anchors
 
-    def _refuse_after_export(self, what: str) -> None:
-        if self._exported:
-            raise NotSupportedError(
-                f"{what}: the graph runs through model_runtime over a PopEF export and "
-                "PopART's device is detached; no device call is made after the export"
-            )
-
-    def _close_popef(self) -> None:
-        runner, self._popef = self._popef, None
-        if runner is not None:
-            runner.close()
-
     def update_optimizer(self, optimizer: Any) -> None:
         if not self.config.is_training:
             super().update_optimizer(optimizer)
@@ -869,19 +590,26 @@ class PopartSession(Session):
         if not self._prepared:
             self._pending_seed = int(seed)  # applied by prepare_device
             return
-        self._refuse_after_export("set_random_seed")
+        self._serving.refuse_after_export("set_random_seed")
         with self._sdk("setting the random seed"):
             self._session.setRandomSeed(int(seed))
         self._pending_seed = None
 
     def get_info(self, name: str) -> TensorSpec:
-        if name in self._beta2_pow_steps():
+        if name in self._steps.beta2_pow_steps():
             return TensorSpec(name=name, dtype="float32", shape=(1,), paddle_name=name)
         if self._session is None:
             # Inputs and outputs are known without building (and taking a device).
             with suppress(KeyError):
                 return super().get_info(name)
-        shape, dtype = self._info(name)
+        try:
+            shape, dtype = self._info(name)
+        except BackendError:
+            # The protocol's answer for a tensor the session does not hold (has_info
+            # relies on it); any other failure of the lookup is PopART's to report.
+            if self._prepared and name not in self._tensor_ids(self._session):
+                raise KeyError(name) from None
+            raise
         paddle_name = ""
         for spec in (*self.model.inputs, *self.model.outputs):
             if spec.name == name:
@@ -920,15 +648,13 @@ class PopartSession(Session):
 
     def close(self) -> None:
         try:
-            self._close_popef()
+            self._serving.drop_runner()
             self._detach()
         finally:
             self._device = None
             self._session = None
             self._prepared = False
-            if self._popef_dir is not None:
-                shutil.rmtree(self._popef_dir, ignore_errors=True)
-                self._popef_dir = None
+            self._serving.close()  # the temporary export
 
 
 __all__ = [

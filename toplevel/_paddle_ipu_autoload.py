@@ -15,7 +15,9 @@ been imported it does two things, in this order:
    ``paddle.set_device``.  ``paddle.set_device("ipu")`` and places still select the IPU.
 3. Imports ``paddle_ipu``, so that ``exe.run`` on the "ipu" place compiles programs as
    whole graphs and Paddle's launcher keeps its CPU jobs (see
-   ``paddle_ipu._internals.paddle_api.hide_ipu_from_launcher``).
+   ``paddle_ipu._internals.paddle_api.hide_ipu_from_launcher``).  Paddle's logging is
+   left as it is: only a user's own ``import paddle_ipu`` or use of the IPU quiets it
+   (``paddle_ipu._internals.paddle_logs``).
 
 ``PADDLE_IPU_AUTOLOAD=0`` (or false/no/off) turns the whole hook off: Paddle's own rules
 apply (the ipu device becomes its default, as any custom-device plugin would).
@@ -26,6 +28,9 @@ import os
 import re
 import sys
 
+#: True while the hook imports paddle_ipu (an import the user did not write: paddle_ipu
+#: then leaves Paddle's logging as it is)
+loading_paddle_ipu = False
 _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
 DEVICE_TYPE = "ipu"
@@ -131,6 +136,8 @@ class _Loader:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        global loading_paddle_ipu
+        loading_paddle_ipu = True
         try:
             import paddle_ipu  # noqa: F401
         except Exception as exc:  # never break `import paddle`
@@ -142,6 +149,8 @@ class _Loader:
                 RuntimeWarning,
                 stacklevel=2,
             )
+        finally:
+            loading_paddle_ipu = False
 
 
 def _only_ipu_plugin(loader):

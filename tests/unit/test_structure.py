@@ -1,0 +1,124 @@
+"""The package's shape as docs/architecture.md states it: no import cycle (imports inside
+functions and importlib.import_module calls included), no module over 800 lines, and the
+tree with line counts in docs/architecture.md is the code's."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "paddle_ipu"
+#: compiled modules (built by CMake, absent from a source tree)
+COMPILED = ("paddle_ipu._core",)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    for name in COMPILED:
+        found[name] = ROOT / (name.replace(".", "/") + ".so")
+    return found
+
+
+def _imported(node: ast.AST, here: str, modules: dict[str, Path]) -> list[str]:
+    """The internal modules one AST node imports (absolute or relative)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = here.split(".")
+            is_package = modules[here].name == "__init__.py"
+            base = base[: len(base) - node.level + (1 if is_package else 0)]
+            module = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            module = node.module or ""
+        return [
+            f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names
+        ]
+    if (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return [node.args[0].value]
+    return []
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        if name in COMPILED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for target in _imported(node, name, modules):
+                while target and target not in modules:  # an attribute of a module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the list of modules along it, or None."""
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    for start in sorted(edges):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(edges[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(edges.get(nxt, ()))))
+    return None
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_graph_sees_lazy_and_importlib_imports() -> None:
+    edges = _graph()
+    assert "paddle_ipu.frontends.pipeline" in edges["paddle_ipu.frontends.implicit"]  # lazy
+    assert "paddle_ipu.compat" in edges["paddle_ipu"]  # importlib.import_module
+
+
+def test_no_import_cycle() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_over_800_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 800
+    }
+    assert not long, long
+
+
+def test_the_tree_in_the_architecture_doc_is_current() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_tree.py"), "--check"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
