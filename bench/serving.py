@@ -1,5 +1,23 @@
-"""Serving the CNN and the transformer of tests/models.py to concurrent clients.
+"""Serving benchmarks: ``paddle-ipu serve`` under load from other processes, and the
+model runtime in process.
 
+Out of process (the default; the table of docs/serving.md): ``paddle-ipu serve`` of
+each model in its own process, load from a compiled load generator in another one --
+``wrk`` for KServe v2 HTTP (binary tensor requests), ``h2load`` for KServe v2 gRPC
+(ModelInfer) -- at 1, 8, 32 and 128 connections, closed loop, 1-row requests; batching
+on (micro-batch 16, ``--timeout-ms 2``) and off (micro-batch 1, ``--timeout-ms 0``).
+Models: ``double`` (x * 2: the server's own cost), ``mlp512`` (512-1024-1024-10, where
+batching pays on a CPU), and the transformer and CNN of tests/models.py.  Printed:
+requests/s, p50 and p99 per row, then the ratios the serving issue sets targets for;
+every answer of a probe request is checked against Paddle's CPU executor first, and
+the server's own count of 200s must cover what the load tool counted.  The load tools
+come from Debian (``--install-tools`` runs ``apt-get install wrk nghttp2-client``).
+
+    python bench/serving.py [--models double mlp512 transformer cnn]
+        [--connections 1 8 32 128] [--protocols http grpc] [--seconds 4] [--rounds 1]
+        [--plot docs/serving.svg] [--json out.json]
+
+In process (``--in-process``, the earlier table): client threads in this process.
 Closed loop: N client threads each send a request, wait for its answer, send the
 next, for ``--seconds`` per table row.  Requests have 1 row, or a random 1-7 rows
 ("mixed").  Modes, all in the same run:
@@ -206,8 +224,6 @@ class HttpClient:
 
 def start_server(package: Path, port: int, timeout_ms: float) -> subprocess.Popen[str]:
     log = open(package.with_suffix(".log"), "w")  # noqa: SIM115 (lives with the server)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -222,7 +238,7 @@ def start_server(package: Path, port: int, timeout_ms: float) -> subprocess.Pope
             "--timeout-ms",
             str(timeout_ms),
         ],
-        env=env,
+        cwd=package.parent,  # the installed package, not the source tree
         # a file, not a pipe: a full pipe that nobody reads would block the server
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -269,6 +285,9 @@ def bench_model(
     # the micro-batch-1 program (no batching) and the batched package and runtime
     s1 = paddle_ipu.IpuStrategy()
     s1.set_graph_config(is_training=False, micro_batch_size=1)
+    # Threads that sleep between runs: faster for one exe.run per request from client
+    # threads too (mlp512, 16 clients: 7,800 against 6,300 req/s spinning).
+    s1.set_options({"host_spin_threads": False})
     cp1 = paddle_ipu.IpuCompiledProgram(built.main, scope=built.scope, ipu_strategy=s1)
     prog1 = cp1.compile(built.feeds, built.fetches)
     device = threading.Lock()
@@ -291,7 +310,10 @@ def bench_model(
 
     package, _ = compile_model(prefix, micro_batch_size=args.micro_batch, cache=False)
     package_path = package.save(work / f"{kind}.pdipu")
-    runtime = paddle_ipu.ModelRuntime(package.executor(), timeout_ms=args.timeout_ms)
+    # Its threads sleep between runs: the client threads need the cores (as `serve` does).
+    runtime = paddle_ipu.ModelRuntime(
+        package.executor(host_spin_threads=False), timeout_ms=args.timeout_ms
+    )
     sm = paddle_ipu.IpuStrategy()
     sm.set_graph_config(is_training=False, micro_batch_size=args.micro_batch)
     sm.set_options({"enable_model_runtime_executor": True, "timeout_ms": args.timeout_ms})
@@ -484,20 +506,437 @@ def write_svg(rows: list[Row], path: Path) -> None:
     path.write_text("\n".join(out) + "\n")
 
 
+# -- out of process --------------------------------------------------------------------
+
+OOP_MODELS = ["double", "mlp512", "transformer", "cnn"]
+
+
+def install_tools() -> None:
+    """wrk and h2load from Debian's packages (run as root)."""
+    subprocess.run(["apt-get", "update", "-qq"], check=True)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "wrk", "nghttp2-client"],
+        check=True,
+        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+    )
+
+
+def need_tools(protocols: list[str]) -> None:
+    import shutil
+
+    missing = [
+        tool
+        for tool, proto in (("wrk", "http"), ("h2load", "grpc"))
+        if proto in protocols and shutil.which(tool) is None
+    ]
+    if missing:
+        raise SystemExit(
+            f"bench/serving.py needs {' and '.join(missing)}: run it with --install-tools "
+            f"(apt-get install wrk nghttp2-client, as root)"
+        )
+
+
+def infer_body(x: np.ndarray, out_name: str) -> tuple[bytes, int]:
+    data = x.tobytes()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ],
+            "outputs": [{"name": out_name, "parameters": {"binary_data": True}}],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return head + data, len(head)
+
+
+def wrk_script(x: np.ndarray, out_name: str, path: Path) -> Path:
+    body, n = infer_body(x, out_name)
+    escaped = "".join(f"\\{b}" for b in body)
+    path.write_text(
+        'wrk.method = "POST"\n'
+        f'wrk.body = "{escaped}"\n'
+        f'wrk.headers["Inference-Header-Content-Length"] = "{n}"\n'
+        'wrk.headers["Content-Type"] = "application/octet-stream"\n'
+    )
+    return path
+
+
+def grpc_body(x: np.ndarray, path: Path) -> Path:
+    """One gRPC-framed ModelInferRequest (what h2load posts)."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.tobytes())
+    message = request.SerializeToString()
+    path.write_bytes(b"\0" + len(message).to_bytes(4, "big") + message)
+    return path
+
+
+def _ms(text: str) -> float:
+    value = float(text.rstrip("usm"))
+    return (
+        value / 1e3
+        if text.endswith("us")
+        else value * 1e3
+        if text.endswith(("s",)) and not text.endswith("ms")
+        else value
+    )
+
+
+def run_wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, float]:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    got: dict[str, float] = {"errors": 0.0}
+    for line in out.splitlines():
+        words = line.split()
+        if line.startswith("Requests/sec:"):
+            got["rps"] = float(words[1])
+        elif len(words) == 2 and words[0] in ("50%", "99%"):
+            got["p50" if words[0] == "50%" else "p99"] = _ms(words[1])
+        elif "Non-2xx" in line or line.strip().startswith("Socket errors"):
+            got["errors"] += sum(float(w.rstrip(",")) for w in words if w.rstrip(",").isdigit())
+        elif "requests in" in line:
+            got["requests"] = float(words[0])
+    return got
+
+
+def run_h2load(
+    url: str, body: Path, connections: int, seconds: float, log: Path
+) -> dict[str, float]:
+    log.unlink(missing_ok=True)  # h2load appends to its log
+    out = subprocess.run(
+        [
+            "h2load",
+            f"-c{connections}",
+            "-m1",
+            "-t1",
+            "-D",
+            f"{seconds:g}",
+            "-d",
+            str(body),
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            f"--log-file={log}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    got: dict[str, float] = {}
+    for line in out.splitlines():
+        words = line.replace(",", "").split()
+        if line.startswith("finished in"):
+            got["rps"] = float(words[3])
+        elif line.startswith("requests:"):
+            got["requests"] = float(words[7])  # succeeded
+            got["errors"] = float(words[9]) + float(words[11])  # failed, errored
+    lat = np.loadtxt(log, usecols=2, ndmin=1) / 1e3  # microseconds to the answer
+    got["p50"], got["p99"] = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+    return got
+
+
+class Served:
+    """``paddle-ipu serve`` of one package, on fresh ports."""
+
+    def __init__(self, package: Path, timeout_ms: float) -> None:
+        self.port, self.grpc_port = free_port(), free_port()
+        self.log = package.with_suffix(".log")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "paddle_ipu",
+                "serve",
+                str(package),
+                "--name",
+                "m",
+                "--port",
+                str(self.port),
+                "--grpc-port",
+                str(self.grpc_port),
+                "--timeout-ms",
+                str(timeout_ms),
+                "--num-buffers",
+                "256",
+            ],
+            cwd=package.parent,  # the installed package, not the source tree
+            stdout=self.log.open("w"),  # a file: a full pipe would block the server
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/v2/health/ready")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(self.log.read_text()) from None
+                time.sleep(0.2)
+
+    def answered(self) -> float:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        key = 'paddle_ipu_requests_total{model="m",version="1",status="200"} '
+        return float(text.split(key)[1].split()[0])
+
+    def stop(self) -> None:
+        self.proc.terminate()  # SIGTERM: the server drains
+        self.proc.wait(timeout=120)
+
+
+def out_of_process(args: argparse.Namespace) -> list[Row]:
+    import paddle
+    from models import build
+    from serving_models import save
+
+    from paddle_ipu.serving.package import compile_model
+
+    need_tools(args.protocols)
+    rows: list[Row] = []
+    print(
+        f"{os.cpu_count()} CPUs; {args.seconds:g} s per row; 1-row requests; median of "
+        f"{args.rounds} round(s)"
+    )
+    print(
+        f"  {'model':11} {'batching':8} {'proto':5} {'conns':>5} {'req/s':>9} "
+        f"{'p50 ms':>8} {'p99 ms':>8}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for kind in args.models:
+            paddle.enable_static()
+            built = build(kind)
+            prefix = save(built, work, kind)
+            x = np.random.default_rng(0).standard_normal((1, *built.feed_shapes["x"]))
+            x = x.astype(np.float32)
+            want = built.run_cpu({"x": x})[0]
+            for batching, mbs, timeout in (
+                ("on", args.micro_batch, args.timeout_ms),
+                ("off", 1, 0.0),
+            ):
+                package, _ = compile_model(prefix, micro_batch_size=mbs, cache=False)
+                path = package.save(work / f"{kind}_{batching}.pdipu")
+                out_name = package.model.outputs[0].paddle_name or package.model.outputs[0].name
+                server = Served(path, timeout)
+                try:
+                    got = HttpClient(server.port, "m", out_name)(x)
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+                    script = wrk_script(x, out_name, work / f"{kind}.lua")
+                    body = grpc_body(x, work / f"{kind}.grpc")
+                    for proto in args.protocols:
+                        for conns in args.connections:
+                            rounds = []
+                            for _ in range(args.rounds):
+                                before = server.answered()
+                                if proto == "http":
+                                    url = f"http://127.0.0.1:{server.port}/v2/models/m/infer"
+                                    r = run_wrk(url, script, conns, args.seconds)
+                                else:
+                                    url = (
+                                        f"http://127.0.0.1:{server.grpc_port}"
+                                        "/inference.GRPCInferenceService/ModelInfer"
+                                    )
+                                    r = run_h2load(url, body, conns, args.seconds, work / "h2.log")
+                                done = server.answered() - before
+                                # every request the tool counted was answered 200 by the
+                                # server (gRPC errors travel in trailers h2load ignores)
+                                if r.get("errors", 0) or done < r.get("requests", 0):
+                                    raise RuntimeError(f"{kind} {proto}: {r}, server 200s {done}")
+                                rounds.append(r)
+                            med = {
+                                k: statistics.median(r[k] for r in rounds)
+                                for k in ("rps", "p50", "p99")
+                            }
+                            row = {
+                                "model": kind,
+                                "batching": batching,
+                                "proto": proto,
+                                "conns": conns,
+                                **med,
+                            }
+                            rows.append(row)
+                            print(
+                                f"  {kind:11} {batching:8} {proto:5} {conns:5d} {med['rps']:9.0f} "
+                                f"{med['p50']:8.2f} {med['p99']:8.2f}",
+                                flush=True,
+                            )
+                finally:
+                    server.stop()
+    return rows
+
+
+def oop_summary(rows: list[Row]) -> None:
+    def find(model: str, batching: str, proto: str, conns: int) -> Row | None:
+        for r in rows:
+            if (r["model"], r["batching"], r["proto"], r["conns"]) == (
+                model,
+                batching,
+                proto,
+                conns,
+            ):
+                return r
+        return None
+
+    print()
+    for proto in ("http", "grpc"):
+        on, off = find("mlp512", "on", proto, 32), find("mlp512", "off", proto, 32)
+        if on and off:
+            print(
+                f"mlp512, 32 connections, {proto}: batching on {on['rps']:.0f} req/s "
+                f"(p99 {on['p99']:.2f} ms) / off {off['rps']:.0f} req/s = "
+                f"{on['rps'] / off['rps']:.2f}x (target >= 3x, p99 <= 10 ms)"
+            )
+    for batching in ("on", "off"):
+        r = find("double", batching, "http", 32)
+        if r:
+            print(
+                f"double (x * 2), 32 connections, http, batching {batching}: {r['rps']:.0f} "
+                f"req/s, p99 {r['p99']:.2f} ms (target >= 15000, p99 <= 5 ms)"
+            )
+
+
+def write_oop_svg(rows: list[Row], path: Path) -> None:
+    """Requests/s against connections, one panel per model; a line per protocol and
+    batching."""
+    models = [m for m in OOP_MODELS if any(r["model"] == m for r in rows)]
+    colors = {
+        ("http", "on"): "#2ca02c",
+        ("http", "off"): "#98df8a",
+        ("grpc", "on"): "#1f77b4",
+        ("grpc", "off"): "#aec7e8",
+    }
+    pw, ph, pad, cols = 420, 300, 60, 2
+    width = cols * pw
+    height = ((len(models) + cols - 1) // cols) * ph + 30
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    for k, model in enumerate(models):
+        ox, oy = (k % cols) * pw, (k // cols) * ph
+        sel = [r for r in rows if r["model"] == model]
+        conns = sorted({r["conns"] for r in sel})
+        ymax = max(r["rps"] for r in sel) * 1.1
+        x0, y0, x1, y1 = ox + pad, oy + ph - 40, ox + pw - 20, oy + 30
+
+        def sx(c: int, x0: float = x0, x1: float = x1, conns: list[int] = conns) -> float:
+            i = conns.index(c)
+            return x0 + (x1 - x0) * (i + 0.5) / len(conns)
+
+        def sy(v: float, y0: float = y0, y1: float = y1, ymax: float = ymax) -> float:
+            return y0 - (y0 - y1) * v / ymax
+
+        out.append(
+            f'<text x="{ox + pw / 2}" y="{oy + 18}" text-anchor="middle" '
+            f'font-weight="bold">{model}: 1-row requests</text>'
+        )
+        out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>')
+        out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
+        for c in conns:
+            out.append(f'<text x="{sx(c)}" y="{y0 + 14}" text-anchor="middle">{c}</text>')
+        for i in range(5):
+            yv = ymax * i / 4
+            out.append(f'<text x="{x0 - 4}" y="{sy(yv) + 4}" text-anchor="end">{yv:.0f}</text>')
+        out.append(
+            f'<text x="{(x0 + x1) / 2}" y="{y0 + 30}" text-anchor="middle">'
+            "connections (p99 ms at each point)</text>"
+        )
+        out.append(
+            f'<text x="{ox + 12}" y="{(y0 + y1) / 2}" text-anchor="middle" '
+            f'transform="rotate(-90 {ox + 12} {(y0 + y1) / 2})">requests/s</text>'
+        )
+        legend_y = y1 + 4
+        for (proto, batching), color in colors.items():
+            pts = sorted(
+                (r for r in sel if (r["proto"], r["batching"]) == (proto, batching)),
+                key=lambda r: r["conns"],
+            )
+            if not pts:
+                continue
+            line = " ".join(f"{sx(r['conns']):.1f},{sy(r['rps']):.1f}" for r in pts)
+            out.append(
+                f'<polyline points="{line}" fill="none" stroke="{color}" stroke-width="1.5"/>'
+            )
+            for r in pts:
+                out.append(
+                    f'<circle cx="{sx(r["conns"]):.1f}" cy="{sy(r["rps"]):.1f}" r="2.5" '
+                    f'fill="{color}"><title>{r["rps"]:.0f} req/s, p99 {r["p99"]:.2f} ms'
+                    "</title></circle>"
+                )
+                out.append(
+                    f'<text x="{sx(r["conns"]) + 4:.1f}" y="{sy(r["rps"]) - 4:.1f}" '
+                    f'font-size="8" fill="{color}">{r["p99"]:.1f}</text>'
+                )
+            out.append(
+                f'<text x="{x1 - 120}" y="{legend_y + 8}" fill="{color}">'
+                f"{proto}, batching {batching}</text>"
+            )
+            legend_y += 13
+    out.append(
+        f'<text x="10" y="{height - 8}">paddle-ipu serve in its own process; load from '
+        "wrk (HTTP) and h2load (gRPC) in another; bench/serving.py</text>"
+    )
+    out.append("</svg>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["cnn", "transformer"])
+    parser.add_argument("--in-process", action="store_true", help="the in-process table")
+    parser.add_argument("--install-tools", action="store_true", help="apt-get wrk and h2load")
+    parser.add_argument("--models", nargs="+", default=None)
+    parser.add_argument("--connections", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--protocols", nargs="+", default=["http", "grpc"])
+    parser.add_argument("--rounds", type=int, default=1, help="out of process: median of")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
     parser.add_argument(
         "--modes", nargs="+", default=["runtime", "runtime exe.run", "http", "exe.run", "ort b1"]
     )
-    parser.add_argument("--seconds", type=float, default=1.5, help="per table row")
+    parser.add_argument("--seconds", type=float, default=None, help="per table row")
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--timeout-ms", type=float, default=2.0)
     parser.add_argument("--overhead-repeats", type=int, default=2000)
     parser.add_argument("--plot", type=Path, default=None, help="write an SVG plot here")
     args = parser.parse_args()
+    if args.install_tools:
+        install_tools()
+    if not args.in_process:
+        args.models = args.models or OOP_MODELS
+        args.seconds = args.seconds or 4.0
+        rows = out_of_process(args)
+        oop_summary(rows)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        if args.plot:
+            write_oop_svg(rows, args.plot)
+            print(f"plot: {args.plot}")
+        return
+    args.models = args.models or ["cnn", "transformer"]
+    args.seconds = args.seconds or 1.5
+    in_process(args)
 
+
+def in_process(args: argparse.Namespace) -> None:
     print(
         f"micro-batch {args.micro_batch}, timeout {args.timeout_ms:g} ms, {args.seconds:g} s "
         f"per row, {os.cpu_count()} CPUs"

@@ -212,17 +212,86 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.http import InferenceServer
     from paddle_ipu.serving.model_runtime import ModelRuntime
 
+    if args.workers < 1:
+        raise OptionError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1:
+        return _serve_workers(args)
     package = _load_or_compile(args.model, args.micro_batch)
+    # The host backend's threads sleep between runs: spinning would take the cores the
+    # IO threads and the gRPC server need (measured: about 2x the requests/s).
     runtime = ModelRuntime(
-        package.executor(backend=args.backend),
+        package.executor(backend=args.backend, host_spin_threads=args.spin),
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
-    InferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
+    InferenceServer(
+        runtime,
+        name=args.name,
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        threads=args.threads,
+        request_timeout_ms=args.request_timeout_ms,
+        max_body_mb=args.max_body_mb,
+        reuse_port=args.reuse_port,
+    ).serve_forever()
     return 0
+
+
+def _serve_workers(args: argparse.Namespace) -> int:
+    """``--workers N``: N server processes on the same ports (SO_REUSEPORT: the kernel
+    spreads the connections), each with its own model runtime, so that every core can
+    run the graph and the interpreter.  SIGTERM/SIGINT are passed on to every worker,
+    which drains; the exit status is the worst of theirs."""
+    import signal
+    import subprocess
+    import sys
+
+    from paddle_ipu.errors import OptionError
+
+    if args.port == 0 or args.grpc_port == 0:
+        raise OptionError("--workers > 1 needs fixed ports: every worker listens on the same ones")
+    # Compile (or fill the cache) once, before the workers load it.
+    _load_or_compile(args.model, args.micro_batch)
+    argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
+    children = [subprocess.Popen(argv) for _ in range(args.workers)]
+
+    def forward(sig: int, _frame: Any) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    codes = [child.wait() for child in children]
+    return max(abs(c) for c in codes)
+
+
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    out = ["serve", args.model, "--workers", "1", "--reuse-port"]
+    if args.spin:
+        out.append("--spin")
+    for flag in (
+        "port",
+        "host",
+        "name",
+        "micro_batch",
+        "timeout_ms",
+        "num_buffers",
+        "backend",
+        "grpc_port",
+        "threads",
+        "request_timeout_ms",
+        "max_body_mb",
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            out += ["--" + flag.replace("_", "-"), str(value)]
+    return out
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
@@ -275,10 +344,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-ms", type=float, default=2.0)
     p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
 
-    p = sub.add_parser("serve", help="serve a model over HTTP (KServe v2 / Triton protocol)")
+    p = sub.add_parser(
+        "serve", help="serve a model over HTTP and gRPC (KServe v2 / Triton protocol)"
+    )
     p.add_argument("model", help="a package file, or a saved inference model prefix")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (8000)")
+    p.add_argument("--grpc-port", type=int, default=None, help="also serve gRPC on this port")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--workers", type=int, default=1, help="server processes sharing the ports (1)")
+    p.add_argument("--threads", type=int, default=1, help="HTTP IO threads per process (1)")
+    p.add_argument(
+        "--request-timeout-ms",
+        type=float,
+        default=0.0,
+        help="answer 504 to a request not started within this time (0: no limit)",
+    )
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (64)")
+    p.add_argument(
+        "--spin",
+        action="store_true",
+        help="let the host backend's threads spin between runs (off: they sleep)",
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--name", default="model", help="the model name in URLs (model)")
     p.add_argument("--micro-batch", type=int, default=16, help="when compiling a prefix (16)")
     p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")

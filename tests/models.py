@@ -64,6 +64,16 @@ def _build(kind: str, seed: int = 7) -> Built:
             enc.eval()
             out = enc(x)
             shapes = {"x": (8, 32)}
+        elif kind == "mlp512":  # where batching pays on a CPU (bench/serving.py)
+            x = paddle.static.data("x", [-1, 512], "float32")
+            h = paddle.nn.functional.relu(paddle.static.nn.fc(x, 1024))
+            h = paddle.nn.functional.relu(paddle.static.nn.fc(h, 1024))
+            out = paddle.static.nn.fc(h, 10)
+            shapes = {"x": (512,)}
+        elif kind == "double":  # a trivial model: the server's own cost
+            x = paddle.static.data("x", [-1, 16], "float32")
+            out = x * 2.0
+            shapes = {"x": (16,)}
         else:
             raise ValueError(kind)
         exe = paddle.static.Executor(paddle.CPUPlace())
@@ -72,5 +82,6 @@ def _build(kind: str, seed: int = 7) -> Built:
 
 
 def build(kind: str, seed: int = 7) -> Built:
-    """Build model ``kind`` ("mlp", "cnn", "transformer") with initialised weights."""
+    """Build model ``kind`` ("mlp", "cnn", "transformer", "mlp512", "double") with
+    initialised weights."""
     return _build(kind, seed)

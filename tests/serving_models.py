@@ -27,3 +27,67 @@ def save(built: Built, directory: Path, name: str = "model") -> str:
 def reference(built: Built, feed: dict[str, np.ndarray]) -> np.ndarray:
     """Paddle's own CPU executor on the original program: the oracle."""
     return built.run_cpu(feed)[0]
+
+
+class ServerProcess:
+    """``paddle-ipu serve`` in its own process (the clients are this process: real
+    clients over loopback), on free ports it reports when it is ready."""
+
+    def __init__(self, model: str, *args: str, env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+        import tempfile
+
+        argv = [sys.executable, "-m", "paddle_ipu", "serve", model, "--port", "0"]
+        argv += [*args] if "--grpc-port" in args else [*args, "--grpc-port", "0"]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=tempfile.gettempdir(),
+            env=dict(os.environ, **(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        line = ""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("paddle-ipu: serving"):
+                break
+        else:
+            raise AssertionError(f"the server did not start:\n{self.stop()}")
+        words = line.split()
+        self.port = int(words[words.index("on") + 1].rsplit(":", 1)[1])
+        self.grpc_port = int(words[-1].rsplit(":", 1)[1]) if "grpc://" in line else None
+        self.url = f"127.0.0.1:{self.port}"
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+
+    def terminate(self, timeout: float = 60.0) -> tuple[int, str, str]:
+        """SIGTERM; (exit code, the rest of stdout, stderr) once it has stopped."""
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, "".join(self.lines) + out, err
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        out, err = self.proc.communicate(timeout=60)
+        return "".join(self.lines) + out + err
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {series: value}."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                values[key] = float(value)
+        return values

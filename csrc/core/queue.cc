@@ -103,6 +103,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       in_unit_bytes_.push_back(view.len / capacity);
     }
     stats_.fill_histogram.assign(static_cast<size_t>(capacity) + 1, 0);
+    stats_.fill_seconds.assign(static_cast<size_t>(capacity) + 1, 0.0);
   }
 
   ~ServingQueue() {
@@ -132,10 +133,14 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     for (size_t i = 0; i < inputs.size(); ++i) {
       request->inputs.push_back(GetBuffer(inputs[i], false, "input " + std::to_string(i)));
       CheckSize(request->inputs.back(), units * in_unit_bytes_[i], "input", i);
+      const Py_buffer& v = request->inputs.back();
+      request->in.push_back({static_cast<char*>(v.buf), static_cast<int64_t>(v.len)});
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
       request->outputs.push_back(GetBuffer(outputs[i], true, "output " + std::to_string(i)));
       CheckSize(request->outputs.back(), units * out_unit_bytes_[i], "output", i);
+      const Py_buffer& v = request->outputs.back();
+      request->out.push_back({static_cast<char*>(v.buf), static_cast<int64_t>(v.len)});
     }
     if (!token.is_none()) request->token = token.release().ptr();
     int status = 0;
@@ -173,6 +178,36 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     if (status == 1) return py::make_tuple(1, in_flight);
     if (status == 2) return py::make_tuple(2, py::none());
     return py::make_tuple(0, py::cast(request));
+  }
+
+  // A request from C++ (see SubmitNative in queue.h): admitted now or never.
+  int SubmitNativeRequest(const RequestPtr& request, int64_t* in_flight) {
+    if (request->units < 1 || request->in.size() != in_unit_bytes_.size() ||
+        request->out.size() != out_unit_bytes_.size() || request->sink == nullptr) {
+      return 3;
+    }
+    for (size_t i = 0; i < request->in.size(); ++i) {
+      if (request->in[i].len != request->units * in_unit_bytes_[i]) return 3;
+    }
+    for (size_t i = 0; i < request->out.size(); ++i) {
+      if (request->out[i].len != request->units * out_unit_bytes_[i]) return 3;
+    }
+    request->queue = shared_from_this();
+    std::lock_guard<std::mutex> lock(mu_);
+    *in_flight = inflight_units_;
+    if (closed_) return 2;
+    // As Submit: a request larger than the whole bound is admitted when nothing
+    // else is in flight.
+    if (inflight_units_ > 0 && inflight_units_ + request->units > limit_) return 1;
+    request->arrived = Clock::now();
+    const int64_t before = pending_units_;
+    pending_.push_back(request);
+    pending_units_ += request->units;
+    inflight_units_ += request->units;
+    if (!auto_batch_ || before == 0 || (before < capacity_ && capacity_ <= before + request->units)) {
+      work_.notify_one();
+    }
+    return 0;
   }
 
   // Waits for the next run and packs it into the step buffers. Returns the units
@@ -234,22 +269,25 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
         if (r.state != RequestState::kStarted) continue;  // failed in an earlier run
         for (size_t i = 0; i < views.size(); ++i) {
           const int64_t unit = out_unit_bytes_[i];
-          std::memcpy(static_cast<char*>(r.outputs[i].buf) + p.start * unit,
+          std::memcpy(r.out[i].buf + p.start * unit,
                       static_cast<const char*>(views[i].buf) + p.offset * unit, p.count * unit);
         }
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const Piece& p : pieces) {
-        Request& r = *p.request;
-        if (r.state != RequestState::kStarted) continue;
-        r.done += p.count;
-        if (r.done == r.units) {
-          r.state = RequestState::kDone;
-          r.finished.notify_all();
-          finished.push_back(p.request);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const Piece& p : pieces) {
+          Request& r = *p.request;
+          if (r.state != RequestState::kStarted) continue;
+          r.done += p.count;
+          if (r.done == r.units) {
+            r.state = RequestState::kDone;
+            r.finished.notify_all();
+            finished.push_back(p.request);
+          }
         }
+        EndRun(pieces, busy_seconds, false, static_cast<int64_t>(finished.size()));
       }
-      EndRun(pieces, busy_seconds, false, static_cast<int64_t>(finished.size()));
+      DeliverNative(finished);
     }
     ReleaseBuffers(&views);
     return Tokens(finished);
@@ -257,6 +295,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
 
   // Fails every request of the current run with `error`; returns their tokens.
   py::list Fail(py::object error, double busy_seconds) {
+    const std::string message = py::str(error);
     std::vector<Piece> pieces;
     std::vector<RequestPtr> finished;
     {
@@ -265,17 +304,19 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       for (const Piece& p : pieces) {
         Request& r = *p.request;
         if (r.state != RequestState::kStarted) continue;
-        FailLocked(&r, error);
+        FailLocked(&r, error, message);
         finished.push_back(p.request);
       }
       EndRun(pieces, busy_seconds, true, static_cast<int64_t>(finished.size()));
     }
+    DeliverNative(finished);
     return Tokens(finished);
   }
 
   // Fails every queued request with `error` (close with cancel, a broken worker,
   // a runtime closed before it started); returns their tokens.
   py::list FailPending(py::object error) {
+    const std::string message = py::str(error);
     std::vector<RequestPtr> finished;
     std::deque<RequestPtr> dropped;
     {
@@ -283,13 +324,14 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       dropped.swap(pending_);
       for (const RequestPtr& r : dropped) {
         if (r->Finished()) continue;
-        FailLocked(r.get(), error);
+        FailLocked(r.get(), error, message);
         finished.push_back(r);
       }
       pending_units_ = 0;
       space_.notify_all();
     }
     stats_requests_add(static_cast<int64_t>(finished.size()));
+    DeliverNative(finished);
     return Tokens(finished);
   }
 
@@ -347,12 +389,13 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   }
   int64_t capacity() const { return capacity_; }
 
+  QueueStats StatsCopy() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
   py::dict Stats() {
-    QueueStats s;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      s = stats_;
-    }
+    const QueueStats s = StatsCopy();
     py::dict d;
     d["runs"] = s.runs;
     d["requests"] = s.requests;
@@ -380,15 +423,20 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   }
 
   // With mu_ held (and the GIL, for the error's reference count).
-  void FailLocked(Request* r, const py::object& error) {
+  void FailLocked(Request* r, const py::object& error, const std::string& message) {
     const int64_t left = r->units - r->taken;  // queued units that will not run
     if (r->state == RequestState::kQueued || r->state == RequestState::kStarted) {
       pending_units_ -= left;
       inflight_units_ -= left;
     }
     r->state = RequestState::kFailed;
-    Py_XDECREF(r->error);
-    r->error = error.inc_ref().ptr();
+    if (r->sink != nullptr) {
+      // Native: no Python object, so that its destructor never needs the GIL.
+      r->error_message = message;
+    } else {
+      Py_XDECREF(r->error);
+      r->error = error.inc_ref().ptr();
+    }
     r->finished.notify_all();
     space_.notify_all();
   }
@@ -437,7 +485,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       char* dst = static_cast<char*>(steps_[i].buf);
       for (const Piece& p : current_) {
         std::memcpy(dst + p.offset * unit,
-                    static_cast<const char*>(p.request->inputs[i].buf) + p.start * unit,
+                    p.request->in[i].buf + p.start * unit,
                     p.count * unit);
       }
       // Zero padding: only the units a fuller earlier run left behind.
@@ -459,8 +507,22 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     stats_.requests += finished;
     if (failed) stats_.failed_runs += 1;
     stats_.fill_histogram[static_cast<size_t>(filled)] += 1;
+    stats_.fill_seconds[static_cast<size_t>(filled)] += busy;
     inflight_units_ -= filled;
     space_.notify_all();
+  }
+
+  // Without the queue mutex: native requests go to their sinks, one Deliver per sink.
+  static void DeliverNative(const std::vector<RequestPtr>& finished) {
+    std::vector<std::pair<NativeSink*, std::vector<RequestPtr>>> groups;
+    for (const RequestPtr& r : finished) {
+      if (r->sink == nullptr) continue;
+      size_t g = 0;
+      while (g < groups.size() && groups[g].first != r->sink) ++g;
+      if (g == groups.size()) groups.push_back({r->sink, {}});
+      groups[g].second.push_back(r);
+    }
+    for (auto& g : groups) g.first->Deliver(std::move(g.second));
   }
 
   // With the GIL: the tokens of finished requests (each handed out once).
@@ -495,6 +557,18 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   bool cancel_ = false;
   QueueStats stats_;
 };
+
+int SubmitNative(ServingQueue* queue, const RequestPtr& request, int64_t* in_flight) {
+  return queue->SubmitNativeRequest(request, in_flight);
+}
+bool CancelNative(Request* request) { return request->queue && request->queue->Cancel(request); }
+std::shared_ptr<ServingQueue> QueueOf(py::handle obj) {
+  return obj.cast<std::shared_ptr<ServingQueue>>();
+}
+QueueStats StatsOf(ServingQueue* queue) { return queue->StatsCopy(); }
+int64_t InFlightOf(ServingQueue* queue) { return queue->in_flight(); }
+bool ClosedOf(ServingQueue* queue) { return queue->closed(); }
+int64_t CapacityOf(ServingQueue* queue) { return queue->capacity(); }
 
 void RegisterQueue(py::module_& m) {
   py::enum_<RequestState>(m, "RequestState")

@@ -6,6 +6,11 @@
 // (zero-padded), runs the graph in Python, and scatters the rows of the outputs
 // back. Waiting and copying happen without the GIL.
 //
+// Requests come from Python (ModelRuntime.run/submit: Py_buffer views, answered
+// through a token) or from C++ (the serving front ends in csrc/serving: spans of
+// memory the front end owns, answered through a NativeSink, no Python object and
+// no GIL anywhere on their path).
+//
 // Locking rule: code that holds the queue mutex never takes the GIL, and a
 // Request (whose destructor releases Python buffers) is never destroyed while
 // the mutex is held or the GIL is released: dropped requests go to a local
@@ -13,6 +18,7 @@
 #pragma once
 
 #include <Python.h>
+#include <pybind11/pytypes.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +26,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace paddle_ipu {
@@ -29,12 +36,33 @@ using Clock = std::chrono::steady_clock;
 enum class RequestState : int { kQueued = 0, kStarted = 1, kDone = 2, kFailed = 3, kCancelled = 4 };
 
 class ServingQueue;
+struct Request;
+using RequestPtr = std::shared_ptr<Request>;
+
+// Answers native requests. Called by the worker without the queue mutex (with or
+// without the GIL: an implementation must take neither), once per run and sink,
+// with the requests of that sink the run finished.
+struct NativeSink {
+  virtual ~NativeSink() = default;
+  virtual void Deliver(std::vector<RequestPtr>&& finished) = 0;
+};
+
+// Where a request's units are read from or written to.
+struct Span {
+  char* buf;
+  int64_t len;
+};
 
 // One request: `units` units (rows when auto-batching, else micro-batches) of
 // every input, answered into `outputs` (the same number of units).
 struct Request {
-  std::vector<Py_buffer> inputs;
+  std::vector<Py_buffer> inputs;  // Python requests: the views (released with the GIL)
   std::vector<Py_buffer> outputs;
+  std::vector<Span> in;  // every request: its inputs and outputs
+  std::vector<Span> out;
+  NativeSink* sink = nullptr;     // native requests: who answers
+  std::shared_ptr<void> owner;    // native requests: keeps the spans' memory alive
+  std::string error_message;      // native requests: why they failed
   int64_t units = 0;
   int64_t taken = 0;  // units already put into runs
   int64_t done = 0;   // units whose outputs were written
@@ -56,8 +84,6 @@ struct Request {
   }
 };
 
-using RequestPtr = std::shared_ptr<Request>;
-
 struct Piece {
   RequestPtr request;
   int64_t start;   // first unit of the request in this run
@@ -74,6 +100,20 @@ struct QueueStats {
   double busy_seconds = 0.0;
   double queue_seconds = 0.0;  // summed over requests: arrival to first run
   std::vector<int64_t> fill_histogram;  // runs by units filled, 0..capacity
+  std::vector<double> fill_seconds;     // busy seconds of those runs, by units filled
 };
+
+// The native interface of the queue, for the front ends in csrc/serving.
+// Admits a request whose units, in/out spans, sink and owner the caller set: never
+// blocks, needs no GIL. 0 queued, 1 busy (no space now), 2 closed, 3 sizes wrong.
+int SubmitNative(ServingQueue* queue, const RequestPtr& request, int64_t* in_flight);
+// Cancels a request that has not started (it is then never computed); false once it has.
+bool CancelNative(Request* request);
+// The queue of a Python ServingQueue object (with the GIL), kept alive by the pointer.
+std::shared_ptr<ServingQueue> QueueOf(pybind11::handle obj);
+QueueStats StatsOf(ServingQueue* queue);
+int64_t InFlightOf(ServingQueue* queue);
+bool ClosedOf(ServingQueue* queue);
+int64_t CapacityOf(ServingQueue* queue);
 
 }  // namespace paddle_ipu

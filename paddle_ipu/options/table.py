@@ -262,6 +262,10 @@ _add("backend", "string", "auto", PRODUCT, choices=("auto", "host", "popart"),
          "SDK is importable, else host).")
 _add("host_num_threads", "uint64", 0, PRODUCT, maximum=INT32_MAX,
      doc="Threads of the host backend; 0 uses all cores.")
+_add("host_spin_threads", "bool", True, PRODUCT,
+     doc="Let the host backend's threads spin between runs (ONNX Runtime's allow_spinning): "
+         "shorter runs back to back, but the cores they spin on are taken from other threads "
+         "(`paddle-ipu serve` turns it off: its IO threads need them).")
 _add("anchor_return_type", "string", "ALL", PRODUCT, choices=("ALL", "FINAL", "SUM", "EVERYN"),
      doc="What a run returns per fetch: ALL (every step), FINAL (last step), SUM (sum over "
          "steps) or EVERYN (every anchor_return_period-th step).")

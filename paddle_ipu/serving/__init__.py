@@ -2,7 +2,8 @@
 
 - :mod:`.model_runtime`: :class:`ModelRuntime`, the queue with auto-batching over a
   compiled inference graph (Paddle 2.x's model runtime);
-- :mod:`.http`: :class:`InferenceServer`, the KServe v2 / Triton HTTP server;
+- :mod:`.http`: :class:`InferenceServer`, the KServe v2 / Triton server (HTTP, and gRPC
+  through :mod:`.grpc_service`); its request path is C++ (``paddle_ipu._core``);
 - :mod:`.package`: portable compiled packages and the compile cache.
 """
 

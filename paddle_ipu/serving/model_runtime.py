@@ -193,7 +193,6 @@ class ModelRuntime:
             else None
         )
         self._timeout_s = timeout / 1000.0
-        self._timeout_s = timeout / 1000.0
         # The step buffers the queue packs into, zeroed (padding), and the feed of a
         # run: views of them in the executor's step layout.
         self._steps = [
@@ -279,6 +278,21 @@ class ModelRuntime:
                 [[-1, *s.shape[1:]] for s in self._outputs],
             )
         return [list(s.shape) for s in self._inputs], [list(s.shape) for s in self._outputs]
+
+    def unit_shapes(self) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+        """The shape of one queue unit of every input and output (a row when
+        auto-batching, else the whole micro-batch), in compiled order."""
+        return list(self._in_units), list(self._out_units)
+
+    @property
+    def queue_capacity(self) -> int:
+        """Units (rows when auto-batching, else micro-batches) per graph run."""
+        return self._capacity
+
+    @property
+    def queue_limit(self) -> int:
+        """Units admitted at most at once (``num_buffers`` micro-batches' worth)."""
+        return self._limit
 
     @property
     def in_flight(self) -> int:

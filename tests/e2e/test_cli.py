@@ -195,7 +195,6 @@ def _free_port() -> int:
 
 
 def test_serve_command_answers_and_stops_on_sigterm(cnn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("aiohttp")
     built, prefix = cnn
     port = _free_port()
     env = dict(os.environ, PADDLE_IPU_CACHE_DIR=str(tmp_path / "cache"))

@@ -1,5 +1,6 @@
-"""The HTTP server (KServe v2 / Triton protocol) over loopback, checked with
-tritonclient.http (a client we did not write) and a raw HTTP client."""
+"""The HTTP server (KServe v2 / Triton protocol) in this process, over loopback, checked
+with tritonclient.http (a client we did not write) and a raw HTTP client; the server in
+its own process is tested in test_serving_protocols."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pytest
 from models import Built, build
 from serving_models import reference, save
 
-pytest.importorskip("aiohttp")
 httpclient = pytest.importorskip("tritonclient.http")
 
 from paddle_ipu.serving.http import InferenceServer  # noqa: E402
@@ -41,7 +41,9 @@ def package(mlp: Built, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture
 def server(package: Any) -> Iterator[InferenceServer]:
-    runtime = ModelRuntime(package.executor(), timeout_ms=2.0, num_buffers=8)
+    # 32 micro-batches in flight: the concurrent test's 24 requests fit (the queue's
+    # bound answers 503 beyond it, see test_serving_protocols)
+    runtime = ModelRuntime(package.executor(), timeout_ms=2.0, num_buffers=32)
     srv = InferenceServer(runtime, name="mlp", port=0).start()
     yield srv
     srv.stop()

@@ -168,6 +168,10 @@ class HostSession(Session):
             threads = self.config.num_threads or (os.cpu_count() or 1)
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
+            if not self.config.option("host_spin_threads"):
+                # Idle threads sleep instead of spinning: a server's IO threads and its
+                # clients need those cores between runs.
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             opts.log_severity_level = 3
             keep = []
             external: tuple[list[str], list[Any]] = ([], [])
