@@ -34,7 +34,8 @@ for name, inputs in [
     ("reciprocal", P), ("round", X), ("rsqrt", P), ("sigmoid", X), ("sign", X), ("sin", X),
     ("sinh", X), ("sqrt", P), ("square", X), ("tan", U), ("tanh", X),
 ]:  # fmt: skip
-    add(name, name, inputs, getattr(paddle, name))
+    # paddle.sigmoid is top-level from Paddle 3.2 on (paddle.nn.functional before)
+    add(name, name, inputs, getattr(paddle, name, None) or getattr(F, name))
 add("abs.rank3", "abs", X3, paddle.abs)
 add("relu", "relu", X3, F.relu)
 add("relu6", "relu6", {"x": "f:3x4"}, lambda x: F.relu6(x * 4))
