@@ -1,8 +1,10 @@
 """Build paddle-ipu: CMake builds the custom-device plugin and the pybind11 core.
 
 setup.py stays thin: it hands CMake the Python interpreter and the output folders,
-and pins the runtime PaddlePaddle to the exact release the plugin was built
-against (the plugin's C ABI depends on it).
+picks the PaddlePaddle to build against (the one installed in the environment being
+installed into, one of the series paddle_ipu/_infra/paddle_releases.py lists), and
+requires the runtime PaddlePaddle to be of that series (the plugin's C ABI and the
+kernels' C++ depend on it).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -94,8 +97,19 @@ def editable_root(command: build_py | build_ext) -> Path | None:
     return Path(command.get_finalized_command("install").install_lib)
 
 
-#: the PaddlePaddle releases this source builds against
-PADDLE_RANGE = "paddlepaddle>=3.3,<3.4"
+def _load_releases() -> dict[str, object]:
+    """paddle_ipu/_infra/paddle_releases.py, read without importing paddle_ipu."""
+    import runpy
+
+    return runpy.run_path(str(ROOT / "paddle_ipu" / "_infra" / "paddle_releases.py"))
+
+
+_RELEASES = _load_releases()
+#: what a build with no PaddlePaddle in reach downloads the newest release of
+PADDLE_RANGE: str = _RELEASES["RANGE"]
+#: PADDLE_IPU_PADDLE_VERSION=3.2 (or 3.2.2): build against that release, whatever is
+#: installed (a wheel for another environment, uv, pip --prefix/--target)
+_VERSION_ENV = "PADDLE_IPU_PADDLE_VERSION"
 #: what the build takes out of the paddlepaddle wheel: the C++ headers (the plugin needs
 #: paddle/phi/backends/device_ext.h, the ipu kernels the rest) and the two libraries the
 #: kernels link (they are not bundled: they are the ones Paddle loads)
@@ -108,36 +122,82 @@ _headers: tuple[str, str, str] | None = None
 def paddle_headers(build_temp: Path) -> tuple[str, str, str]:
     """(include dir, library dir, Paddle version) to build against.
 
-    From the paddlepaddle installed for this interpreter when there is one (a build
-    without isolation); otherwise the headers and the two libraries the kernels link
-    are read out of the paddlepaddle wheel, which pip fetches (from its cache when the
-    install already downloaded it), instead of installing a second 700 MB Paddle into
-    the build environment."""
+    In order: the release PADDLE_IPU_PADDLE_VERSION names (downloaded); the paddlepaddle
+    of the environment being installed into (imported without build isolation, read off
+    its site-packages with it); the newest supported release (downloaded).  pip runs the
+    metadata step and the build step in two processes: both get the same answer."""
     global _headers
-    if _headers is not None:
-        return _headers
+    if _headers is None:
+        wanted = os.environ.get(_VERSION_ENV, "").strip()
+        if wanted:
+            spec = f"paddlepaddle=={wanted}" + (".*" if wanted.count(".") == 1 else "")
+            found = _downloaded_paddle(build_temp, spec)
+            where = f"{_VERSION_ENV}={wanted}"
+        else:
+            target = _target_paddle()
+            found = target or _downloaded_paddle(build_temp, PADDLE_RANGE)
+            where = f"installed in {sys.prefix}" if target else "downloaded"
+        _headers = _supported(found, where)
+    return _headers
+
+
+def _supported(found: tuple[str, str, str], where: str) -> tuple[str, str, str]:
+    series = _RELEASES["series"](found[2])
+    if series not in _RELEASES["SUPPORTED"]:
+        raise RuntimeError(
+            f"PaddlePaddle {found[2]} ({where}) is not supported: paddle-ipu builds against "
+            f"PaddlePaddle {_RELEASES['describe']()} ({PADDLE_RANGE}); install one of "
+            f"those, or set {_VERSION_ENV}=3.x to build against another"
+        )
+    return found
+
+
+def _target_paddle() -> tuple[str, str, str] | None:
+    """(include dir, library dir, version) of the paddlepaddle installed in the
+    environment being installed into, or None.
+
+    Without build isolation it is importable.  pip's isolated build runs the target
+    environment's own interpreter with that environment's site-packages taken off
+    sys.path, so sys.prefix (and sysconfig's purelib/platlib) still name it: its Paddle
+    is read from there, neither imported nor downloaded, and pip keeps it."""
     spec = importlib.util.find_spec("paddle")
     if spec is not None and spec.origin is not None:
         root = Path(spec.origin).resolve().parent
-        _headers = (
-            str(root / "include"),
-            str(root / "libs"),
-            importlib.metadata.version("paddlepaddle"),
-        )
-        return _headers
-    wheels = build_temp / "paddle-wheel"
+        version = importlib.metadata.version("paddlepaddle")
+        return str(root / "include"), str(root / "libs"), version
+    paths = sysconfig.get_paths()
+    for site in dict.fromkeys((paths["purelib"], paths["platlib"])):
+        root = Path(site) / "paddle"
+        if not (root / "include" / _DEVICE_HEADER).is_file():
+            continue
+        for dist in importlib.metadata.distributions(path=[site]):
+            if (dist.metadata["Name"] or "").lower() == "paddlepaddle":
+                return str(root / "include"), str(root / "libs"), dist.version
+    return None
+
+
+def _downloaded_paddle(build_temp: Path, requirement: str) -> tuple[str, str, str]:
+    """The headers and the two libraries the kernels link, read out of the newest
+    paddlepaddle wheel matching ``requirement``, which pip fetches (from its cache when
+    the install already downloaded it), instead of installing a second 700 MB Paddle
+    into the build environment."""
+    slug = "".join(c if c.isalnum() or c in ".-" else "_" for c in requirement)
+    wheels = build_temp / "paddle-wheel" / slug
     wheels.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-         "--only-binary=:all:", "--dest", str(wheels), PADDLE_RANGE],
+         "--only-binary=:all:", "--dest", str(wheels), requirement],
         check=True,
     )  # fmt: skip
-    found = sorted(wheels.glob("paddlepaddle-*.whl"))
+    found = sorted(
+        wheels.glob("paddlepaddle-*.whl"),
+        key=lambda w: tuple(int(p) for p in w.name.split("-")[1].split(".")[:3] if p.isdigit()),
+    )
     if not found:
-        raise RuntimeError(f"pip download {PADDLE_RANGE!r} gave no wheel in {wheels}")
+        raise RuntimeError(f"pip download {requirement!r} gave no wheel in {wheels}")
     wheel = found[-1]
     version = wheel.name.split("-")[1]
-    unpacked = build_temp / "paddle-unpacked"
+    unpacked = build_temp / "paddle-unpacked" / version
     with zipfile.ZipFile(wheel) as archive:
         members = [
             m
@@ -148,16 +208,18 @@ def paddle_headers(build_temp: Path) -> tuple[str, str, str]:
         if missing:
             raise RuntimeError(f"{wheel.name} lacks {missing}: not a wheel paddle-ipu builds on")
         archive.extractall(unpacked, members)
-    _headers = (str(unpacked / "paddle" / "include"), str(unpacked / "paddle" / "libs"), version)
-    return _headers
+    return str(unpacked / "paddle" / "include"), str(unpacked / "paddle" / "libs"), version
 
 
 def paddle_requirement() -> str:
-    """The runtime pin: exactly the Paddle whose headers the plugin was built with."""
+    """The runtime requirement: the series whose headers the plugin was built with (its
+    patch releases share one C ABI), so pip keeps an installed 3.2.2 when the build used
+    its headers, and never swaps Paddle for another series."""
     try:
-        return f"paddlepaddle=={paddle_headers(ROOT / 'build' / 'paddle')[2]}"
+        version = paddle_headers(ROOT / "build" / "paddle")[2]
     except Exception:
         return PADDLE_RANGE
+    return _RELEASES["requirement"](version)
 
 
 setup(

@@ -23,7 +23,7 @@ if(NOT PADDLE_INCLUDE_DIR OR NOT PADDLE_VERSION)
   if(NOT _paddle_rc EQUAL 0)
     message(FATAL_ERROR
       "paddle-ipu needs PaddlePaddle's headers: install paddlepaddle for ${Python_EXECUTABLE} "
-      "(pip install 'paddlepaddle==3.3.*') or pass -DPADDLE_INCLUDE_DIR and -DPADDLE_VERSION.")
+      "(pip install 'paddlepaddle>=3.0,<3.4') or pass -DPADDLE_INCLUDE_DIR and -DPADDLE_VERSION.")
   endif()
   string(REPLACE "\n" ";" _paddle_lines "${_paddle_out}")
   list(GET _paddle_lines 0 _paddle_root)
@@ -49,3 +49,20 @@ foreach(_lib libphi_core.so libcommon.so)
 endforeach()
 
 message(STATUS "PaddlePaddle ${PADDLE_VERSION}: headers in ${PADDLE_INCLUDE_DIR}, libraries in ${PADDLE_LIB_DIR}")
+
+# The release the C++ parts are built against, for the sources: PADDLE_IPU_PADDLE_VERSION
+# ("3.2.2"), PADDLE_IPU_PADDLE_SERIES ("3.2") and PADDLE_IPU_PADDLE_MINOR (302: 100 x
+# major + minor, for `#if`). The plugin names them when it refuses another release; the
+# kernels leave out what an older release's headers do not declare.
+string(REGEX MATCH "^([0-9]+)\\.([0-9]+)" PADDLE_SERIES "${PADDLE_VERSION}")
+if(NOT PADDLE_SERIES)
+  message(FATAL_ERROR "PaddlePaddle version '${PADDLE_VERSION}' is not of the form MAJOR.MINOR.PATCH")
+endif()
+math(EXPR PADDLE_MINOR_NUMBER "${CMAKE_MATCH_1} * 100 + ${CMAKE_MATCH_2}")
+
+function(paddle_ipu_release_definitions target)
+  target_compile_definitions(${target} PRIVATE
+    PADDLE_IPU_PADDLE_VERSION="${PADDLE_VERSION}"
+    PADDLE_IPU_PADDLE_SERIES="${PADDLE_SERIES}"
+    PADDLE_IPU_PADDLE_MINOR=${PADDLE_MINOR_NUMBER})
+endfunction()

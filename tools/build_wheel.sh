@@ -4,8 +4,9 @@
 #
 #   tools/build_wheel.sh [OUTDIR]      (default: dist/)
 #
-# The wheel pins paddlepaddle to the release it was built against (the plugin's C
-# ABI depends on it). Run it with the Python the wheel is for.
+# The wheel requires paddlepaddle of the series (3.x) it was built against (the
+# plugin's C ABI depends on it): the Paddle installed for this Python, or the one
+# PADDLE_IPU_PADDLE_VERSION=3.x names. Run it with the Python the wheel is for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-dist}

@@ -9,6 +9,8 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -212,9 +214,123 @@ class TensorView {
   std::vector<py::ssize_t> strides_;
 };
 
+// An unversioned DLPack capsule over a C-contiguous host buffer, read-only ones
+// included.  Paddle before 3.3 takes only unversioned capsules, and numpy exports a
+// read-only array only as a versioned one (it has no way to flag read-only otherwise):
+// this lets Paddle share the compiled model's read-only weights instead of copying
+// them.  The capsule holds the buffer (and so the array) until Paddle's tensor frees
+// it, and its deleter never waits for the GIL (see DeleteExported).
+struct ExportedBuffer {
+  DLManagedTensor managed;
+  Py_buffer view;
+  std::vector<int64_t> shape;
+};
+
+void ReleaseExported(ExportedBuffer* exported) {
+  PyBuffer_Release(&exported->view);
+  delete exported;
+}
+
+// Buffers whose tensor Paddle freed on a thread without the GIL, released later on
+// the main thread.
+std::mutex g_pending_mutex;
+std::vector<ExportedBuffer*> g_pending;
+
+int ReleasePending(void*) {
+  std::vector<ExportedBuffer*> batch;
+  {
+    std::lock_guard<std::mutex> lock(g_pending_mutex);
+    batch.swap(g_pending);
+  }
+  for (ExportedBuffer* exported : batch) ReleaseExported(exported);
+  return 0;
+}
+
+void DeleteExported(DLManagedTensor* managed) {
+  auto* exported = static_cast<ExportedBuffer*>(managed->manager_ctx);
+  if (!Py_IsInitialized()) {  // after the interpreter: the buffer is gone with it
+    delete exported;
+    return;
+  }
+  if (PyGILState_Check()) {
+    ReleaseExported(exported);
+    return;
+  }
+  // Paddle frees tensors on its garbage-collector threads, and a thread holding the
+  // GIL may be joining that very thread (Paddle 3.1 destroys an interpreter so): taking
+  // the GIL here would deadlock, as numpy's own capsule deleter does.  Queue the
+  // release for the main thread instead (Py_AddPendingCall needs no GIL).
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(g_pending_mutex);
+    first = g_pending.empty();
+    g_pending.push_back(exported);
+  }
+  if (first) Py_AddPendingCall(ReleasePending, nullptr);
+}
+
+void DestroyCapsule(PyObject* capsule) {
+  // A consumer renames the capsule ("used_dltensor") and owns the tensor; one that was
+  // never consumed still holds it.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    managed->deleter(managed);
+  }
+}
+
+DLDataType BufferDType(const Py_buffer& view) {
+  const char* format = view.format != nullptr ? view.format : "B";
+  while (*format == '@' || *format == '=' || *format == '<') ++format;
+  const auto bits = static_cast<uint8_t>(view.itemsize * 8);
+  const std::string code(format);
+  if (code == "e" || code == "f" || code == "d") return {2, bits, 1};
+  if (code == "b" || code == "h" || code == "i" || code == "l" || code == "q") return {0, bits, 1};
+  if (code == "B" || code == "H" || code == "I" || code == "L" || code == "Q") return {1, bits, 1};
+  if (code == "?") return {6, 8, 1};
+  throw py::type_error("cannot export a buffer of format '" + code + "' through DLPack");
+}
+
+py::object ExportDLPack(const py::object& array) {
+  ReleasePending(nullptr);  // also when a pending call could not be queued
+  auto exported = std::make_unique<ExportedBuffer>();
+  if (PyObject_GetBuffer(array.ptr(), &exported->view,
+                         PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) != 0) {
+    throw py::error_already_set();
+  }
+  const Py_buffer& view = exported->view;
+  DLDataType dtype;
+  try {
+    dtype = BufferDType(view);
+  } catch (...) {
+    PyBuffer_Release(&exported->view);
+    throw;
+  }
+  exported->shape.assign(view.shape, view.shape + view.ndim);
+  DLTensor& t = exported->managed.dl_tensor;
+  t.data = view.buf;
+  t.device = {kDLCPU, 0};
+  t.ndim = view.ndim;
+  t.dtype = dtype;
+  t.shape = exported->shape.data();
+  t.strides = nullptr;  // C-contiguous
+  t.byte_offset = 0;
+  exported->managed.manager_ctx = exported.get();
+  exported->managed.deleter = DeleteExported;
+  PyObject* capsule = PyCapsule_New(&exported->managed, "dltensor", DestroyCapsule);
+  if (capsule == nullptr) {
+    PyBuffer_Release(&exported->view);
+    throw py::error_already_set();
+  }
+  exported.release();
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
 }  // namespace
 
 void RegisterTensorView(py::module_& m) {
+  m.def("export_dlpack", &ExportDLPack, py::arg("array"),
+        "An unversioned DLPack capsule ('dltensor') sharing a C-contiguous host buffer,\n"
+        "read-only ones included (for Paddle before 3.3, which takes no versioned capsule).");
   py::class_<TensorView>(m, "TensorView", py::buffer_protocol(),
                          "A zero-copy view of a tensor's host memory, exported through the buffer\n"
                          "protocol (np.asarray(view) shares the memory). Build one with\n"

@@ -14,8 +14,18 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <type_traits>
 
 #include "paddle/phi/backends/device_ext.h"
+
+// CMake passes the release whose header this is (setup.py finds it); a bare compile
+// (tools/check_aarch64.sh) does not.
+#ifndef PADDLE_IPU_PADDLE_VERSION
+#define PADDLE_IPU_PADDLE_VERSION "(unknown)"
+#endif
+#ifndef PADDLE_IPU_PADDLE_SERIES
+#define PADDLE_IPU_PADDLE_SERIES PADDLE_IPU_PADDLE_VERSION
+#endif
 
 namespace {
 
@@ -217,14 +227,33 @@ C_Status MaxChunkSize(const C_Device, size_t* size) {
   return C_SUCCESS;
 }
 
-C_Status Fp16Supported(const C_Device, bool* supported) {
+[[maybe_unused]] C_Status Fp16Supported(const C_Device, bool* supported) {
   *supported = true;
   return C_SUCCESS;
 }
 
-C_Status Bf16Supported(const C_Device, bool* supported) {
+[[maybe_unused]] C_Status Bf16Supported(const C_Device, bool* supported) {
   *supported = false;
   return C_SUCCESS;
+}
+
+// Slots that only some releases' C_DeviceInterface has (is_float16_supported and
+// is_bfloat16_supported arrived in Paddle 3.2): set them where the header being
+// compiled against declares them.  PADDLE_CUSTOM_RUNTIME_*_VERSION is 0.1.1 in every
+// 3.x release, so it cannot tell the layouts apart; the member itself can.
+template <typename T, typename = void>
+struct HasFloat16Slots : std::false_type {};
+template <typename T>
+struct HasFloat16Slots<T, std::void_t<decltype(&T::is_float16_supported),
+                                      decltype(&T::is_bfloat16_supported)>>
+    : std::true_type {};
+
+template <typename T>
+void SetFloat16Slots(T* api) {
+  if constexpr (HasFloat16Slots<T>::value) {
+    api->is_float16_supported = Fp16Supported;
+    api->is_bfloat16_supported = Bf16Supported;
+  }
 }
 
 }  // namespace
@@ -248,6 +277,27 @@ PADDLE_IPU_EXPORT size_t paddle_ipu_device_count() { return DeviceCount(); }
 
 PADDLE_IPU_EXPORT void InitPlugin(CustomRuntimeParams* params) {
   PADDLE_CUSTOM_RUNTIME_CHECK_VERSION(params);
+  // Paddle allocates the interface table and writes its own sizeof into ->size
+  // before calling InitPlugin.  Every 3.x release has a different table (920, 976,
+  // 1032, 1128 bytes for 3.0 to 3.3) under the same runtime version 0.1.1; writing
+  // this build's table into another release's corrupts Paddle's heap, so `import
+  // paddle` crashes.  Refuse instead: with device_type left null Paddle skips the lib
+  // ("InitPlugin failed, please check the version compatibility") and paddle_ipu's
+  // import names the release to install.
+  if (params->interface == nullptr ||
+      params->interface->size != sizeof(C_DeviceInterface)) {
+    std::fprintf(stderr,
+                 "[paddle-ipu] error: the ipu plugin was built against PaddlePaddle "
+                 "%s, whose device interface differs from the installed one "
+                 "(%zu bytes here, %zu expected); the ipu device is not "
+                 "registered. Install paddlepaddle==%s.* or rebuild paddle-ipu "
+                 "against the installed PaddlePaddle.\n",
+                 PADDLE_IPU_PADDLE_VERSION,
+                 params->interface ? params->interface->size : size_t{0},
+                 sizeof(C_DeviceInterface), PADDLE_IPU_PADDLE_SERIES);
+    params->device_type = nullptr;
+    return;
+  }
   params->device_type = const_cast<char*>(kDeviceType);
   params->sub_device_type = const_cast<char*>("emulated");
 
@@ -298,8 +348,7 @@ PADDLE_IPU_EXPORT void InitPlugin(CustomRuntimeParams* params) {
   api->device_memory_stats = MemoryStats;
   api->device_min_chunk_size = MinChunkSize;
   api->device_max_chunk_size = MaxChunkSize;
-  api->is_float16_supported = Fp16Supported;
-  api->is_bfloat16_supported = Bf16Supported;
+  SetFloat16Slots(api);
 }
 
 }  // extern "C"

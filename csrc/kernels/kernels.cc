@@ -14,9 +14,17 @@
 // - embedding_grad: Paddle's hand-written embedding backward never moves the fallback's
 //   CPU result back to the device.
 //
+// Kernels an older release does not have (its headers declare no such function) are left
+// out of the build for that release and reported as skipped (PADDLE_IPU_PADDLE_MINOR, 100
+// x major + minor, comes from cmake/paddle.cmake).
+//
 // Registered at `import paddle_ipu` (paddle_ipu.device.register_kernels) for every dtype
 // and layout Paddle has a CPU kernel of that name for, after checking that the CPU
 // kernel's arguments are those of the declaration the forwarder was built from.
+
+#ifndef PADDLE_IPU_PADDLE_MINOR
+#error "PADDLE_IPU_PADDLE_MINOR (100 x major + minor of the PaddlePaddle built against) is unset: build through CMake"
+#endif
 
 #include <string>
 #include <typeindex>
@@ -62,7 +70,9 @@
 #include "paddle/phi/kernels/lerp_kernel.h"
 #include "paddle/phi/kernels/lgamma_kernel.h"
 #include "paddle/phi/kernels/logical_kernel.h"
+#if PADDLE_IPU_PADDLE_MINOR >= 301
 #include "paddle/phi/kernels/masked_fill_kernel.h"
+#endif
 #include "paddle/phi/kernels/momentum_kernel.h"
 #include "paddle/phi/kernels/polygamma_kernel.h"
 #include "paddle/phi/kernels/put_along_axis_kernel.h"
@@ -200,7 +210,6 @@ void Register(phi::Backend ipu) {
   X(multiply, MultiplyKernel, 0)                                                 \
   X(divide, DivideKernel, 0)                                                     \
   X(floor_divide, FloorDivideKernel, 0)                                          \
-  X(trunc_divide, TruncDivideKernel, 0)                                          \
   X(remainder, RemainderKernel, 0)                                               \
   X(elementwise_pow, ElementwisePowKernel, 0)                                    \
   X(copysign, CopySignKernel, 0)                                                 \
@@ -272,7 +281,6 @@ void Register(phi::Backend ipu) {
   /* writes into part of a tensor */                                             \
   X(set_value, SetValueKernel, 0)                                                \
   X(set_value_with_tensor, SetTensorValueKernel, 0)                              \
-  X(masked_fill, MaskedFillKernel, 0)                                            \
   X(index_put, IndexPutKernel, 0)                                                \
   X(index_add, IndexAddKernel, 0)                                                \
   X(put_along_axis, PutAlongAxisKernel, 0)                                       \
@@ -313,17 +321,46 @@ void Register(phi::Backend ipu) {
   X(embedding_grad, EmbeddingGradKernel, 1)                                      \
   X(embedding_sparse_grad, EmbeddingSparseGradKernel, 1)
 
+// Kernels by the release whose headers first declare them.
+#define PADDLE_IPU_KERNELS_SINCE_3_1(X) X(masked_fill, MaskedFillKernel, 0)
+#define PADDLE_IPU_KERNELS_SINCE_3_3(X) X(trunc_divide, TruncDivideKernel, 0)
+
+#if PADDLE_IPU_PADDLE_MINOR >= 301
+#define PADDLE_IPU_KERNELS_3_1(X) PADDLE_IPU_KERNELS_SINCE_3_1(X)
+#define PADDLE_IPU_ABSENT_3_1(X)
+#else
+#define PADDLE_IPU_KERNELS_3_1(X)
+#define PADDLE_IPU_ABSENT_3_1(X) PADDLE_IPU_KERNELS_SINCE_3_1(X)
+#endif
+#if PADDLE_IPU_PADDLE_MINOR >= 303
+#define PADDLE_IPU_KERNELS_3_3(X) PADDLE_IPU_KERNELS_SINCE_3_3(X)
+#define PADDLE_IPU_ABSENT_3_3(X)
+#else
+#define PADDLE_IPU_KERNELS_3_3(X)
+#define PADDLE_IPU_ABSENT_3_3(X) PADDLE_IPU_KERNELS_SINCE_3_3(X)
+#endif
+
 PADDLE_IPU_KERNELS(PADDLE_IPU_KERNEL)
+PADDLE_IPU_KERNELS_3_1(PADDLE_IPU_KERNEL)
+PADDLE_IPU_KERNELS_3_3(PADDLE_IPU_KERNEL)
 
 #define PADDLE_IPU_REGISTER(kernel_name, function, key) \
   paddle_ipu::Register<paddle_ipu::Entry_##kernel_name,   \
                        paddle_ipu::Entry_##kernel_name::Signature>(ipu);
+#define PADDLE_IPU_ABSENT(kernel_name, function, key)                                      \
+  paddle_ipu::TheReport().skipped.push_back(#kernel_name                                   \
+                                            ": not in the headers of PaddlePaddle "        \
+                                            PADDLE_IPU_PADDLE_VERSION ", this build's");
 
 // Adds the ipu kernels to Paddle's kernel factory (a key Paddle already has is kept).
 // Returns how many kernels were added; call once, after the ipu device is registered.
 extern "C" __attribute__((visibility("default"))) int paddle_ipu_register_kernels() {
   phi::Backend ipu = phi::TransToPhiBackend(phi::CustomPlace("ipu", 0));
   PADDLE_IPU_KERNELS(PADDLE_IPU_REGISTER)
+  PADDLE_IPU_KERNELS_3_1(PADDLE_IPU_REGISTER)
+  PADDLE_IPU_KERNELS_3_3(PADDLE_IPU_REGISTER)
+  PADDLE_IPU_ABSENT_3_1(PADDLE_IPU_ABSENT)
+  PADDLE_IPU_ABSENT_3_3(PADDLE_IPU_ABSENT)
   return paddle_ipu::TheReport().added;
 }
 

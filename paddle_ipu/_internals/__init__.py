@@ -31,7 +31,16 @@ from paddle_ipu.errors import PrivateApiError
 
 log = logging.getLogger("paddle_ipu")
 
-__all__ = ["Interface", "Result", "check", "interface", "interfaces", "main", "signature_of"]
+__all__ = [
+    "Interface",
+    "Result",
+    "Unavailable",
+    "check",
+    "interface",
+    "interfaces",
+    "main",
+    "signature_of",
+]
 
 #: the seam modules, imported by :func:`check`
 MODULES = (
@@ -60,6 +69,14 @@ class Result:
     interface: Interface
     ok: bool
     detail: str
+    #: the installed release lacks the interface by design and its fallback serves
+    fallback: bool = False
+
+
+class Unavailable(Exception):
+    """Raised by a probe whose interface the installed release does not have (one of
+    the supported releases before it appeared): the fallback is in use, which is not
+    a failure."""
 
 
 _REGISTRY: list[Interface] = []
@@ -119,6 +136,8 @@ def check() -> list[Result]:
     for item in interfaces():
         try:
             results.append(Result(item, True, item.probe()))
+        except Unavailable as exc:
+            results.append(Result(item, True, f"{exc}; fallback: {item.fallback}", fallback=True))
         except Exception as exc:  # a probe reports every failure, whatever it is
             results.append(Result(item, False, f"{type(exc).__name__}: {exc}"))
     return results
@@ -141,8 +160,10 @@ def main() -> int:
     for dep, version in versions.items():
         print(f"{dep} {version} (interfaces checked on {checked.get(dep, '?')})")
     for r in results:
-        mark = "ok  " if r.ok else "FAIL"
+        mark = ("fall" if r.fallback else "ok  ") if r.ok else "FAIL"
         print(f"{mark} {r.interface.dependency}: {r.interface.name} -- {r.detail}")
     failed = [r for r in results if not r.ok]
-    print(f"{len(results) - len(failed)} of {len(results)} private interfaces work")
+    fallbacks = sum(r.fallback for r in results)
+    note = f" ({fallbacks} through a fallback on this release)" if fallbacks else ""
+    print(f"{len(results) - len(failed)} of {len(results)} private interfaces work{note}")
     return 1 if failed else 0

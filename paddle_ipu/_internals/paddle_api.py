@@ -1,4 +1,5 @@
-"""PaddlePaddle's private interfaces, as paddle-ipu uses them (checked on 3.3.1).
+"""PaddlePaddle's private interfaces, as paddle-ipu uses them (checked on 3.3.1, 3.2.2,
+3.1.1 and 3.0.0; see :data:`CHECKED_ON`).
 
 Scope tensors (``DenseTensor``) have no public API for what a zero-copy plugin needs
 (is it allocated, where, at what address, share its storage), PIR has no public way to
@@ -17,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._internals import broken, fallback_used, interface, signature_of
+from paddle_ipu._internals import Unavailable, broken, fallback_used, interface, signature_of
 
-CHECKED_ON = "3.3.1"
+CHECKED_ON = "3.3.1, 3.2.2, 3.1.1, 3.0.0"
 _DEP = "paddlepaddle"
 
 
@@ -99,6 +100,18 @@ def dense_from_dlpack(capsule: Any) -> Any:
     return fn(capsule)
 
 
+def dense_from_array(arr: np.ndarray) -> Any:
+    """A ``DenseTensor`` sharing a C-contiguous array's memory (``core.from_dlpack`` of
+    an unversioned capsule the compiled core makes).  Not numpy's own capsules: Paddle
+    before 3.3 takes no versioned one, numpy makes no unversioned one of a read-only
+    array (the compiled model's weights are read-only), and numpy's deleter takes the
+    GIL on whatever thread Paddle frees the tensor, which deadlocked Paddle 3.1.1 (its
+    interpreter's destructor joins its garbage collector thread with the GIL held)."""
+    from paddle_ipu import _core
+
+    return dense_from_dlpack(_core.export_dlpack(arr))
+
+
 def legacy_fp16_type() -> Any:
     """The legacy IR's float16 variable type (``paddle.base.core.VarDesc.VarType.FP16``)."""
     import paddle
@@ -174,6 +187,21 @@ def keep_in_scope(value: Any, name: str) -> None:
     program leaves parameters (``_pir_ops.set_persistable_value``)."""
     value.persistable = True
     pir_ops().set_persistable_value(value, name)
+
+
+# -- Python ops (PIR) -----------------------------------------------------------------
+
+
+def python_ops() -> tuple[Any, Any] | None:
+    """``(paddle.static.MetaTensor, paddle.static.register_op)``: PIR's Python ops, which
+    let Paddle's own executor run a compiled program (Paddle 3.3 on); None before."""
+    import paddle
+
+    meta = getattr(paddle.static, "MetaTensor", None)
+    register = getattr(paddle.static, "register_op", None)
+    if meta is None or register is None:
+        return None
+    return meta, register
 
 
 # -- the static executor ------------------------------------------------------------------
@@ -391,11 +419,15 @@ def _probe_sharing() -> str:
     share_data(other, tensor)
     assert data_ptr(other) == data_ptr(tensor)
     arr = np.full((4,), 7.0, np.float32)
-    shared = dense_from_dlpack(arr.__dlpack__(max_version=(1, 0)))
+    shared = dense_from_array(arr)
     target = scope.var("from_dlpack").get_tensor()
     share_data(target, shared)
     assert data_ptr(target) == arr.ctypes.data and isinstance(target, paddle.base.core.DenseTensor)
-    return "views, shares and adopts storage without a copy"
+    frozen = np.full((4,), 5.0, np.float32)
+    frozen.flags.writeable = False
+    adopted = dense_from_array(frozen)
+    assert data_ptr(adopted) == frozen.ctypes.data
+    return "views, shares and adopts storage (read-only arrays too) without a copy"
 
 
 @interface(_DEP, "paddle._pir_ops (fetch, set_persistable_value, ...)", "graph rewrites")
@@ -509,6 +541,20 @@ def _probe_dy2static() -> str:
         ops = {op.name(): op for op in concrete.main_program.global_block().ops}
     assert op_has_gradient(ops["pd_op.matmul"]) and not op_has_gradient(ops["pd_op.data"])
     return "a decorated forward is a StaticFunction bound to its Layer; has_vjp answers"
+
+
+@interface(
+    _DEP,
+    "paddle.static.register_op, MetaTensor (Paddle 3.3 on)",
+    "compiled programs run by Paddle's executor (PADDLE_IPU_DIRECT_RUN=0, exe.run options)",
+    fallback="the Executor.run hook runs every compiled program directly",
+)
+def _probe_python_ops() -> str:
+    import paddle
+
+    if python_ops() is None:
+        raise Unavailable(f"PaddlePaddle {paddle.__version__} has no PIR Python ops")
+    return "present"
 
 
 @interface(
@@ -642,11 +688,23 @@ def show_ipu_to_launcher() -> None:
     "distributed.launch.context.device: get_all_custom_device_type, "
     "get_available_custom_device, Device.detect_device",
     "CPU jobs under paddle.distributed.launch with the ipu plugin installed",
+    fallback="none needed before Paddle 3.3, whose launcher takes a custom device only "
+    "when PADDLE_XCCL_BACKEND names it",
 )
 def _probe_launcher() -> str:
     import importlib
+    import os
 
     module = importlib.import_module(LAUNCHER_DEVICE_MODULE)
+    if not hasattr(module, "get_all_custom_device_type"):
+        # Paddle 3.0 to 3.2 (launch/context/device.py) look at custom devices only under
+        # PADDLE_XCCL_BACKEND: the ipu plugin changes nothing for a CPU job.
+        detail = "this release's launcher looks for custom devices only under PADDLE_XCCL_BACKEND"
+        if "PADDLE_XCCL_BACKEND" not in os.environ:
+            device = module.Device.detect_device()
+            assert device.dtype == module.DeviceType.CPU, device.dtype
+            detail += f" (it detects {device.dtype!r} with the ipu device registered)"
+        raise Unavailable(detail)
     for name in ("get_all_custom_device_type", "get_available_custom_device"):
         assert callable(getattr(module, name)), name
     device = module.Device.detect_device()

@@ -14,7 +14,11 @@ Paddle unchanged:
   whole graph (see :mod:`paddle_ipu.frontends.implicit`; ``PADDLE_IPU_IMPLICIT_COMPILE=0``
   turns that off).
 
-Checked on Paddle 3.3.0 and 3.3.1, whose ``Executor.run`` has the signature
+Before Paddle 3.3 a compiled program holds no op Paddle's executor could run (see
+:mod:`paddle_ipu.frontends.graph_op`): every compiled program then runs directly.
+
+Checked on Paddle 3.0.0, 3.1.1, 3.2.2, 3.3.0 and 3.3.1, whose ``Executor.run`` has the
+signature
 ``run(program, feed, fetch_list, feed_var_name, fetch_var_name, scope,
 return_numpy, use_program_cache, use_prune)``.
 """
@@ -160,6 +164,10 @@ def _run_compiled(
     if simple and env_flag("PADDLE_IPU_DIRECT_RUN", True):
         outs = compiled.run(dict(feed or {}))
         return [_sized(outs[i]) for i in index]
+    from paddle_ipu._internals import paddle_api
+
+    if paddle_api.python_ops() is None:
+        return _run_without_paddle(compiled, feed, index, options)
     executor = compiled.require_executor()
     # Paddle's executor fails on unknown or missing feeds with its own errors
     # before the op runs: check the names first.
@@ -175,3 +183,25 @@ def _run_compiled(
             executor.last_error = None
             raise error from exc
         raise
+
+
+def _run_without_paddle(
+    compiled: Any, feed: Any, index: list[int], options: dict[str, Any]
+) -> list[Any]:
+    """Paddle before 3.3 has no PIR Python op, so a compiled program cannot run through
+    Paddle's executor: it runs directly whatever the options (a scope or use_prune
+    changes nothing for a compiled program), and ``return_numpy=False`` gets CPU
+    DenseTensors as Paddle's executor returns them."""
+    outs = compiled.run(dict(feed or {}))
+    picked = [outs[i] for i in index]
+    if options.get("return_numpy", True):
+        return [_sized(v) for v in picked]
+    import paddle
+    from paddle.base import core
+
+    tensors = []
+    for array in picked:
+        tensor = core.DenseTensor()
+        tensor.set(array, paddle.CPUPlace())
+        tensors.append(tensor)
+    return tensors

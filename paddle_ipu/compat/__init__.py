@@ -106,7 +106,12 @@ def is_compiled_with_ipu() -> bool:
 
 
 def _is_ipu_place(obj: Any) -> bool:
+    import paddle
+
     try:
+        # Paddle 3.0's CustomPlace (what Executor.place is) has no is_custom_place()
+        if isinstance(obj, paddle.CustomPlace):
+            return bool(obj.get_device_type() == "ipu")
         return bool(obj.is_custom_place()) and obj.get_device_type() == "ipu"
     except Exception:
         return False

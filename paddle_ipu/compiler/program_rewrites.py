@@ -147,6 +147,17 @@ def _copy_placement(block: Any, op: Any, before: set[int]) -> None:
                 new_op.set_int_attr(attr, op_int_attr(op, attr))
 
 
+def _scaled_size(size: int, scale: float) -> float:
+    """``size * scale`` as Paddle computes the output size.  Paddle 3.3 keeps the
+    ``scale`` attribute as doubles (1.4 reads back as 1.4); 3.0 to 3.2 keep floats (1.4
+    reads back as 1.399999976...), whose product with the size is whole only in float32
+    arithmetic, which is what Paddle's kernels use."""
+    exact = size * scale
+    if abs(exact - round(exact)) <= 1e-9 or float(np.float32(scale)) != scale:
+        return exact
+    return float(np.float32(size) * np.float32(scale))
+
+
 def rewrite_interp_scale(block: Any) -> dict[int, Any]:
     """``interpolate(x, scale_factor=s)`` -> ``interpolate(x, size=in * s)``.
 
@@ -169,7 +180,7 @@ def rewrite_interp_scale(block: Any) -> dict[int, Any]:
         spatial = list(shape[1:-1] if fmt.endswith("C") and fmt != "NC" else shape[2:])
         if len(scale) == 1:
             scale = scale * len(spatial)
-        sizes = [d * s for d, s in zip(spatial, scale)]
+        sizes = [_scaled_size(d, s) for d, s in zip(spatial, scale)]
         # Paddle's own output size (it rounds in float32) must be that whole number.
         result_shape = shape_of(op.result(0))
         declared = list(result_shape[1:-1] if fmt.endswith("C") else result_shape[2:])

@@ -5,7 +5,8 @@
 works as in Paddle 2.x.  The op is a ``paddle.static.register_op`` Python op whose
 function runs the compiled program's executor; the program returned holds the
 compiled program strongly, the op only weakly, so dropping the program releases the
-executor.
+executor.  Paddle before 3.3 has no Python op: the program then holds the feeds only,
+and the Executor.run hook runs every compiled program directly.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ def build_graph_program(
     the compiled program only weakly: the returned program holds it strongly (its
     ``ipu_compiled_program``), and dropping both releases the executor."""
     import paddle
-    from paddle.static import MetaTensor, register_op
+
+    ops = paddle_api.python_ops()
+    if ops is None:
+        return _build_shell_program(compiled, shapes)
+    MetaTensor, register_op = ops
 
     paddle_api.prime_paddle_inference()
 
@@ -106,6 +111,34 @@ def build_graph_program(
         for col, (value, name) in enumerate(zip(outs, fetch_names)):
             paddle_api.emit_fetch(value, name, col)
     # pir.Program takes new attributes; Paddle 2.x's compiled program had these.
+    setattr(prog, "fetch_names", fetch_names)  # noqa: B010
+    setattr(prog, "feed_names", feed_names)  # noqa: B010
+    return prog
+
+
+def _build_shell_program(
+    compiled: Any,
+    shapes: tuple[list[list[int]], list[list[int]]] | None = None,
+) -> Any:
+    """Before Paddle 3.3 (no PIR Python op): a program with the compiled program's data
+    ops and names only.  The Executor.run hook runs it directly whatever the options
+    (paddle_ipu._internals.run_hook); Paddle's own executor, with the hooks uninstalled,
+    finds no fetch in it and says so."""
+    import paddle
+
+    executor = compiled.require_executor()
+    model = executor.model
+    layout = executor.layout
+    feed_names = [spec.paddle_name or spec.name for spec in model.inputs]
+    fetch_names = [spec.paddle_name or spec.name for spec in model.outputs]
+    prog = paddle.static.Program()
+    with paddle.static.program_guard(prog, paddle.static.Program()):
+        for k, (name, spec) in enumerate(zip(feed_names, model.inputs)):
+            paddle.static.data(
+                name,
+                list(layout.input_shape(spec.shape)) if shapes is None else shapes[0][k],
+                _paddle_dtype(spec.dtype),
+            )
     setattr(prog, "fetch_names", fetch_names)  # noqa: B010
     setattr(prog, "feed_names", feed_names)  # noqa: B010
     return prog

@@ -47,7 +47,12 @@ _CACHE_ATTR = "_paddle_ipu_implicit"
 
 
 def _is_ipu_place(place: Any) -> bool:
+    import paddle
+
     try:
+        # Paddle 3.0's CustomPlace (what Executor.place is) has no is_custom_place()
+        if isinstance(place, paddle.CustomPlace):
+            return bool(place.get_device_type() == "ipu")
         return bool(place.is_custom_place()) and place.get_device_type() == "ipu"
     except Exception:
         return False

@@ -34,7 +34,8 @@ for name, inputs in [
     ("reciprocal", P), ("round", X), ("rsqrt", P), ("sigmoid", X), ("sign", X), ("sin", X),
     ("sinh", X), ("sqrt", P), ("square", X), ("tan", U), ("tanh", X),
 ]:  # fmt: skip
-    add(name, name, inputs, getattr(paddle, name))
+    # paddle.sigmoid is top-level from Paddle 3.2 on (paddle.nn.functional before)
+    add(name, name, inputs, getattr(paddle, name, None) or getattr(F, name))
 add("abs.rank3", "abs", X3, paddle.abs)
 # small arguments: log(1 + x) would lose them (a relative error near 1e-3 here)
 add("log1p.small", "log1p", X, lambda x: paddle.log1p(x * 1e-4), fp16=False)

@@ -107,6 +107,26 @@ def test_bad_device_count_falls_back_with_error(bad: str) -> None:
     assert f'{device.DEVICE_COUNT_ENV}="{bad}" is not a device count' in proc.stderr
 
 
+#: ipu kernels whose CPU kernel older releases' headers do not declare -> the first series
+#: that does (csrc/kernels/kernels.cc leaves them out of builds for older ones)
+KERNELS_SINCE = {"masked_fill": (3, 1), "trunc_divide": (3, 3)}
+#: kernels whose CPU kernel registers other arguments than its declaration (on every
+#: supported release): they keep Paddle's CPU fallback
+MISMATCHED = {"sgd_sparse_param_sparse_grad"}
+
+
+def test_every_ipu_kernel_is_registered_unless_this_release_lacks_it() -> None:
+    from paddle_ipu._infra.paddle_releases import series
+
+    release = series(paddle.__version__)
+    skipped = dict(line.split(": ", 1) for line in device.kernels_not_registered())
+    absent = {name for name, since in KERNELS_SINCE.items() if release < since}
+    assert {k for k, why in skipped.items() if why.startswith("not in the headers")} == absent
+    for name in absent:
+        assert paddle_ipu._core.paddle_version in skipped[name]
+    assert set(skipped) - absent == MISMATCHED, skipped
+
+
 def test_version_and_build_info() -> None:
     assert paddle_ipu.__version__
     info = paddle_ipu._core.build_info()
@@ -117,10 +137,25 @@ def test_version_mismatch_is_refused() -> None:
     from paddle_ipu._infra.versions import check_paddle_version
 
     check_paddle_version("3.3.1", "3.3.1")
+    check_paddle_version("3.3.0", "3.3.1")  # one series, one C ABI
+    check_paddle_version("3.2.0", "3.2.2")
+    # another supported series than the build's: both releases and the range named
     with pytest.raises(
-        paddle_ipu.PaddleVersionError, match=r"built against PaddlePaddle 3\.3\.1.*3\.4\.0"
+        paddle_ipu.PaddleVersionError,
+        match=r"built against PaddlePaddle 3\.3\.1, but PaddlePaddle 3\.2\.2 .*"
+        r"supports PaddlePaddle 3\.0 to 3\.3 \(paddlepaddle>=3\.0,<3\.4\).*"
+        r"Install paddlepaddle==3\.3\.\*",
+    ):
+        check_paddle_version("3.2.2", "3.3.1")
+    # an unsupported release
+    with pytest.raises(
+        paddle_ipu.PaddleVersionError,
+        match=r"PaddlePaddle 3\.4\.0 is installed, but paddle-ipu supports PaddlePaddle "
+        r"3\.0 to 3\.3 .*made against PaddlePaddle 3\.3\.1",
     ):
         check_paddle_version("3.4.0", "3.3.1")
+    with pytest.raises(paddle_ipu.PaddleVersionError, match=r"PaddlePaddle 2\.6\.2 is installed"):
+        check_paddle_version("2.6.2", "3.3.1")
 
 
 def test_import_refuses_other_paddle_version() -> None:
@@ -135,6 +170,9 @@ def test_import_refuses_other_paddle_version() -> None:
     )
     assert "PaddleVersionError" in proc.stdout
     assert "9.9.9" in proc.stdout
+    from paddle_ipu._infra.paddle_releases import RANGE, describe
+
+    assert f"supports PaddlePaddle {describe()} ({RANGE})" in proc.stdout
 
 
 def test_import_hook_never_breaks_import_paddle(tmp_path) -> None:

@@ -66,11 +66,12 @@ def test_writes_through_the_view_reach_the_tensor(device: str) -> None:
 
 
 def test_paddle_inplace_ops_are_seen_through_the_view(eager: None) -> None:
+    # (.cpu() rather than device="cpu": the creation ops take device= from Paddle 3.2 on)
     # CPU only: on the ipu place an in-place op without an ipu kernel updates a CPU
     # copy and the tensor itself keeps its old values (a plugin limitation).
-    x = paddle.zeros([3, 5], dtype="float32", device="cpu")
+    x = paddle.zeros([3, 5], dtype="float32").cpu()
     a = as_numpy(x)
-    x.add_(paddle.ones([3, 5], device="cpu"))
+    x.add_(paddle.ones([3, 5]).cpu())
     np.testing.assert_array_equal(a, np.ones((3, 5), np.float32))
 
 
@@ -132,7 +133,7 @@ def test_non_contiguous_is_refused(device: str) -> None:
 
 
 def test_non_contiguous_dense_tensor_is_refused_on_cpu(eager: None) -> None:
-    x = paddle.arange(12, dtype="float32", device="cpu").reshape([3, 4])
+    x = paddle.arange(12, dtype="float32").cpu().reshape([3, 4])
     with pytest.raises(TensorViewError, match="non-contiguous"):
         view(x[:, 1:3].get_tensor())
 
@@ -210,9 +211,9 @@ def test_onnxruntime_reads_and_writes_through_views(eager: None) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    a = paddle.arange(6, dtype="float32", device="cpu").reshape([2, 3])
-    b = paddle.full([2, 3], 10.0, device="cpu")
-    c = paddle.zeros([2, 3], device="cpu")
+    a = paddle.arange(6, dtype="float32").cpu().reshape([2, 3])
+    b = paddle.full([2, 3], 10.0).cpu()
+    c = paddle.zeros([2, 3]).cpu()
     io = sess.io_binding()
     # Input: an OrtValue over the numpy array that shares the tensor's memory.
     a_val = ort.OrtValue.ortvalue_from_numpy(as_numpy(a, readonly=True))
@@ -224,3 +225,23 @@ def test_onnxruntime_reads_and_writes_through_views(eager: None) -> None:
     io.bind_output("c", "cpu", 0, np.float32, list(cv.shape), cv.data_ptr)
     sess.run_with_iobinding(io)
     np.testing.assert_array_equal(c.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3) + 10)
+
+
+def test_exported_capsule_shares_a_read_only_array_and_lets_it_go() -> None:
+    """paddle_api.dense_from_array: the compiled core's DLPack capsule (every Paddle
+    3.x takes it) shares a read-only array, and Paddle freeing the tensor releases it."""
+    import gc
+    import sys
+
+    from paddle_ipu._internals import paddle_api
+
+    arr = np.arange(6, dtype=np.float32)
+    arr.flags.writeable = False
+    before = sys.getrefcount(arr)
+    dense = paddle_api.dense_from_array(arr)
+    assert paddle_api.data_ptr(dense) == arr.ctypes.data
+    assert np.asarray(dense).tolist() == arr.tolist()
+    assert sys.getrefcount(arr) == before + 1
+    del dense
+    gc.collect()
+    assert sys.getrefcount(arr) == before

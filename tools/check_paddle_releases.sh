@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# paddle-ipu on other supported PaddlePaddle releases than the one the main environment
+# holds. For each VERSION: a new virtual environment with paddlepaddle==VERSION, then
+# `pip install ".[test]"` with pip's defaults (an isolated build, which must compile
+# against that Paddle and keep it), the private-interface probes, and the fast test tier
+# (`pytest -m "not slow"`) with that environment's pytest.
+#
+#   tools/check_paddle_releases.sh [--fetch-only] [VERSION...]     (default: 3.2.2)
+#
+# Every wheel installed comes from one folder (PADDLE_IPU_RELEASE_WHEELS, default
+# build/paddle-releases), filled by one `pip download` per VERSION: the installs here, and
+# tests/e2e/test_paddle_releases.py after them, run with --no-index and download nothing.
+# --fetch-only fills the folder and stops. Run it with the Python of an environment
+# paddle-ipu is installed in (CI's .venv): paddle-ipu's requirements are read from that
+# installation, its build requirements from pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+fetch_only=0
+if [ "${1:-}" = "--fetch-only" ]; then
+  fetch_only=1
+  shift
+fi
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=(3.2.2)
+wheels=${PADDLE_IPU_RELEASE_WHEELS:-$root/build/paddle-releases}
+mkdir -p "$wheels"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# What an install of ".[test]" needs besides Paddle: the build requirements, paddle-ipu's
+# own requirements (Paddle's left out: each VERSION brings its own) and the test extra.
+python - "$work/requirements.txt" <<'PY'
+import importlib.metadata as metadata
+import sys
+import tomllib
+
+with open("pyproject.toml", "rb") as f:
+    lines = list(tomllib.load(f)["build-system"]["requires"])
+for requirement in metadata.requires("paddle-ipu") or []:
+    name, _, marker = requirement.partition(";")
+    if name.strip().lower().startswith("paddlepaddle"):
+        continue
+    if not marker or 'extra == "test"' in marker:
+        lines.append(name.strip())
+with open(sys.argv[1], "w") as f:
+    f.write("\n".join(lines) + "\n")
+PY
+
+for version in "${versions[@]}"; do
+  start=$(date +%s)
+  python -m pip download --quiet --dest "$wheels" "paddlepaddle==$version" -r "$work/requirements.txt"
+  echo "check_paddle_releases: wheels for PaddlePaddle $version in $wheels ($(( $(date +%s) - start )) s)"
+done
+[ "$fetch_only" = 0 ] || exit 0
+
+# The checkout's files (tracked and new, not ignored), so that pip's in-place build of a
+# local folder leaves this tree's build folder alone.
+git ls-files -co --exclude-standard -z | xargs -0 tar -cf "$work/src.tar"
+
+for version in "${versions[@]}"; do
+  start=$(date +%s)
+  venv="$work/venv-$version"
+  src="$work/src-$version"
+  mkdir -p "$src"
+  tar -xf "$work/src.tar" -C "$src"
+  python3 -m venv "$venv"
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$wheels"
+  "$venv/bin/pip" install --quiet "paddlepaddle==$version"
+  "$venv/bin/pip" install --quiet "$src[test]"
+  unset PIP_NO_INDEX PIP_FIND_LINKS
+  installed=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('paddlepaddle'))")
+  if [ "$installed" != "$version" ]; then
+    echo "check_paddle_releases: pip replaced PaddlePaddle $version with $installed" >&2
+    exit 1
+  fi
+  echo "check_paddle_releases: PaddlePaddle $version kept, paddle-ipu built against it ($(( $(date +%s) - start )) s)"
+  (cd "$work" && "$venv/bin/python" -m paddle_ipu._internals)
+  start=$(date +%s)
+  (cd "$root" && "$venv/bin/pytest" -q -m "not slow" -p no:cacheprovider)
+  echo "check_paddle_releases: fast tier on PaddlePaddle $version: $(( $(date +%s) - start )) s"
+  rm -rf "$venv" "$src"
+done
