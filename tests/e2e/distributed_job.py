@@ -6,12 +6,13 @@ one process per instance under ``python -m paddle.distributed.launch``.
 The job's batch of ``BATCH`` rows is new every step (drawn from the step number); each
 instance trains on its shard (``paddle_ipu.distributed.shard``).  Each rank starts from
 its own random weights (the job trains from rank 0's).  It writes, in the config's
-``out`` folder: ``init.npz`` (rank 0's weights before training), ``rank<R>.json`` (the
-loss anchors of every step) and ``rank<R>.npz`` (every persistable variable after the
-last step, weights and optimizer state).  ``mode``: ``train``; ``save`` (checkpoint
-after ``save_at`` steps, then go on); ``resume`` (load the checkpoint, run the steps
-after ``save_at``); ``wait`` (write ``rank<R>.pid`` and sleep ``pause`` s between
-steps, for a test to kill or stop one rank).
+``out`` folder: ``init<R>.npz`` (rank R's weights before training), ``rank<R>.json``
+(the loss anchors of every step) and ``rank<R>.npz`` (every persistable variable after
+the last step, weights and optimizer state).  ``mode``: ``train``; ``save`` (checkpoint
+after ``save_at`` steps to ``rank<R>/ckpt.safetensors``, a path relative to a working
+folder of each rank's own, then go on); ``resume`` (load ``rank<R>/ckpt.safetensors``,
+run the steps after ``save_at``); ``wait`` (write ``rank<R>.pid`` and sleep ``pause`` s
+between steps, for a test to kill or stop one rank).
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def main() -> None:
     scope = paddle.static.global_scope()
     exe = paddle.static.Executor(paddle_ipu.device.place())  # this process's ipu
     exe.run(startup)
-    if rank == 0 and mode != "resume":
-        np.savez(os.path.join(out, "init.npz"), **persistables(prog, scope))
+    if mode != "resume":
+        np.savez(os.path.join(out, f"init{rank}.npz"), **persistables(prog, scope))
 
     s = paddle_ipu.IpuStrategy()
     rows = BATCH // job.count  # this instance's rows per step
@@ -104,7 +105,11 @@ def main() -> None:
 
     steps = range(int(cfg.get("steps", 10)))
     save_at = int(cfg.get("save_at", -1))
-    ckpt = os.path.join(out, "ckpt.safetensors")
+    ckpt = "ckpt.safetensors"
+    if mode in ("save", "resume"):
+        # each rank in a folder of its own: a relative path shows who wrote the file
+        os.makedirs(os.path.join(out, f"rank{rank}"), exist_ok=True)
+        os.chdir(os.path.join(out, f"rank{rank}"))
     if mode == "resume":
         paddle_ipu.checkpoint.load(compiled, ckpt)
         steps = range(save_at, int(cfg.get("steps", 10)))

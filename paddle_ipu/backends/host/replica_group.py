@@ -356,7 +356,10 @@ class ReplicaGroup:
     def _diagnose(self, lost: int | None, pair: int) -> tuple[tuple[int, ...], str]:
         store, others = self._store, [r for r in range(self.size) if r != self.rank]
         if lost is not None:
-            return self._blame(lost, f"rank {lost} closed its connection: its process died")
+            why = f"rank {lost} closed its connection: its process died"
+            # with two ranks gloo's peer is the one; with more, it may have given up
+            # because of another (its note says which)
+            return ((lost,), why) if self.size == 2 else self._blame(lost, why)
         before = {r: store.add(f"hb/{r}") for r in others}
         time.sleep(2.5 * HEARTBEAT_S)
         stopped = tuple(r for r in others if store.add(f"hb/{r}") == before[r])
