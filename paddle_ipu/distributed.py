@@ -43,11 +43,11 @@ def shard(batch: Any, *, axis: int = 0, name: str = "batch") -> np.ndarray:
     array = np.asarray(batch)
     here = job()
     if array.ndim == 0:
-        raise FeedError(f"{name}: a scalar has no rows to share among {here.count} instances")
+        raise FeedError(f"{name!r}: a scalar has no rows to share among {here.count} instances")
     rows = array.shape[axis]
     if rows % here.count:
         raise FeedError(
-            f"{name}: {rows} rows along axis {axis} do not split evenly among the job's "
+            f"{name!r}: {rows} rows along axis {axis} do not split evenly among the job's "
             f"{here.count} instances (expected a multiple of {here.count}, received {rows})"
         )
     size = rows // here.count

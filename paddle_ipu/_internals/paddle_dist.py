@@ -21,6 +21,7 @@ buffer per step.  The private interfaces, each with its probe:
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -89,7 +90,16 @@ def gloo_group(world: int) -> Any:
 
     with dygraph_mode():
         if not dist.is_initialized():
-            with _gloo_backend():
+            from paddle_ipu._internals.paddle_logs import asked_for_paddle_logs
+
+            # init_parallel_env prints Paddle's modified flags to stdout: Paddle's own
+            # lines, kept from the user unless asked for (PADDLE_IPU_PADDLE_LOGS=1)
+            quiet = (
+                contextlib.nullcontext()
+                if asked_for_paddle_logs()
+                else contextlib.redirect_stdout(io.StringIO())
+            )
+            with _gloo_backend(), quiet:
                 dist.init_parallel_env()
         group = dist.get_group()
         if not _is_gloo(group):

@@ -166,25 +166,16 @@ def test_two_launchers_as_two_hosts_train_the_same_bits(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     _launch(one, {"steps": STEPS})
     master = f"127.0.0.1:{_free_port()}"
+    args = ("--nnodes", "2", "--master", master, "--nproc_per_node", "1")
     procs = [
         subprocess.Popen(
-            _launcher(
-                two,
-                {"steps": STEPS},
-                "--nnodes",
-                "2",
-                "--master",
-                master,
-                "--nproc_per_node",
-                "1",
-                log=f"log{node}",
-            ),
+            _launcher(two, {"steps": STEPS}, *args, log=f"log{node}"),
             cwd=two,
             env=_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for node in (0, 1)
     ]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
@@ -271,5 +262,5 @@ def test_without_a_launcher_enable_distribution_says_how_to_launch(tmp_path: Pat
     s.set_graph_config(is_training=True, micro_batch_size=4)
     s.set_options({"enable_distribution": True, "backend": "host"})
     compiled = paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s)
-    with pytest.raises(NotSupportedError, match="paddle.distributed.launch --nproc_per_node"):
+    with pytest.raises(NotSupportedError, match=r"paddle\.distributed\.launch --nproc_per_node"):
         compiled.compile(["x", "y"], [loss])

@@ -184,6 +184,8 @@ class ReplicaGroup:
         self.size = job.count
         #: collectives this rank has started (the heartbeat publishes it)
         self.collectives = 0
+        #: seconds spent in them, packing and unpacking included (bench/distributed.py)
+        self.seconds = 0.0
         self._barriers = 0
         self._flat: np.ndarray | None = None
         self._flat_tensor: Any = None
@@ -201,6 +203,7 @@ class ReplicaGroup:
         valid until the next call."""
         if self.size == 1:
             return [np.asarray(a, dtype=np.float32) for a in arrays]
+        start = time.perf_counter()
         sizes = [int(np.size(a)) for a in arrays]
         total = sum(sizes)
         if self._flat is None or self._flat.size != total:
@@ -217,6 +220,7 @@ class ReplicaGroup:
         for array, n in zip(arrays, sizes):
             out.append(flat[offset : offset + n].reshape(np.shape(array)))
             offset += n
+        self.seconds += time.perf_counter() - start
         return out
 
     def broadcast_from_first(
@@ -227,7 +231,9 @@ class ReplicaGroup:
         if self.size == 1:
             return dict(arrays)
         names = sorted(arrays)
-        values = [np.ascontiguousarray(arrays[n]) for n in names]
+        # (not np.ascontiguousarray: it makes a 0-d array, the lr, 1-d)
+        values = [np.asarray(arrays[n]) for n in names]
+        values = [v if v.flags.c_contiguous else v.copy() for v in values]
         layout = ";".join(f"{n}:{v.dtype.str}:{list(v.shape)}" for n, v in zip(names, values))
         self.check_agreement(layout.encode(), f"the names, shapes and dtypes of {what}")
         total = sum(v.nbytes for v in values)
@@ -436,7 +442,8 @@ def for_session(config: SessionConfig) -> ReplicaGroup | None:
         ("global_replication_factor", group_job.total_replicas(local)),
         ("global_replica_offset", group_job.replica_offset(local)),
     ):
-        if config.changed(name) and int(config.option(name)) != want:
+        given = name in config.explicit or config.changed(name)
+        if given and int(config.option(name)) != want:
             raise OptionError(
                 f"{name} is {int(config.option(name))}, but this job has {group_job.count} "
                 f"process(es) x {local} local replica(s): expected {want} on rank "
