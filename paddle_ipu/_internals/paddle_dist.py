@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,6 +83,25 @@ def _gloo_backend() -> Iterator[None]:
             os.environ[name] = before
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """``init_parallel_env`` writes Paddle's modified flags to stderr: Paddle's own
+    lines, kept from the user unless asked for (``PADDLE_IPU_PADDLE_LOGS=1``); shown
+    when it fails."""
+    from paddle_ipu._internals.paddle_logs import asked_for_paddle_logs
+
+    if asked_for_paddle_logs():
+        yield
+        return
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            yield
+    except BaseException:
+        sys.stderr.write(captured.getvalue())
+        raise
+
+
 def gloo_group(world: int) -> Any:
     """The job's gloo process group over all ``world`` ranks: the default group
     (``dist.init_parallel_env()``, made here when the script did not call it), or a
@@ -90,16 +110,7 @@ def gloo_group(world: int) -> Any:
 
     with dygraph_mode():
         if not dist.is_initialized():
-            from paddle_ipu._internals.paddle_logs import asked_for_paddle_logs
-
-            # init_parallel_env prints Paddle's modified flags to stdout: Paddle's own
-            # lines, kept from the user unless asked for (PADDLE_IPU_PADDLE_LOGS=1)
-            quiet = (
-                contextlib.nullcontext()
-                if asked_for_paddle_logs()
-                else contextlib.redirect_stdout(io.StringIO())
-            )
-            with _gloo_backend(), quiet:
+            with _gloo_backend(), _quiet():
                 dist.init_parallel_env()
         group = dist.get_group()
         if not _is_gloo(group):

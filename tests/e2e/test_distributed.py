@@ -264,3 +264,25 @@ def test_without_a_launcher_enable_distribution_says_how_to_launch(tmp_path: Pat
     compiled = paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s)
     with pytest.raises(NotSupportedError, match=r"paddle\.distributed\.launch --nproc_per_node"):
         compiled.compile(["x", "y"], [loss])
+
+
+@pytest.mark.slow
+def test_the_script_of_the_docs_runs_under_the_launcher(tmp_path: Path) -> None:
+    import re
+
+    text = (SCRIPT.parents[2] / "docs" / "distributed.md").read_text()
+    block = re.search(r"## The script\n\n```python\n(.*?)```", text, re.S)
+    assert block is not None
+    (tmp_path / "train.py").write_text(block.group(1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2",
+         "--log_dir", "log", "train.py"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, _logs(tmp_path) + proc.stdout[-3000:]
+    rank0 = (tmp_path / "log" / "workerlog.0").read_text().splitlines()
+    printed = [line for line in rank0 if not line.startswith(("I1", "W1"))]
+    assert [line.split()[0] for line in printed] == [str(s) for s in range(0, 100, 10)]
+    assert float(printed[-1].split()[1]) < float(printed[0].split()[1])  # it learned
+    assert (tmp_path / "log" / "workerlog.1").read_text().strip() == ""  # rank 1: quiet
+    assert (tmp_path / "ckpt.safetensors").is_file()
