@@ -20,6 +20,13 @@ Given an :class:`IpuCompiledProgram` (or the program its ``compile()`` returned)
 ``save`` first copies the device's weights and optimizer state into the scope
 (``weights_to_host``) and ``load`` sends the loaded values to the device
 (``weights_from_host``).
+
+A program compiled with ``enable_distribution`` is one instance of a data-parallel job
+(:mod:`paddle_ipu.distributed`): every instance calls ``save``, instance 0 alone writes
+the file; under Paddle's launcher the instances first check that their parameters are
+bitwise the same, and return once the file is written.  Every instance calls ``load``
+with a path it can read (a shared folder, or a copy on each host); the device then holds
+instance 0's values on every instance.
 """
 
 from __future__ import annotations
@@ -139,8 +146,49 @@ def save(compiled_or_program: Any, path: str | os.PathLike[str], scope: Any = No
         "paddle_ipu_version": __version__,
         "dtypes": json.dumps(dtypes, sort_keys=True),
     }
-    _write_atomically(target, arrays, metadata)
+    job = _distributed_job(compiled)
+    if job is None:
+        _write_atomically(target, arrays, metadata)
+        return target
+    from paddle_ipu import distributed
+
+    waits = job.launcher == distributed.PADDLE
+    if waits:
+        # The one file stands for every instance: their parameters must agree (BatchNorm
+        # statistics are per replica, as PopART keeps them, and are instance 0's).
+        params = sorted(p.name for p in program.global_block().all_parameters())
+        distributed.check_same(
+            _digest({n: arrays[n] for n in params if n in arrays}),
+            f"the parameters checkpointed to {target!r}",
+        )
+    if job.is_first:
+        _write_atomically(target, arrays, metadata)
+    if waits:
+        distributed.barrier(f"the checkpoint {target!r} written by rank 0")
     return target
+
+
+def _distributed_job(compiled: Any) -> Any:
+    """The job of a program compiled with ``enable_distribution`` (None otherwise, or
+    for a job of one)."""
+    strategy = getattr(compiled, "strategy", None)
+    if strategy is None or not strategy.get("enable_distribution"):
+        return None
+    from paddle_ipu import distributed
+
+    job = distributed.job()
+    return job if job.count > 1 else None
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> bytes:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        h.update(value.reshape(-1).view(np.uint8).data)
+    return h.digest()
 
 
 def _write_atomically(path: str, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:

@@ -87,9 +87,25 @@ def memory_stats(device: int = 0) -> dict[str, int]:
     }
 
 
-def place(device: int = 0) -> object:
-    """``paddle.CustomPlace("ipu", device)``, with a clear error when unavailable."""
+def selected_device() -> int:
+    """The ipu device Paddle's launcher gave this process (``FLAGS_selected_ipus``, set
+    when the launcher sees the ipu devices: ``PADDLE_IPU_DEFAULT_DEVICE=1``), else 0."""
+    raw = os.environ.get("FLAGS_selected_ipus", "").split(",")[0].strip()  # noqa: SIM112 - Paddle spells it so
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise DeviceError(f"FLAGS_selected_ipus: expected an ipu device index, received {raw!r}")
+    return int(raw)
+
+
+def place(device: int | None = None) -> object:
+    """``paddle.CustomPlace("ipu", device)``, with a clear error when unavailable.
+    ``device`` defaults to this process's device (:func:`selected_device`): under
+    Paddle's launcher with the ipu devices visible to it, each process has its own."""
     import paddle
+
+    if device is None:
+        device = selected_device()
 
     if not is_registered():
         raise DeviceError(

@@ -112,3 +112,14 @@ class PrivateApiError(IpuError, RuntimeError):
     relies on is missing or changed its signature in the installed release, and there is
     no public fallback: the message names the interface and the release it was checked
     on (see ``python -m paddle_ipu._internals``)."""
+
+
+class DistributedError(BackendError):
+    """A data-parallel job across processes failed: another rank died, stopped or did
+    not reach a collective in time, or the ranks disagree (different programs, weights
+    that differ).  The message names the ranks; :attr:`ranks` holds them."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        #: the ranks the message names as the cause (empty when none could be named)
+        self.ranks = tuple(ranks)

@@ -8,6 +8,7 @@ in one module per dependency:
 - :mod:`paddle_ipu._internals.ort_api` -- ONNX Runtime
 - :mod:`paddle_ipu._internals.p2o_api` -- paddle2onnx
 - :mod:`paddle_ipu._internals.paddle_logs` -- PaddlePaddle's glog level
+- :mod:`paddle_ipu._internals.paddle_dist` -- PaddlePaddle's collectives and store
 
 and nowhere else in the package.  Each module records the release it was checked on
 (``CHECKED_ON``), uses a public interface instead where one exists (chosen once, when the
@@ -48,6 +49,7 @@ MODULES = (
     "paddle_ipu._internals.ort_api",
     "paddle_ipu._internals.p2o_api",
     "paddle_ipu._internals.paddle_logs",
+    "paddle_ipu._internals.paddle_dist",
 )
 
 

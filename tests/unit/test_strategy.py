@@ -681,7 +681,7 @@ def test_every_option_is_classified_and_documented() -> None:
         ("synthetic_data_mode", "unsupported"),
         ("accl1_type", "unsupported"),
         ("custom_ops", "unsupported"),
-        ("enable_distribution", "unsupported"),
+        ("enable_distribution", "honoured"),
         ("automatic_loss_scaling_settings.enabled", "unsupported"),
     ],
 )

@@ -8,7 +8,10 @@ device's dtype (fp16 when ``enable_fp16`` is on).
 
 Training runs the host backend's gradient program (Paddle's CPU kernels) per
 micro-batch and applies the optimizer update on the session's weights; see
-:mod:`paddle_ipu.backends.host.trainer`.
+:mod:`paddle_ipu.backends.host.trainer`.  With ``enable_distribution`` the session is one
+instance of a job of processes started by Paddle's launcher: the gradients are reduced
+over every process's replicas, and the weights written are rank 0's; see
+:mod:`paddle_ipu.backends.host.replica_group`.
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ def _to_fp16(array: np.ndarray) -> np.ndarray:
     return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
 
 
+def _default_threads(replicas: Any) -> int:
+    """All cores, shared out among this host's processes of a distributed job."""
+    cores = os.cpu_count() or 1
+    if replicas is None:
+        return cores
+    return max(1, cores // max(1, replicas.job.local_count))
+
+
 # Where the graph's weights "live" as external data: nowhere on disk, the session
 # supplies them from memory.
 _IN_MEMORY = "paddle_ipu.in_memory_weights"
@@ -92,13 +103,22 @@ class HostSession(Session):
         self._direct = False
         self._ort_run: Any = None
         self._output_names = [spec.name for spec in model.outputs]
+        #: the replicas in other processes (enable_distribution), joined at prepare
+        self.replicas: Any = None
 
     # -- device ---------------------------------------------------------------
     def prepare_device(self) -> None:
         import onnx
 
+        from paddle_ipu.backends.host import replica_group
         from paddle_ipu.compiler.weights import split_weights
 
+        # The job first: a process that cannot take part fails before any work, and
+        # the ranks wait for each other here (compiles take different times) rather
+        # than in the first all-reduce, whose wait gloo bounds at 30 s.
+        self.replicas = replica_group.for_session(self.config)
+        if self.replicas is not None:
+            self.replicas.barrier("the start of training (every rank compiled its program)")
         # The weights come out as read-only views of the model's bytes (no copy); the
         # graph marks them external, and the session hands ONNX Runtime the arrays
         # (add_external_initializers).  The fp16 pass runs on that weightless graph too:
@@ -156,7 +176,7 @@ class HostSession(Session):
                 "needs the optimizer (CompiledModel.optimizer) and the Paddle program "
                 "(SessionConfig.training_source); compile the program with is_training=True"
             )
-        return _Training(self.model, self.config)
+        return _Training(self.model, self.config, self.replicas)
 
     def _session(self) -> Any:
         if self._graph is None:
@@ -165,7 +185,7 @@ class HostSession(Session):
             import onnxruntime as ort
 
             opts = ort.SessionOptions()
-            threads = self.config.num_threads or (os.cpu_count() or 1)
+            threads = self.config.num_threads or _default_threads(self.replicas)
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
             if not self.config.option("host_spin_threads"):
@@ -220,6 +240,12 @@ class HostSession(Session):
         return super().get_info(name)
 
     def write_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        if self.replicas is not None and self.replicas.size > 1:
+            # Every rank writes; rank 0's values are the job's (each rank's startup
+            # program drew its own initial weights).
+            weights = self.replicas.broadcast_from_first(
+                weights, "the weights and optimizer state written"
+            )
         for name, value in weights.items():
             if self._trainer is not None and self._trainer.has_state(name):
                 current = self._weights.get(name)
@@ -445,7 +471,7 @@ class _Training:
     gradients (the gradient program), the optimizer update runs on the session's
     weights.  Device (PopART) names are translated to Paddle names here."""
 
-    def __init__(self, model: CompiledModel, config: SessionConfig) -> None:
+    def __init__(self, model: CompiledModel, config: SessionConfig, replicas: Any = None) -> None:
         from paddle_ipu.backends.host.gradients import build_from_source
         from paddle_ipu.backends.host.trainer import HostTrainer
 
@@ -459,6 +485,7 @@ class _Training:
             replication_factor=config.replication_factor,
             gradient_reduction=config.gradient_reduction,
             weight_dtype="float16" if config.enable_fp16 else "float32",
+            processes=replicas,
         )
         # device name -> Paddle name: weights, optimizer state and buffers.  State
         # with no PopART counterpart (beta2_pow) keeps its Paddle name.
@@ -549,7 +576,8 @@ class _Training:
         """The training graph without any update: buffers are restored after."""
         trainer = self.trainer
         saved = trainer.read(trainer.buffer_names)
-        _, outputs = trainer.compute_gradients(feeds)
+        # no update follows: nothing to reduce across processes
+        _, outputs = trainer.compute_gradients(feeds, across_processes=False)
         if saved:
             trainer.write(saved)
         af, rf = trainer.af, trainer.rf

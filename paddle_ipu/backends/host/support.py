@@ -19,6 +19,19 @@ _NOTES: dict[str, str] = {
     "num_ipus": "checked against replication and shard indices",
     "accumulation_and_replication_reduction_type": "NoReduction is unsupported",
     "enable_pipelining": "checked; results equal those of gradient accumulation",
+    "enable_distribution": (
+        "one process per instance, started by paddle.distributed.launch; gradients "
+        "all-reduced over every process's replicas (docs/distributed.md)"
+    ),
+    "global_replication_factor": (
+        "with enable_distribution, checked: processes x local replicas; refused without it"
+    ),
+    "global_replica_offset": (
+        "with enable_distribution, checked: rank x local replicas; refused without it"
+    ),
+    "enable_distributed_replicated_graphs": (
+        "with enable_distribution, what it does; refused without it"
+    ),
 }
 #: accepted and ignored: they cannot change results
 _IGNORED: dict[str, str] = {
@@ -120,7 +133,6 @@ _UNSUPPORTED: dict[str, str] = {
     "use_no_bias_optimizer": (
         "the host's optimizers follow Paddle's kernels, which correct the bias"
     ),
-    "enable_distribution": "needs the other instances of the job",
     "max_weight_norm": "the host's Lamb follows Paddle's kernel, which has no such bound",
     "accl1_type": "the host keeps optimizer state in float32",
     "accl2_type": "the host keeps optimizer state in float32",
@@ -128,10 +140,7 @@ _UNSUPPORTED: dict[str, str] = {
     "weight_decay_mode": "the host applies weight decay the way the program's optimizer does",
     "custom_ops": "PopART custom ops exist only on the IPU",
     "synthetic_data_mode": "the feeds would be replaced",
-    "global_replication_factor": "needs the other instances of the job",
-    "global_replica_offset": "needs the other instances of the job",
     "enable_stochastic_rounding": "rounding mode; the host rounds to nearest",
-    "enable_distributed_replicated_graphs": "needs the other instances of the job",
     "automatic_loss_scaling_settings.enabled": "the loss scaling would follow device statistics",
     "group_norm_strided_channel_grouping": "changes which channels are normalised together",
 }

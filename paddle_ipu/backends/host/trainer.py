@@ -65,6 +65,10 @@ class HostTrainer:
         weight_dtype: the device dtype of the weights and buffers: ``"float16"``
             emulates ``enable_fp16`` (values rounded to float16 after every write and
             update; the gradient program computes in float32 from the rounded values).
+        processes: the replicas in other processes (``enable_distribution``): a
+            :class:`~paddle_ipu.backends.host.replica_group.ReplicaGroup`, whose
+            all-reduce adds every process's gradient sums before the reduction divides
+            by the job's ``af * rf * processes`` micro-batches.
 
     Optimizer state whose ``accl*_type`` is ``FLOAT16`` is rounded to float16 after
     every update and read back as float16; the rest is float32.
@@ -84,6 +88,7 @@ class HostTrainer:
         replication_factor: int = 1,
         gradient_reduction: str = "mean",
         weight_dtype: str = "float32",
+        processes: Any = None,
     ) -> None:
         import paddle
 
@@ -104,6 +109,9 @@ class HostTrainer:
         self.af = int(accumulation_factor)
         self.rf = int(replication_factor)
         self.reduction = reduction
+        self.processes = processes if processes is not None and processes.size > 1 else None
+        #: training steps done (named by a failed all-reduce)
+        self.steps = 0
         self._paddle = paddle
         self._place = paddle.CPUPlace()
         self._exe = paddle.static.Executor(self._place)
@@ -401,10 +409,12 @@ class HostTrainer:
 
     # ------------------------------------------------------------------ the step
     def compute_gradients(
-        self, feeds: Mapping[str, np.ndarray]
+        self, feeds: Mapping[str, np.ndarray], *, across_processes: bool = True
     ) -> tuple[dict[str, np.ndarray], list[list[list[np.ndarray]]]]:
         """Run every micro-batch; return the reduced gradients and, per [a][r], the
-        outputs (loss first, then the user's fetches)."""
+        outputs (loss first, then the user's fetches).  With replicas in other
+        processes the gradients are reduced over theirs too (``across_processes``:
+        every process must take part)."""
         # The executor checked every feed (IpuExecutor.check_feed): [af, rf, *shape].
         arrays = {name: np.asarray(feeds[name]) for name in self.artifact.feed_names}
         gp = self.artifact
@@ -445,6 +455,14 @@ class HostTrainer:
                         prev += g
             outputs.append(row)
         count = self.af * self.rf
+        if across_processes and self.processes is not None:
+            # the sums of every process's micro-batches, then one division by all of them
+            sums = list(
+                self.processes.all_reduce_sum(
+                    sums, f"the gradient all-reduce of training step {self.steps + 1}"
+                )
+            )
+            count *= self.processes.size
         grads: dict[str, np.ndarray] = {}
         for slot, total in zip(self.optimizer.params, sums):
             assert total is not None
@@ -544,6 +562,7 @@ class HostTrainer:
         the loss and fetches by name, each ``[af, rf, *shape]``."""
         grads, outputs = self.compute_gradients(feeds)
         self.apply_gradients(grads)
+        self.steps += 1
         if self.fp16:
             self._round_buffers()
         result: dict[str, np.ndarray] = {}
