@@ -99,6 +99,21 @@ def dense_from_dlpack(capsule: Any) -> Any:
     return fn(capsule)
 
 
+def dense_from_array(array: np.ndarray) -> Any:
+    """A ``DenseTensor`` sharing a C-contiguous CPU numpy array's memory (no copy).
+
+    numpy 2.1 and later export a versioned DLPack capsule (``max_version=(1, 0)``),
+    which also carries read-only arrays.  Earlier numpy (1.22 to 2.0) has no
+    ``max_version`` keyword (TypeError) and exports the unversioned capsule, which
+    Paddle adopts the same way; it refuses read-only arrays (BufferError), which
+    reaches the caller like any other export numpy refuses."""
+    try:
+        capsule = array.__dlpack__(max_version=(1, 0))
+    except TypeError:
+        capsule = array.__dlpack__()
+    return dense_from_dlpack(capsule)
+
+
 def legacy_fp16_type() -> Any:
     """The legacy IR's float16 variable type (``paddle.base.core.VarDesc.VarType.FP16``)."""
     import paddle
@@ -332,7 +347,7 @@ def _probe_sharing() -> str:
     share_data(other, tensor)
     assert data_ptr(other) == data_ptr(tensor)
     arr = np.full((4,), 7.0, np.float32)
-    shared = dense_from_dlpack(arr.__dlpack__(max_version=(1, 0)))
+    shared = dense_from_array(arr)
     target = scope.var("from_dlpack").get_tensor()
     share_data(target, shared)
     assert data_ptr(target) == arr.ctypes.data and isinstance(target, paddle.base.core.DenseTensor)

@@ -31,7 +31,7 @@ from paddle_ipu.compiler import converter_fixes, onnx_passes
 from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
-from paddle_ipu.compiler.ops import check_supported
+from paddle_ipu.compiler.ops import check_static_shapes, check_supported
 from paddle_ipu.compiler.pir_reader import PirReader
 from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import ForwardGraph, ProgramReader
@@ -365,6 +365,7 @@ def _compile(
     reader = reader_for(program)
     fg = reader.read(program, list(feed_list), list(fetch_list), scope)
     check_supported(info.use for info in fg.ops)
+    check_static_shapes([info.use for info in fg.ops], {f.name for f in fg.feeds})
 
     # The converter hands back the graph only; the weights go into the model once,
     # from the scope, at the end.  It gets the big float weights as placeholders of

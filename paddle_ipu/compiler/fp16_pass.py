@@ -26,11 +26,41 @@ def convert_proto(proto: Any) -> Any:
 
     _separate_consumed_outputs(proto)
     try:
-        return float16.convert_float_to_float16(
+        converted = float16.convert_float_to_float16(
             proto, keep_io_types=True, disable_shape_infer=False
         )
     except Exception as exc:  # the converter raises plain exceptions
         raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
+    _retype_float_casts(converted)
+    return converted
+
+
+def _retype_float_casts(proto: Any) -> None:
+    """Make every ``Cast(to=FLOAT)`` whose result the converter retyped to float16 cast
+    to FLOAT16.
+
+    onnxconverter-common retypes a Cast's result (its value_info) to float16 but keeps
+    the Cast's ``to`` attribute (onnxconverter-common issue #320), and ONNX Runtime
+    refuses the graph ("Type (tensor(float16)) of output arg ... does not match") --
+    every decoder whose attention mask is cast to float.  The Cast's consumers were
+    converted to read float16, so casting to float16 is what the graph means."""
+    from onnx import TensorProto
+
+    graph = proto.graph
+    types = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in (*graph.value_info, *graph.output)
+        if vi.type.HasField("tensor_type")
+    }
+    outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        if node.op_type != "Cast" or node.output[0] in outputs:
+            continue
+        if types.get(node.output[0]) != TensorProto.FLOAT16:
+            continue
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i == TensorProto.FLOAT:
+                attr.i = TensorProto.FLOAT16
 
 
 def _separate_consumed_outputs(proto: Any) -> None:

@@ -197,7 +197,7 @@ class HostTrainer:
         if value.dtype != F32 or not (flags.writeable and flags.c_contiguous):
             return None
         try:
-            dense = paddle_api.dense_from_dlpack(value.__dlpack__(max_version=(1, 0)))
+            dense = paddle_api.dense_from_array(value)
         except Exception:  # a layout or version DLPack refuses: not shared
             return None
         address = paddle_api.data_ptr(dense)
@@ -226,7 +226,9 @@ class HostTrainer:
         # Paddle's core converter gives a DenseTensor in static and dygraph mode alike
         # (paddle.utils.dlpack wraps it in an eager Tensor under dygraph, which
         # _share_data_with refuses).  The capsule's deleter keeps ``arr`` alive; a
-        # versioned capsule carries read-only arrays (the compiled model's weights).
+        # versioned capsule carries read-only arrays (the compiled model's weights);
+        # numpy before 2.1 exports none (see paddle_api.dense_from_array): those are
+        # copied until the first update replaces them.
         # Each array is exported once (Paddle never frees an array from_dlpack took
         # twice): the DenseTensor is kept with it, for restore() and share_into().
         cached = self._weight_src.get(name)
@@ -234,7 +236,7 @@ class HostTrainer:
             paddle_api.share_data(self._scope.var(name).get_tensor(), cached[1])
             return
         try:
-            shared = paddle_api.dense_from_dlpack(arr.__dlpack__(max_version=(1, 0)))
+            shared = paddle_api.dense_from_array(arr)
             paddle_api.share_data(self._scope.var(name).get_tensor(), shared)
         except Exception:  # a dtype, layout or version DLPack refuses: the copy below
             self._weight_src.pop(name, None)
