@@ -20,6 +20,11 @@ takes exactly ``ipu_micro_batch_size x ipu_batches_per_step`` rows, as on Paddle
 2.x; with ``set_ipu_config(ipu_enable_model_runtime_executor=True)`` a run takes any
 number of rows, and predictors made by :meth:`Predictor.clone` share one runtime
 that batches their concurrent runs together.
+
+A text model saved with a ``-1`` sequence length runs through buckets of sequence
+lengths (``config.set_ipu_sequence_buckets([16, 32, 64])``): one graph per length, a
+request padded to the shortest that holds it and its outputs cut back (see
+:mod:`paddle_ipu.serving.package`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class Config:
         self.enable_model_runtime_executor = False
         self.timeout_ms = 2.0
         self.use_compile_cache = True
+        self.seq_buckets: list[int] = []
+        self.pad_values: dict[str, float] = {}
         if model is not None:
             self.set_model(model, params)
 
@@ -140,6 +147,16 @@ class Config:
         self.enable_half_partial = bool(ipu_enable_half_partial)
         self.enable_model_runtime_executor = bool(ipu_enable_model_runtime_executor)
 
+    def set_ipu_sequence_buckets(
+        self, buckets: Sequence[int], pad_values: dict[str, float] | None = None
+    ) -> None:
+        """Compile one graph per sequence length in ``buckets`` (the model's feeds have
+        a ``-1`` dimension besides the batch); ``pad_values`` gives the padding of a
+        feed that masks it (an attention mask: 0), the others pad with 0."""
+        from paddle_ipu.serving.package import _check_buckets
+
+        self.seq_buckets, self.pad_values = _check_buckets(buckets, pad_values)
+
     def use_ipu(self) -> bool:
         return self._ipu
 
@@ -217,19 +234,48 @@ class _Shared:
             batches_per_step=config.batches_per_step,
             enable_fp16=config.enable_fp16,
             cache=config.use_compile_cache,
+            seq_buckets=config.seq_buckets,
+            pad_values=config.pad_values,
         )
         options: dict[str, Any] = {
             "available_memory_proportion": config.available_memory_proportion
         }
         if config.enable_half_partial:
             options["enable_half_partial"] = True
-        self.executor = self.package.executor(**options)
+        self.sequence = self.package.sequence
         self.runtime: Any = None
+        #: one executor per bucket of sequence lengths (without the model runtime)
+        self.executors: dict[int, Any] = {}
         if config.enable_model_runtime_executor:
-            from paddle_ipu.serving.model_runtime import ModelRuntime
+            from paddle_ipu.serving.model_runtime import runtime_for
 
-            self.runtime = ModelRuntime(self.executor, timeout_ms=config.timeout_ms)
+            self.runtime = runtime_for(
+                self.package, executor_options=options, timeout_ms=config.timeout_ms
+            )
+            self.executor = self.runtime.executor
+        elif self.sequence is not None:
+            self.executors = self.package.executors(**options)
+            self.executor = self.executors[self.sequence.lengths[-1]]
+        else:
+            self.executor = self.package.executor(**options)
         self.lock = threading.Lock()
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if self.runtime is not None:
+            return list(self.runtime.run(feed))
+        if self.sequence is None:
+            return list(self.executor.run(feed))
+        length = self.sequence.length_of(feed)
+        bucket = self.sequence.bucket_for(length)
+        outputs = self.executors[bucket].run(self.sequence.pad(feed, bucket))
+        names = [s.paddle_name or s.name for s in self.package.model.outputs]
+        return self.sequence.unpad(names, outputs, length)
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+        for executor in {id(e): e for e in [self.executor, *self.executors.values()]}.values():
+            executor.reset()
 
 
 class Predictor:
@@ -261,6 +307,15 @@ class Predictor:
         if runtime is not None and runtime.auto_batch:
             for t in self._inputs.values():
                 t._shape[0] = -1
+        sequence = self._shared.sequence
+        if sequence is not None:  # any compiled length goes
+            for handles, axes in (
+                (self._inputs, sequence.feeds),
+                (self._outputs, sequence.outputs),
+            ):
+                for name, handle in handles.items():
+                    for axis in axes.get(name, ()):
+                        handle._shape[axis] = -1
 
     def get_input_names(self) -> list[str]:
         return list(self._inputs)
@@ -300,8 +355,7 @@ class Predictor:
                 if handle._value is None:
                     raise FeedError(f"input {name!r} has no data: call copy_from_cpu first")
                 feed[name] = handle._value
-        runtime = self._shared.runtime
-        outputs = runtime.run(feed) if runtime is not None else self._shared.executor.run(feed)
+        outputs = self._shared.run(feed)
         for handle, value in zip(self._outputs.values(), outputs):
             handle._value = np.asarray(value)
             handle._shape = list(handle._value.shape)
@@ -319,9 +373,7 @@ class Predictor:
 
     def close(self) -> None:
         """Stop the model runtime (if any) and release the device."""
-        if self._shared.runtime is not None:
-            self._shared.runtime.close()
-        self._shared.executor.reset()
+        self._shared.close()
 
 
 def create_predictor(config: Config) -> Predictor:

@@ -91,6 +91,60 @@ def _separate_consumed_outputs(proto: Any) -> None:
         graph.node.append(helper.make_node("Identity", [inner], [name], name=f"{name}::out"))
 
 
+def convert_storage(proto: Any) -> Any:
+    """Return ``proto`` with its float32 constants held in float16 and its arithmetic
+    left in float32.
+
+    Every float32 initializer (weights included: a weight without data, which the
+    session supplies, is retyped) becomes float16 and is read through a Cast to
+    float32, which ONNX Runtime folds when it loads the graph; every float32
+    ``Constant`` node's value is rounded to float16 (and stays typed float32).  The
+    graph's inputs and outputs keep their types, as with :func:`convert_proto`.  What
+    is rounded is what the IPU holds in float16; the operators' results are not
+    rounded, so the errors are those of the weights and constants alone."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = proto.graph
+    taken = {n for node in graph.node for n in (*node.input, *node.output)}
+    taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    renamed: dict[str, str] = {}
+    casts = []
+    for init in graph.initializer:
+        if init.data_type != TensorProto.FLOAT:
+            continue
+        if init.raw_data or init.float_data:
+            half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16))
+            init.ClearField("float_data")
+            init.raw_data = half.raw_data
+        init.data_type = TensorProto.FLOAT16
+        name = f"{init.name}::fp32"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        renamed[init.name] = name
+        casts.append(
+            helper.make_node(
+                "Cast", [init.name], [name], name=f"{name}::cast", to=TensorProto.FLOAT
+            )
+        )
+    for node in graph.node:
+        for i, value in enumerate(node.input):
+            if value in renamed:
+                node.input[i] = renamed[value]
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
+                    rounded = numpy_helper.to_array(attr.t).astype(np.float16)
+                    attr.t.CopyFrom(
+                        numpy_helper.from_array(rounded.astype(np.float32), attr.t.name)
+                    )
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto
+
+
 def convert_model(onnx_bytes: bytes) -> bytes:
     """:func:`convert_proto` on a serialized model; returns the serialized result."""
     import onnx
@@ -98,4 +152,4 @@ def convert_model(onnx_bytes: bytes) -> bytes:
     return bytes(convert_proto(onnx.load_from_string(onnx_bytes)).SerializeToString())
 
 
-__all__ = ["convert_model", "convert_proto"]
+__all__ = ["convert_model", "convert_proto", "convert_storage"]

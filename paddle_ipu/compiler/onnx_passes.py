@@ -229,9 +229,14 @@ def rename_outputs(graph: onnx.GraphProto, fetches: Sequence[FetchInfo]) -> list
 
 
 def fix_inputs(
-    graph: onnx.GraphProto, feeds: Sequence[FeedInfo], micro_batch_size: int
+    graph: onnx.GraphProto,
+    feeds: Sequence[FeedInfo],
+    micro_batch_size: int,
+    sequence_length: int | None = None,
 ) -> list[TensorSpec]:
-    """Make every feed an input with a static shape, in feed order."""
+    """Make every feed an input with a static shape, in feed order: a dynamic batch
+    dimension gets ``micro_batch_size``, any other dynamic dimension
+    ``sequence_length`` (an error when it is None)."""
     existing = {i.name: i for i in graph.input}
     ordered: list[onnx.ValueInfoProto] = []
     specs: list[TensorSpec] = []
@@ -248,15 +253,17 @@ def fix_inputs(
             if static:
                 shape.append(int(dim.dim_value))
                 continue
-            if axis != 0:
+            if axis != 0 and sequence_length is None:
                 raise CompileError(
                     f"feed {feed.name!r} has a dynamic dimension {axis} "
                     f"(declared shape {list(feed.shape)}); only the batch dimension (0) may be "
-                    "-1: give the other dimensions fixed sizes"
+                    "-1: give the other dimensions fixed sizes, or compile buckets of "
+                    "sequence lengths (seq_buckets)"
                 )
+            size = micro_batch_size if axis == 0 else int(sequence_length or 0)
             dim.Clear()
-            dim.dim_value = micro_batch_size
-            shape.append(micro_batch_size)
+            dim.dim_value = size
+            shape.append(size)
         elem_type = vi.type.tensor_type.elem_type
         dtype = dtypes.from_onnx(elem_type)
         ordered.append(vi)

@@ -71,7 +71,13 @@ replicated_collectives_settings accumulate_outer_fragment compilation_progress_l
 """
 PADDLE2_OPTIONS = _PADDLE2_NAMES.split()
 
-PRODUCT_OPTIONS = ["backend", "host_num_threads", "anchor_return_type", "anchor_return_period"]
+PRODUCT_OPTIONS = [
+    "backend",
+    "host_num_threads",
+    "host_fp16_arithmetic",
+    "anchor_return_type",
+    "anchor_return_period",
+]
 
 
 @pytest.fixture
@@ -120,6 +126,7 @@ def test_native_defaults(s: IpuStrategy) -> None:
         "enable_manual_shard": False,
         "backend": "auto",
         "host_num_threads": 0,
+        "host_fp16_arithmetic": "float32",
         "anchor_return_type": "ALL",
         "anchor_return_period": 1,
     }

@@ -91,7 +91,10 @@ NAME = "popart"
 
 #: What this backend does with the IpuStrategy options (the rest are honoured).
 SUPPORT = OptionSupport(
-    ignored={"host_num_threads": "the host backend's thread count"},
+    ignored={
+        "host_num_threads": "the host backend's thread count",
+        "host_fp16_arithmetic": "the host backend's arithmetic (the IPU computes in float16)",
+    },
 )
 
 
