@@ -212,9 +212,113 @@ class TensorView {
   std::vector<py::ssize_t> strides_;
 };
 
+// ---- exporting a host buffer as a DLPack capsule ----------------------------------
+//
+// numpy before 2.1 exports only the unversioned capsule, and refuses read-only arrays
+// (DLPack 0.x has no read-only flag).  Paddle adopts a "dltensor" capsule as it is, so
+// a read-only array (a compiled model's weights, views of its bytes) can be shared
+// with a Paddle tensor that only reads it; this capsule holds the exporter's buffer
+// (and so the array) until the consumer calls the deleter.
+
+struct Export {
+  Py_buffer view;
+  std::vector<int64_t> shape;
+  DLManagedTensor managed;
+};
+
+bool DLTypeOf(const std::string& format, py::ssize_t itemsize, DLDataType* out) {
+  // the buffer protocol's struct codes, with an optional byte-order prefix
+  std::string f = format;
+  if (!f.empty() && (f[0] == '<' || f[0] == '=' || f[0] == '@' || f[0] == '|')) f = f.substr(1);
+  if (f.size() != 1) return false;
+  const auto bits = static_cast<uint8_t>(itemsize * 8);
+  switch (f[0]) {
+    case 'e':
+    case 'f':
+    case 'd':
+      *out = {2, bits, 1};
+      return true;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+      *out = {0, bits, 1};
+      return true;
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+      *out = {1, bits, 1};
+      return true;
+    case '?':
+      *out = {6, 8, 1};
+      return true;
+  }
+  return false;
+}
+
+void DeleteExport(DLManagedTensor* managed) {
+  auto* e = static_cast<Export*>(managed->manager_ctx);
+  // Paddle may free the tensor on a thread without the GIL; at interpreter exit the
+  // buffer is left to the process's end.
+  if (Py_IsInitialized()) {
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyBuffer_Release(&e->view);
+    PyGILState_Release(state);
+  }
+  delete e;
+}
+
+void CapsuleDestructor(PyObject* capsule) {
+  // Only an unconsumed capsule still owns its tensor; a consumer renames it.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  }
+  PyErr_Clear();
+}
+
+py::object DLPackCapsule(py::object obj) {
+  auto* e = new Export();
+  if (PyObject_GetBuffer(obj.ptr(), &e->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    delete e;
+    throw py::error_already_set();
+  }
+  DLDataType dtype{};
+  const std::string format = e->view.format ? e->view.format : "B";
+  if (!DLTypeOf(format, e->view.itemsize, &dtype)) {
+    PyBuffer_Release(&e->view);
+    delete e;
+    throw py::type_error("cannot export a buffer of format '" + format + "' through DLPack");
+  }
+  for (int i = 0; i < e->view.ndim; ++i) e->shape.push_back(e->view.shape[i]);
+  DLTensor& t = e->managed.dl_tensor;
+  t.data = e->view.len ? e->view.buf : static_cast<void*>(g_empty);
+  t.device = {kDLCPU, 0};
+  t.ndim = e->view.ndim;
+  t.dtype = dtype;
+  t.shape = e->shape.data();
+  t.strides = nullptr;  // C-contiguous
+  t.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = &DeleteExport;
+  PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", &CapsuleDestructor);
+  if (capsule == nullptr) {
+    DeleteExport(&e->managed);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
 }  // namespace
 
 void RegisterTensorView(py::module_& m) {
+  m.def("dlpack_capsule", &DLPackCapsule, py::arg("buffer"),
+        "An unversioned DLPack capsule ('dltensor') over a C-contiguous host buffer, "
+        "read-only ones included; it keeps the buffer's exporter alive until consumed "
+        "and released.");
   py::class_<TensorView>(m, "TensorView", py::buffer_protocol(),
                          "A zero-copy view of a tensor's host memory, exported through the buffer\n"
                          "protocol (np.asarray(view) shares the memory). Build one with\n"

@@ -103,14 +103,16 @@ def dense_from_array(array: np.ndarray) -> Any:
     """A ``DenseTensor`` sharing a C-contiguous CPU numpy array's memory (no copy).
 
     numpy 2.1 and later export a versioned DLPack capsule (``max_version=(1, 0)``),
-    which also carries read-only arrays.  Earlier numpy (1.22 to 2.0) has no
-    ``max_version`` keyword (TypeError) and exports the unversioned capsule, which
-    Paddle adopts the same way; it refuses read-only arrays (BufferError), which
-    reaches the caller like any other export numpy refuses."""
+    which also carries read-only arrays.  Earlier numpy has no ``max_version`` keyword
+    (TypeError) and refuses to export a read-only array; there the capsule is made by
+    paddle-ipu's core from the array's buffer (the unversioned DLPack Paddle adopts
+    the same way), read-only arrays included."""
     try:
         capsule = array.__dlpack__(max_version=(1, 0))
     except TypeError:
-        capsule = array.__dlpack__()
+        from paddle_ipu import _core
+
+        capsule = _core.dlpack_capsule(array)
     return dense_from_dlpack(capsule)
 
 
@@ -351,6 +353,11 @@ def _probe_sharing() -> str:
     target = scope.var("from_dlpack").get_tensor()
     share_data(target, shared)
     assert data_ptr(target) == arr.ctypes.data and isinstance(target, paddle.base.core.DenseTensor)
+    # the unversioned capsule paddle-ipu's core makes (numpy before 2.1), read-only too
+    frozen = np.arange(6, dtype=np.float32)
+    frozen.flags.writeable = False
+    adopted = dense_from_dlpack(_core.dlpack_capsule(frozen))
+    assert data_ptr(adopted) == frozen.ctypes.data and np.array(adopted).tolist() == list(range(6))
     return "views, shares and adopts storage without a copy"
 
 

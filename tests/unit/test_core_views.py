@@ -224,3 +224,36 @@ def test_onnxruntime_reads_and_writes_through_views(eager: None) -> None:
     io.bind_output("c", "cpu", 0, np.float32, list(cv.shape), cv.data_ptr)
     sess.run_with_iobinding(io)
     np.testing.assert_array_equal(c.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3) + 10)
+
+
+def test_dlpack_capsule_shares_read_only_buffers_until_released() -> None:
+    import sys
+
+    from paddle_ipu._internals import paddle_api
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a.flags.writeable = False  # numpy before 2.1 exports no read-only array itself
+    refs = sys.getrefcount(a)
+    capsule = _core.dlpack_capsule(a)
+    assert sys.getrefcount(a) == refs + 1  # the capsule holds the buffer
+    dense = paddle_api.dense_from_dlpack(capsule)
+    assert paddle_api.data_ptr(dense) == a.ctypes.data
+    np.testing.assert_array_equal(np.array(dense), a)
+    del dense, capsule
+    assert sys.getrefcount(a) == refs  # Paddle's release ran the deleter
+    # an unconsumed capsule releases the buffer when it goes
+    unused = _core.dlpack_capsule(a)
+    del unused
+    assert sys.getrefcount(a) == refs
+    for dtype in ("float16", "float64", "int32", "int64", "uint8", "bool"):
+        b = np.ones((2, 3), dtype=dtype)
+        np.testing.assert_array_equal(
+            np.array(paddle_api.dense_from_dlpack(_core.dlpack_capsule(b))), b
+        )
+
+
+def test_dlpack_capsule_refuses_what_dlpack_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _core.dlpack_capsule(np.arange(6.0)[::2])
+    with pytest.raises(TypeError, match="format"):
+        _core.dlpack_capsule(np.zeros(2, dtype=np.complex64))

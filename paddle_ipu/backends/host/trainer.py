@@ -225,10 +225,9 @@ class HostTrainer:
             return
         # Paddle's core converter gives a DenseTensor in static and dygraph mode alike
         # (paddle.utils.dlpack wraps it in an eager Tensor under dygraph, which
-        # _share_data_with refuses).  The capsule's deleter keeps ``arr`` alive; a
-        # versioned capsule carries read-only arrays (the compiled model's weights);
-        # numpy before 2.1 exports none (see paddle_api.dense_from_array): those are
-        # copied until the first update replaces them.
+        # _share_data_with refuses).  The capsule's deleter keeps ``arr`` alive; it
+        # carries read-only arrays (the compiled model's weights) on every numpy
+        # (see paddle_api.dense_from_array).
         # Each array is exported once (Paddle never frees an array from_dlpack took
         # twice): the DenseTensor is kept with it, for restore() and share_into().
         cached = self._weight_src.get(name)
