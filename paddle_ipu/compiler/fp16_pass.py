@@ -101,7 +101,9 @@ def convert_storage(proto: Any) -> Any:
     ``Constant`` node's value is rounded to float16 (and stays typed float32).  The
     graph's inputs and outputs keep their types, as with :func:`convert_proto`.  What
     is rounded is what the IPU holds in float16; the operators' results are not
-    rounded, so the errors are those of the weights and constants alone."""
+    rounded, so the errors are those of the weights and constants alone.  Values are
+    rounded as :func:`convert_proto` rounds them (onnxconverter-common's clamping to
+    float16's range included)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -114,7 +116,7 @@ def convert_storage(proto: Any) -> Any:
         if init.data_type != TensorProto.FLOAT:
             continue
         if init.raw_data or init.float_data:
-            half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16))
+            half = numpy_helper.from_array(_to_half(numpy_helper.to_array(init)))
             init.ClearField("float_data")
             init.raw_data = half.raw_data
         init.data_type = TensorProto.FLOAT16
@@ -135,7 +137,7 @@ def convert_storage(proto: Any) -> Any:
         if node.op_type == "Constant":
             for attr in node.attribute:
                 if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
-                    rounded = numpy_helper.to_array(attr.t).astype(np.float16)
+                    rounded = _to_half(numpy_helper.to_array(attr.t))
                     attr.t.CopyFrom(
                         numpy_helper.from_array(rounded.astype(np.float32), attr.t.name)
                     )
@@ -143,6 +145,15 @@ def convert_storage(proto: Any) -> Any:
     del graph.node[:]
     graph.node.extend(nodes)
     return proto
+
+
+def _to_half(array: Any) -> Any:
+    """float16 values as :func:`convert_proto` makes them (onnxconverter-common's
+    rounding, clamped to float16's range); it refuses 0-d arrays, so via 1-d."""
+    import numpy as np
+    from onnxconverter_common.float16 import convert_np_to_float16
+
+    return np.asarray(convert_np_to_float16(np.atleast_1d(array))).reshape(np.shape(array))
 
 
 def convert_model(onnx_bytes: bytes) -> bytes:

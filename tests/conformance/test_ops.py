@@ -1,4 +1,5 @@
-"""Every supported operator against Paddle's CPU kernel, fp32 (1e-5) and fp16 (1e-2).
+"""Every supported operator against Paddle's CPU kernel, fp32 (1e-5) and fp16 (1e-2),
+with float16 arithmetic (the IPU's) and with the host's default float32 arithmetic.
 
 One table entry per operator and attribute setting (cases.py); each program is
 compiled once and run in both precisions on the host backend.
@@ -48,6 +49,14 @@ def test_fp16_matches_paddle_cpu(case: Case) -> None:
             run_compiled(built, model, fp16=True)
         return
     assert compare(ref, run_compiled(built, model, fp16=True), case.tol16) == ""
+
+
+@pytest.mark.parametrize("case", MATCHING, ids=lambda c: c.id)
+def test_fp16_storage_with_float32_arithmetic_matches_paddle_cpu(case: Case) -> None:
+    # the host's default fp16: weights and constants in float16, arithmetic in float32
+    # -- every case runs, those ONNX Runtime cannot compute in float16 included
+    built, model, ref = _compiled(case.id)
+    assert compare(ref, run_compiled(built, model, True, "float32"), case.tol16) == ""
 
 
 @pytest.mark.parametrize("case_id", sorted(REFUSED))
