@@ -72,8 +72,6 @@ DENIED: dict[str, str] = {
         "its output size depends on the repeats tensor; the IPU needs static shapes"
     ),
     "unfold": "the converted graph has no static output shape",
-    "set_value_with_tensor": "the converter emits an If node that ONNX Runtime rejects",
-    "set_value_with_tensor_": "the converter emits an If node that ONNX Runtime rejects",
 }
 
 # PIR operators the program rewrites (compiler.program_rewrites) replace before

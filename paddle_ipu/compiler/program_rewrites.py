@@ -11,7 +11,8 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - ``repeat_interleave`` with an int of repeats failed: unsqueeze, expand, reshape;
 - ``tile`` with more repeats than the input has dimensions: the input unsqueezed;
 - ``set_value`` (``x[slices] = v``) became an If node ONNX Runtime refuses (and a bool
-  one aborted the converter): a mask of the region and a ``where``.
+  one aborted the converter): a mask of the region and a ``where``; with a tensor of
+  values (``set_value_with_tensor``) the values padded to the input's shape too.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -423,7 +424,6 @@ def rewrite_set_value(block: Any) -> dict[int, Any]:
         attrs = op.attrs()
         x = op.operand_source(0)
         shape = list(shape_of(x))
-        rank = len(shape)
         bounds = [_constant_ints(op.operand_source(k)) for k in (1, 2, 3)]
         values = list(attrs.get("values", []))
         axes = [int(a) for a in attrs.get("axes", [])]
@@ -447,20 +447,7 @@ def rewrite_set_value(block: Any) -> dict[int, Any]:
             )
         before = {o.id() for o in block.ops}
         paddle.pir.set_insertion_point(op)
-        mask = None
-        for axis, start, end, step in zip(axes, starts, ends, steps):
-            if shape[axis] >= 0:
-                # the converter has no bool constants: int32, then a cast
-                constant = _axis_mask(shape[axis], start, end, step).astype(np.int32)
-                axis_mask = paddle.cast(paddle.assign(constant), "bool")
-            else:
-                axis_mask = _dynamic_axis_mask(x, axis, start, end, step)
-            broadcast = [1] * rank
-            broadcast[axis] = -1
-            axis_mask = paddle.reshape(axis_mask, broadcast)
-            mask = axis_mask if mask is None else paddle.logical_and(mask, axis_mask)
-        if mask is None:  # no axis sliced: the whole tensor
-            mask = paddle.full([1] * rank, True, "bool")
+        mask = _region_mask(x, shape, axes, [starts, ends, steps])
         value = float(values[0])
         if x.dtype == paddle.bool:
             out = (
@@ -474,6 +461,87 @@ def rewrite_set_value(block: Any) -> dict[int, Any]:
     return replaced
 
 
+def _region_mask(x: Any, shape: list[int], axes: list[int], bounds: list[list[int]]) -> Any:
+    """bool, broadcastable to ``x``: the positions ``x[slices]`` selects."""
+    rank = len(shape)
+    mask = None
+    for axis, start, end, step in zip(axes, *bounds):
+        if shape[axis] >= 0:
+            # the converter has no bool constants: int32, then a cast
+            constant = _axis_mask(shape[axis], start, end, step).astype(np.int32)
+            axis_mask = paddle.cast(paddle.assign(constant), "bool")
+        else:
+            axis_mask = _dynamic_axis_mask(x, axis, start, end, step)
+        broadcast = [1] * rank
+        broadcast[axis] = -1
+        axis_mask = paddle.reshape(axis_mask, broadcast)
+        mask = axis_mask if mask is None else paddle.logical_and(mask, axis_mask)
+    if mask is None:  # no axis sliced: the whole tensor
+        mask = paddle.full([1] * rank, True, "bool")
+    return mask
+
+
+def rewrite_set_value_with_tensor(block: Any) -> dict[int, Any]:
+    """``x[slices] = values`` with a tensor of values (``set_value_with_tensor``,
+    constant slices of step 1 on axes of static size) -> the values broadcast to the
+    region, padded with zeros to ``x``'s shape, and ``where(mask, padded, x)``.
+
+    paddle2onnx lowers it to an If node ONNX Runtime refuses (a ViT's
+    ``x[:, 1:] = patches``).  Slices computed at run time, other steps, a sliced axis
+    of unknown size and new axes (None) are refused by name."""
+    import paddle.nn.functional as F
+
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() not in ("pd_op.set_value_with_tensor", "pd_op.set_value_with_tensor_"):
+            continue
+        attrs = op.attrs()
+        x, values = op.operand_source(0), op.operand_source(1)
+        shape = list(shape_of(x))
+        axes = [int(a) for a in attrs.get("axes", [])]
+        bounds = [_constant_ints(op.operand_source(k)) for k in (2, 3, 4)]
+        what = f"{op.name()}(axes={axes}) on {_describe_operand(op, 0)}"
+        if any(b is None for b in bounds):
+            raise UnsupportedOpError(
+                f"{what}: its starts, ends or steps are computed at run time; only "
+                "constant slices lower (x[a:b] = v with Python ints)"
+            )
+        starts, ends, steps = (b or [] for b in bounds)
+        if list(attrs.get("none_axes", [])) or any(st != 1 for st in steps):
+            raise UnsupportedOpError(
+                f"{what}: steps {steps}, new axes {list(attrs.get('none_axes', []))}; "
+                "assigning a tensor lowers for slices of step 1 only"
+            )
+        if any(shape[a] < 0 for a in axes):
+            raise UnsupportedOpError(
+                f"{what}: a sliced axis has an unknown size; assigning a tensor needs "
+                "the sliced axes' sizes static"
+            )
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        begin = list(range(len(shape)))
+        widths = [[0, 0] for _ in shape]
+        region_starts, region_ends = [], []
+        for axis, start, end in zip(axes, starts, ends):
+            lo, hi, _ = slice(start, end, 1).indices(shape[axis])
+            hi = max(hi, lo)
+            widths[axis] = [lo, shape[axis] - hi]
+            region_starts.append(lo)
+            region_ends.append(hi)
+        v = values
+        for axis in sorted(int(a) for a in attrs.get("decrease_axes", [])):
+            v = paddle.unsqueeze(v, axis)
+        if v.dtype != x.dtype:
+            v = paddle.cast(v, x.dtype)
+        region = paddle.slice(x, axes, region_starts, region_ends) if axes else x
+        v = paddle.expand_as(v, region)
+        if any(w != [0, 0] for w in widths):
+            v = F.pad(v, [w for axis in begin for w in widths[axis]], value=0.0)
+        mask = _region_mask(x, shape, axes, [starts, ends, steps])
+        replaced.update(_replace_result(block, op, paddle.where(mask, v, x), before))
+    return replaced
+
+
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
     """Every rewrite above, on ``block``; returns old value id -> new value."""
     with insertion_guard():
@@ -484,4 +552,5 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_repeat_interleave(block))
         replaced.update(rewrite_tile_rank(block))
         replaced.update(rewrite_set_value(block))
+        replaced.update(rewrite_set_value_with_tensor(block))
     return replaced

@@ -349,6 +349,30 @@ add(
     {"x": "f:3x4", "v": "f:2"},
     lambda x, v: paddle.static.setitem(x, (slice(0, 2), 1), v),
 )
+add(
+    "set_value_with_tensor.region",
+    "set_value_with_tensor",
+    {"x": "f:2x5x4", "v": "f:2x4x4"},
+    lambda x, v: paddle.static.setitem(x, (slice(None), slice(1, None)), v),
+)
+add(
+    "set_value_with_tensor.broadcast",
+    "set_value_with_tensor",
+    {"x": "f:2x5x4", "v": "f:4"},
+    lambda x, v: paddle.static.setitem(x, (slice(0, 1), slice(-3, -1)), v),
+)
+add(
+    "set_value_with_tensor.int",
+    "set_value_with_tensor",
+    {"x": "i9:3x4", "v": "i9:3"},
+    lambda x, v: paddle.static.setitem(x, (slice(None), 2), v),
+)
+add(
+    "refused.set_value_with_tensor_step",
+    "set_value_with_tensor",
+    {"x": "f:3x4", "v": "f:3x2"},
+    lambda x, v: paddle.static.setitem(x, (slice(None), slice(0, 4, 2)), v),
+)
 
 # -- nn ------------------------------------------------------------------------
 add("conv2d", "conv2d", {"x": "f:1x2x5x5", "w": "f:3x2x3x3"}, F.conv2d)
@@ -643,7 +667,7 @@ REFUSED: dict[str, str] = {
     "refused.conv2d_same_dilation": "dilations=[2, 2]",
     "refused.pad3d_circular": "mode='circular'",
     "repeat_interleave": "pd_op.repeat_interleave_with_tensor_index",
-    "set_value_with_tensor": "pd_op.set_value_with_tensor_",
+    "refused.set_value_with_tensor_step": "steps [2]",
     "max_pool2d_with_index": "return_mask=True",
     "max_pool3d_with_index": "return_mask=True",
     "unfold": "pd_op.unfold",
@@ -684,7 +708,9 @@ NOT_COVERED: dict[str, str] = {
     "full_int_array": "a shape constant; covered through reshape, slice, sum",
     "full_with_tensor": "a constant whose shape is a tensor; the IPU needs static shapes",
     "set_value": "the out-of-place form of set_value_ (covered: paddle.static.setitem builds it)",
-    "set_value_with_tensor_": "the in-place form of set_value_with_tensor (covered)",
+    "set_value_with_tensor": (
+        "the out-of-place form of set_value_with_tensor_ (covered: paddle.static.setitem builds it)"
+    ),
     "shape": "the public API (paddle.shape) builds shape64 in Paddle 3.3 (covered)",
     "empty": "its values are undefined: nothing to compare",
     "gaussian": "random: the values differ from Paddle's generator by design",
