@@ -71,7 +71,6 @@ DENIED: dict[str, str] = {
     "repeat_interleave_with_tensor_index": (
         "its output size depends on the repeats tensor; the IPU needs static shapes"
     ),
-    "unfold": "the converted graph has no static output shape",
 }
 
 # PIR operators the program rewrites (compiler.program_rewrites) replace before

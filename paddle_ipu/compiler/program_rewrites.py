@@ -12,7 +12,9 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - ``tile`` with more repeats than the input has dimensions: the input unsqueezed;
 - ``set_value`` (``x[slices] = v``) became an If node ONNX Runtime refuses (and a bool
   one aborted the converter): a mask of the region and a ``where``; with a tensor of
-  values (``set_value_with_tensor``) the values padded to the input's shape too.
+  values (``set_value_with_tensor``) the values padded to the input's shape too;
+- ``unfold`` (im2col) had no static output shape: a depthwise convolution with
+  one-hot kernels.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -542,6 +544,50 @@ def rewrite_set_value_with_tensor(block: Any) -> dict[int, Any]:
     return replaced
 
 
+def rewrite_unfold(block: Any) -> dict[int, Any]:
+    """``unfold(x)`` (im2col) -> a depthwise convolution with one-hot kernels, reshaped.
+
+    The converter's unfold has no static output shape.  Output channel
+    ``c * kh * kw + i * kw + j`` of Paddle's unfold is channel ``c`` at kernel offset
+    ``(i, j)``: exactly a convolution of groups ``C`` whose kernel for that channel is
+    1 at ``(i, j)`` and 0 elsewhere, with unfold's strides, dilations and paddings
+    (``[top, left, bottom, right]``).  An input of unknown channel count is refused."""
+    import paddle.nn.functional as F
+
+    replaced: dict[int, Any] = {}
+    for op in list(block.ops):
+        if op.name() != "pd_op.unfold":
+            continue
+        attrs = op.attrs()
+        x = op.operand_source(0)
+        shape = list(shape_of(x))
+        kh, kw = (int(k) for k in attrs["kernel_sizes"])
+        channels = shape[1] if len(shape) == 4 else -1
+        if channels < 0:
+            raise UnsupportedOpError(
+                f"{op.name()} on {_describe_operand(op, 0)}: the channel count must be static"
+            )
+        top, left, bottom, right = (int(p) for p in attrs["paddings"])
+        kernel = np.zeros((channels * kh * kw, 1, kh, kw), dtype=dtype_name(x))
+        for c in range(channels):
+            for i in range(kh):
+                for j in range(kw):
+                    kernel[c * kh * kw + i * kw + j, 0, i, j] = 1
+        before = {o.id() for o in block.ops}
+        paddle.pir.set_insertion_point(op)
+        columns = F.conv2d(
+            x,
+            paddle.assign(kernel),
+            stride=[int(v) for v in attrs["strides"]],
+            padding=[[0, 0], [0, 0], [top, bottom], [left, right]],
+            dilation=[int(v) for v in attrs["dilations"]],
+            groups=channels,
+        )
+        out = paddle.reshape(columns, [0, channels * kh * kw, -1])
+        replaced.update(_replace_result(block, op, out, before))
+    return replaced
+
+
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
     """Every rewrite above, on ``block``; returns old value id -> new value."""
     with insertion_guard():
@@ -553,4 +599,5 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_tile_rank(block))
         replaced.update(rewrite_set_value(block))
         replaced.update(rewrite_set_value_with_tensor(block))
+        replaced.update(rewrite_unfold(block))
     return replaced

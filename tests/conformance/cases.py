@@ -571,6 +571,13 @@ add(
 add("pixel_shuffle", "pixel_shuffle", {"x": "f:1x8x2x3"}, lambda x: F.pixel_shuffle(x, 2))
 add("unfold", "unfold", IMG, lambda x: F.unfold(x, 2, strides=1, paddings=1))
 add(
+    "unfold.attrs",
+    "unfold",
+    {"x": "f:2x3x7x8"},
+    lambda x: F.unfold(x, [2, 3], strides=[1, 2], paddings=[1, 0, 2, 1], dilations=[2, 1]),
+)
+add("unfold.no_padding", "unfold", IMG, lambda x: F.unfold(x, 3, strides=2))
+add(
     "grid_sample",
     "grid_sample",
     {"x": "f:1x2x4x4", "g": "u:1x3x3x2"},
@@ -670,7 +677,6 @@ REFUSED: dict[str, str] = {
     "refused.set_value_with_tensor_step": "steps [2]",
     "max_pool2d_with_index": "return_mask=True",
     "max_pool3d_with_index": "return_mask=True",
-    "unfold": "pd_op.unfold",
     "refused.bilinear_interp_fractional_scale": "scale_factor=[1.5, 1.5]",
     "refused.pool2d_adaptive_avg_nhwc_uneven": "data_format='NHWC'",
 }
