@@ -225,7 +225,7 @@ def paddle_requirement() -> str:
 setup(
     install_requires=[
         paddle_requirement(),
-        "numpy>=1.26,<3",
+        "numpy>=1.24,<3",
         "onnx>=1.16,<1.18",
         "onnxruntime>=1.20,<1.33",
         "paddle2onnx>=2.1,<2.2",

@@ -59,18 +59,64 @@ def _print_info(info: dict[str, Any]) -> None:
         print(f"  {name:<8} {state}{detail}")
 
 
-def _load_or_compile(model: str, micro_batch: int, quiet: bool = False) -> Any:
+def _load_or_compile(
+    model: str,
+    micro_batch: int,
+    quiet: bool = False,
+    seq_buckets: Sequence[int] = (),
+    pad_values: dict[str, float] | None = None,
+) -> Any:
     """A package file, or a saved inference model prefix compiled through the cache."""
     from pathlib import Path
 
+    from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.package import compile_model, load_package, progress_printer
 
     if Path(model).is_file():
+        if seq_buckets or pad_values:
+            raise OptionError(
+                f"{model} is a package: its buckets were chosen when it was compiled "
+                "(--seq-buckets and --pad-value apply to a saved model prefix)"
+            )
         return load_package(model)
     package, _ = compile_model(
-        model, micro_batch_size=micro_batch, progress=None if quiet else progress_printer()
+        model,
+        micro_batch_size=micro_batch,
+        progress=None if quiet else progress_printer(),
+        seq_buckets=seq_buckets,
+        pad_values=pad_values,
     )
     return package
+
+
+def _buckets(text: str | None) -> list[int]:
+    """``--seq-buckets 16,32,64`` -> [16, 32, 64]."""
+    from paddle_ipu.errors import OptionError
+
+    if not text:
+        return []
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise OptionError(
+            f"--seq-buckets must be lengths separated by commas (16,32,64), got {text!r}"
+        ) from None
+
+
+def _pad_values(items: Sequence[str]) -> dict[str, float]:
+    """``--pad-value attention_mask=0`` (repeatable) -> {"attention_mask": 0.0}."""
+    from paddle_ipu.errors import OptionError
+
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError(item)
+            out[name] = float(value)
+        except ValueError:
+            raise OptionError(f"--pad-value must be NAME=NUMBER, got {item!r}") from None
+    return out
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -87,10 +133,13 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         backend=args.backend,
         cache=not args.no_cache,
         progress=progress_printer(),
+        seq_buckets=_buckets(args.seq_buckets),
+        pad_values=_pad_values(args.pad_value),
     )
     path = package.save(args.output)
     how = "from the compile cache" if cached else "compiled"
-    print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s")
+    buckets = f" (sequence buckets {list(package.sequence.lengths)})" if package.sequence else ""
+    print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{buckets}")
     return 0
 
 
@@ -114,12 +163,12 @@ def _parse_inputs(items: Sequence[str]) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from paddle_ipu.serving.model_runtime import ModelRuntime
+    from paddle_ipu.serving.model_runtime import runtime_for
     from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
     feed = _parse_inputs(args.input)
-    with ModelRuntime(package.executor(backend=args.backend), timeout_ms=0.001) as runtime:
+    with runtime_for(package, args.backend, timeout_ms=0.001) as runtime:
         outputs = runtime.run(feed)
     names = [s.paddle_name or s.name for s in package.model.outputs]
     for name, value in zip(names, outputs):
@@ -142,7 +191,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from paddle_ipu.serving.model_runtime import ModelRuntime
+    from paddle_ipu.serving.model_runtime import runtime_for
     from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
@@ -160,7 +209,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 feed[s.paddle_name or s.name] = rng.standard_normal(shape).astype(s.dtype)
         return feed
 
-    runtime = ModelRuntime(package.executor(backend=args.backend), timeout_ms=args.timeout_ms)
+    # a package of sequence buckets: requests of the longest compiled length
+    runtime = runtime_for(package, args.backend, timeout_ms=args.timeout_ms)
     feeds = [request(args.rows) for _ in range(64)]
     print(
         f"{args.package}: micro-batch {package.options['micro_batch_size']}, "
@@ -214,17 +264,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.http import InferenceServer
-    from paddle_ipu.serving.model_runtime import ModelRuntime
+    from paddle_ipu.serving.model_runtime import runtime_for
 
     if args.workers < 1:
         raise OptionError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1:
         return _serve_workers(args)
-    package = _load_or_compile(args.model, args.micro_batch)
+    package = _load_or_compile(
+        args.model,
+        args.micro_batch,
+        seq_buckets=_buckets(args.seq_buckets),
+        pad_values=_pad_values(args.pad_value),
+    )
     # The host backend's threads sleep between runs: spinning would take the cores the
     # IO threads and the gRPC server need (measured: about 2x the requests/s).
-    runtime = ModelRuntime(
-        package.executor(backend=args.backend, host_spin_threads=args.spin),
+    runtime = runtime_for(
+        package,
+        args.backend,
+        executor_options={"host_spin_threads": args.spin},
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
@@ -256,7 +313,12 @@ def _serve_workers(args: argparse.Namespace) -> int:
     if args.port == 0 or args.grpc_port == 0:
         raise OptionError("--workers > 1 needs fixed ports: every worker listens on the same ones")
     # Compile (or fill the cache) once, before the workers load it.
-    _load_or_compile(args.model, args.micro_batch)
+    _load_or_compile(
+        args.model,
+        args.micro_batch,
+        seq_buckets=_buckets(args.seq_buckets),
+        pad_values=_pad_values(args.pad_value),
+    )
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
     children = [subprocess.Popen(argv) for _ in range(args.workers)]
 
@@ -291,6 +353,10 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag)
         if value is not None:
             out += ["--" + flag.replace("_", "-"), str(value)]
+    if args.seq_buckets:
+        out += ["--seq-buckets", args.seq_buckets]
+    for item in args.pad_value or ():
+        out += ["--pad-value", item]
     return out
 
 
@@ -311,6 +377,23 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bucket_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--seq-buckets",
+        metavar="L1,L2,...",
+        help="compile one graph per sequence length (a -1 dimension besides the batch); "
+        "requests are padded to the shortest that holds them",
+    )
+    p.add_argument(
+        "--pad-value",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the padding of a sequence feed that masks it, e.g. attention_mask=0 "
+        "(the others pad with 0)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paddle-ipu", description=DESCRIPTION)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -329,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true", help="run the graph in float16")
     p.add_argument("--backend", default="host", choices=("host", "popart"))
     p.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
+    _bucket_arguments(p)
 
     p = sub.add_parser("run", help="run a package once on inputs from .npy files")
     p.add_argument("package")
@@ -371,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")
     p.add_argument("--num-buffers", type=int, default=64, help="micro-batches in flight (64)")
     p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+    _bucket_arguments(p)
 
     p = sub.add_parser("cache", help="the compile cache: ls or clear")
     p.add_argument("action", choices=("ls", "clear"))

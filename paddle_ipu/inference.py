@@ -27,6 +27,11 @@ Every public name of ``paddle.inference.Config`` is on :class:`Config` (see
 runs here changed only by ``config.enable_ipu()``, with either import:
 ``paddle.inference`` (``import paddle_ipu`` lets its Config enable the IPU, see
 :mod:`paddle_ipu.compat`) or ``paddle_ipu.inference``.
+
+A text model saved with a ``-1`` sequence length runs through buckets of sequence
+lengths (``config.set_ipu_sequence_buckets([16, 32, 64])``): one graph per length, a
+request padded to the shortest that holds it and its outputs cut back (see
+:mod:`paddle_ipu.serving.package`).
 """
 
 from __future__ import annotations
@@ -99,6 +104,8 @@ class Config:
         self._specify_input_names = False
         self._glog_disabled = False
         self._noted: set[str] = set()
+        self.seq_buckets: list[int] = []
+        self.pad_values: dict[str, float] = {}
         if model is not None:
             self.set_model(model, params)
 
@@ -235,6 +242,16 @@ class Config:
         self.available_memory_proportion = proportion
         self.enable_half_partial = bool(ipu_enable_half_partial)
         self.enable_model_runtime_executor = bool(ipu_enable_model_runtime_executor)
+
+    def set_ipu_sequence_buckets(
+        self, buckets: Sequence[int], pad_values: dict[str, float] | None = None
+    ) -> None:
+        """Compile one graph per sequence length in ``buckets`` (the model's feeds have
+        a ``-1`` dimension besides the batch); ``pad_values`` gives the padding of a
+        feed that masks it (an attention mask: 0), the others pad with 0."""
+        from paddle_ipu.serving.package import _check_buckets
+
+        self.seq_buckets, self.pad_values = _check_buckets(buckets, pad_values)
 
     def use_ipu(self) -> bool:
         return self._ipu
@@ -611,7 +628,7 @@ class Tensor:
 
 class _Shared:
     """What clones of one predictor share: the compiled graphs (one per row count a
-    run brings), the runtime."""
+    run brings; with buckets of sequence lengths, one per bucket), the runtime."""
 
     def __init__(self, config: Config) -> None:
         prefix = config.model_prefix()
@@ -620,15 +637,28 @@ class _Shared:
         self.config = config
         self.prefix = prefix
         self.lock = threading.Lock()
-        self.executors: dict[int, Any] = {}
-        self.package, self.executor = self._compile(config.micro_batch_size)
+        options: dict[str, Any] = {
+            "available_memory_proportion": config.available_memory_proportion
+        }
+        if config.enable_half_partial:
+            options["enable_half_partial"] = True
+        self.options = options
+        #: micro-batch size -> (its executor, its executor per bucket of sequence lengths)
+        self.compiled: dict[int, tuple[Any, dict[int, Any]]] = {}
+        self.package = self._compile(config.micro_batch_size)
+        self.sequence = self.package.sequence
         self.runtime: Any = None
         if config.enable_model_runtime_executor:
-            from paddle_ipu.serving.model_runtime import ModelRuntime
+            from paddle_ipu.serving.model_runtime import runtime_for
 
-            self.runtime = ModelRuntime(self.executor, timeout_ms=config.timeout_ms)
+            self.runtime = runtime_for(
+                self.package, executor_options=options, timeout_ms=config.timeout_ms
+            )
+            self.executor = self.runtime.executor
+        else:
+            self.executor = self._executors(config.micro_batch_size, self.package)[0]
 
-    def _compile(self, micro_batch_size: int) -> tuple[Any, Any]:
+    def _compile(self, micro_batch_size: int) -> Any:
         from paddle_ipu.serving.package import compile_model
 
         config = self.config
@@ -638,23 +668,27 @@ class _Shared:
             batches_per_step=config.batches_per_step,
             enable_fp16=config.enable_fp16,
             cache=config.use_compile_cache,
+            seq_buckets=config.seq_buckets,
+            pad_values=config.pad_values,
         )
-        options: dict[str, Any] = {
-            "available_memory_proportion": config.available_memory_proportion
-        }
-        if config.enable_half_partial:
-            options["enable_half_partial"] = True
-        executor = package.executor(**options)
-        self.executors[micro_batch_size] = executor
-        return package, executor
+        return package
 
-    def executor_for(self, rows: int) -> Any:
-        """The executor for a run of ``rows`` rows: the configured one, or -- as Paddle
-        Inference takes any batch -- one compiled for ``rows / batches_per_step``
-        (kept for the next run of that size, with a log line the first time)."""
+    def _executors(self, micro_batch_size: int, package: Any) -> tuple[Any, dict[int, Any]]:
+        if package.sequence is not None:
+            buckets = package.executors(**self.options)
+            pair = (buckets[package.sequence.lengths[-1]], buckets)
+        else:
+            pair = (package.executor(**self.options), {})
+        self.compiled[micro_batch_size] = pair
+        return pair
+
+    def executors_for(self, rows: int) -> tuple[Any, dict[int, Any]]:
+        """The executors for a run of ``rows`` rows: the configured ones, or -- as Paddle
+        Inference takes any batch -- ones compiled for ``rows / batches_per_step`` (kept
+        for the next run of that size, with a log line the first time)."""
         bps = self.config.batches_per_step
         if rows == self.config.micro_batch_size * bps:
-            return self.executor
+            return self.compiled[self.config.micro_batch_size]
         if rows < 1 or rows % bps:
             raise FeedError(
                 f"a run of {rows} rows: with ipu_batches_per_step={bps} a run takes a "
@@ -662,21 +696,41 @@ class _Shared:
             )
         micro = rows // bps
         with self.lock:
-            executor = self.executors.get(micro)
-            if executor is None:
+            pair = self.compiled.get(micro)
+            if pair is None:
                 log.info(
                     "%s: a run of %d rows: compiling the model for micro-batches of %d",
                     self.prefix,
                     rows,
                     micro,
                 )
-                _, executor = self._compile(micro)
-        return executor
+                pair = self._executors(micro, self._compile(micro))
+        return pair
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if self.runtime is not None:
+            return list(self.runtime.run(feed))
+        rows = {int(v.shape[0]) if v.ndim else -1 for v in feed.values()}
+        executor, buckets = (
+            self.executors_for(rows.pop())
+            if len(rows) == 1
+            else self.compiled[self.config.micro_batch_size]
+        )
+        if self.sequence is None:
+            return list(executor.run(feed))
+        length = self.sequence.length_of(feed)
+        bucket = self.sequence.bucket_for(length)
+        outputs = buckets[bucket].run(self.sequence.pad(feed, bucket))
+        names = [s.paddle_name or s.name for s in self.package.model.outputs]
+        return self.sequence.unpad(names, outputs, length)
 
     def close(self) -> None:
         if self.runtime is not None:
             self.runtime.close()
-        for executor in self.executors.values():
+        every = [self.executor]
+        for executor, buckets in self.compiled.values():
+            every += [executor, *buckets.values()]
+        for executor in {id(e): e for e in every}.values():
             executor.reset()
 
 
@@ -709,6 +763,15 @@ class Predictor:
         if runtime is not None and runtime.auto_batch:
             for t in self._inputs.values():
                 t._shape[0] = -1
+        sequence = self._shared.sequence
+        if sequence is not None:  # any compiled length goes
+            for handles, axes in (
+                (self._inputs, sequence.feeds),
+                (self._outputs, sequence.outputs),
+            ):
+                for name, handle in handles.items():
+                    for axis in axes.get(name, ()):
+                        handle._shape[axis] = -1
 
     def get_input_names(self) -> list[str]:
         return list(self._inputs)
@@ -736,7 +799,7 @@ class Predictor:
         """Run on the input handles' data (or on ``inputs``, in input order, returning
         the outputs as Paddle 2.5+'s ``run(list)`` does).  A run of another number of
         rows than the configured batch compiles the model for it (see
-        :meth:`_Shared.executor_for`).  The output handles are emptied first: after a
+        :meth:`_Shared.executors_for`).  The output handles are emptied first: after a
         run that fails, ``copy_to_cpu`` raises instead of returning older results."""
         for handle in self._outputs.values():
             handle._value = None
@@ -753,15 +816,7 @@ class Predictor:
                 if handle._value is None:
                     raise FeedError(f"input {name!r} has no data: call copy_from_cpu first")
                 feed[name] = handle._value
-        runtime = self._shared.runtime
-        if runtime is not None:
-            outputs = runtime.run(feed)
-        else:
-            rows = {int(v.shape[0]) if v.ndim else -1 for v in feed.values()}
-            executor = (
-                self._shared.executor_for(rows.pop()) if len(rows) == 1 else self._shared.executor
-            )
-            outputs = executor.run(feed)
+        outputs = self._shared.run(feed)
         for handle, value in zip(self._outputs.values(), outputs):
             handle._value = np.asarray(value)
             handle._shape = list(handle._value.shape)

@@ -91,3 +91,71 @@ class ServerProcess:
                 key, value = line.rsplit(" ", 1)
                 values[key] = float(value)
         return values
+
+
+class TinyDecoder(paddle.nn.Layer):
+    """A small transformer over token ids, written with paddle.nn: a causal decoder
+    (``causal=True``: position i attends to positions <= i) or, with an attention mask
+    feed, a bidirectional encoder that ignores the masked positions; or neither (every
+    position attends to every other: its outputs depend on the padding)."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16, causal: bool = True, masked: bool = False):
+        super().__init__()
+        self.causal, self.masked = causal, masked
+        self.embed = paddle.nn.Embedding(vocab, dim)
+        self.pos = paddle.nn.Embedding(64, dim)
+        self.qkv = paddle.nn.Linear(dim, 3 * dim)
+        self.proj = paddle.nn.Linear(dim, dim)
+        self.norm = paddle.nn.LayerNorm(dim)
+        self.head = paddle.nn.Linear(dim, vocab)
+        self.dim = dim
+
+    def forward(self, input_ids, attention_mask=None):  # type: ignore[no-untyped-def]
+        seq = paddle.shape(input_ids)[1]
+        positions = paddle.arange(0, seq, dtype="int64")
+        h = self.embed(input_ids) + self.pos(positions)
+        q, k, v = paddle.split(self.qkv(h), 3, axis=-1)
+        scores = paddle.matmul(q, k, transpose_y=True) / float(np.sqrt(self.dim))
+        if self.causal:
+            rows = paddle.unsqueeze(positions, 1)
+            cols = paddle.unsqueeze(positions, 0)
+            scores = paddle.where(cols <= rows, scores, paddle.full_like(scores, -1e9))
+        if attention_mask is not None:
+            keep = paddle.unsqueeze(attention_mask, 1) > 0
+            scores = paddle.where(keep, scores, paddle.full_like(scores, -1e9))
+        h = self.norm(h + self.proj(paddle.matmul(paddle.nn.functional.softmax(scores), v)))
+        return self.head(h)
+
+
+def save_decoder(
+    directory: Path, causal: bool = True, masked: bool = False, seed: int = 3
+) -> tuple[str, TinyDecoder]:
+    """A TinyDecoder saved with jit.save, batch and sequence length -1; returns its
+    path prefix and the dygraph layer (the reference)."""
+    static = not paddle.in_dynamic_mode()
+    paddle.disable_static()
+    try:
+        paddle.seed(seed)
+        layer = TinyDecoder(causal=causal, masked=masked)
+        layer.eval()
+        specs = [paddle.static.InputSpec([-1, -1], "int64", "input_ids")]
+        if masked:
+            specs.append(paddle.static.InputSpec([-1, -1], "int64", "attention_mask"))
+        prefix = str(directory / ("decoder" if causal else "encoder"))
+        paddle.jit.save(paddle.jit.to_static(layer, input_spec=specs, full_graph=True), prefix)
+    finally:
+        if static:
+            paddle.enable_static()
+    return prefix, layer
+
+
+def decoder_reference(layer: TinyDecoder, *feeds: np.ndarray) -> np.ndarray:
+    """The layer's dygraph forward: the oracle."""
+    static = not paddle.in_dynamic_mode()
+    paddle.disable_static()
+    try:
+        with paddle.no_grad():
+            return np.asarray(layer(*[paddle.to_tensor(f) for f in feeds]).numpy())
+    finally:
+        if static:
+            paddle.enable_static()

@@ -31,7 +31,7 @@ from paddle_ipu.compiler import converter_fixes, onnx_passes
 from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
-from paddle_ipu.compiler.ops import check_supported
+from paddle_ipu.compiler.ops import check_static_shapes, check_supported
 from paddle_ipu.compiler.pir_reader import PirReader
 from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import ForwardGraph, ProgramReader
@@ -195,6 +195,7 @@ def compile_program(
     *,
     scope: Any = None,
     micro_batch_size: int = 1,
+    sequence_length: int | None = None,
     opset: int | None = None,
     enable_manual_shard: bool = False,
     enable_pipelining: bool = False,
@@ -214,6 +215,9 @@ def compile_program(
             (backward, optimizer) is dropped.
         scope: the scope holding the parameter values (default: the global scope).
         micro_batch_size: the size given to a ``-1`` batch dimension.
+        sequence_length: the size given to every other ``-1`` dimension of the
+            feeds (one bucket of sequence lengths, see
+            :mod:`paddle_ipu.serving.package`); None: such a dimension is an error.
         opset: the ONNX opset (7..21); None picks 13, raised automatically when
             an operator needs a newer one.
         enable_manual_shard: put ``__ipu_number`` on nodes from the operators'
@@ -237,6 +241,12 @@ def compile_program(
         raise OptionError(f"micro_batch_size must be an int >= 1, got {micro_batch_size!r}")
     if micro_batch_size < 1:
         raise OptionError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if sequence_length is not None and (
+        isinstance(sequence_length, bool)
+        or not isinstance(sequence_length, int)
+        or sequence_length < 1
+    ):
+        raise OptionError(f"sequence_length must be an int >= 1, got {sequence_length!r}")
     if enable_pipelining and not enable_manual_shard:
         raise OptionError("enable_pipelining needs enable_manual_shard")
     if enable_fp16:
@@ -253,6 +263,7 @@ def compile_program(
             fetch_list,
             scope=scope,
             micro_batch_size=micro_batch_size,
+            sequence_length=sequence_length,
             requested=requested,
             auto_upgrade=opset is None,
             enable_manual_shard=enable_manual_shard,
@@ -355,6 +366,7 @@ def _compile(
     *,
     scope: Any,
     micro_batch_size: int,
+    sequence_length: int | None,
     requested: int,
     auto_upgrade: bool,
     enable_manual_shard: bool,
@@ -365,6 +377,7 @@ def _compile(
     reader = reader_for(program)
     fg = reader.read(program, list(feed_list), list(fetch_list), scope)
     check_supported(info.use for info in fg.ops)
+    check_static_shapes([info.use for info in fg.ops], {f.name for f in fg.feeds})
 
     # The converter hands back the graph only; the weights go into the model once,
     # from the scope, at the end.  It gets the big float weights as placeholders of
@@ -383,6 +396,7 @@ def _compile(
         model,
         fg,
         micro_batch_size=micro_batch_size,
+        sequence_length=sequence_length,
         manual_shard=enable_manual_shard,
         pipelining=enable_pipelining,
     )
@@ -423,6 +437,7 @@ def _finalize(
     *,
     micro_batch_size: int,
     manual_shard: bool,
+    sequence_length: int | None = None,
     pipelining: bool,
 ) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec]]:
     """The converter's ONNX model made the one the executor runs: its mistakes fixed
@@ -443,7 +458,7 @@ def _finalize(
     )
     names = onnx_passes.rename_outputs(graph, fg.fetches)
     onnx_passes.drop_identities(graph)
-    inputs = onnx_passes.fix_inputs(graph, fg.feeds, micro_batch_size)
+    inputs = onnx_passes.fix_inputs(graph, fg.feeds, micro_batch_size, sequence_length)
     onnx_passes.fold_shape_arithmetic(model, set(weights))
     converter_fixes.omit_empty_resize_inputs(graph)
     onnx_passes.drop_dead_nodes(graph)

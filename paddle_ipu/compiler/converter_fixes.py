@@ -2,8 +2,8 @@
 
 - Attribute corrections (:func:`correct_lowerings`): the lowering of some Paddle ops
   ignores or misreads an attribute (hardtanh's bounds, leaky_relu's slope, gelu's
-  approximation, cross_entropy without softmax, thresholded_relu, group_norm) or a
-  type (float16 batch_norm / instance_norm with float32 statistics); each
+  approximation, cross_entropy without softmax, thresholded_relu, group_norm, pad3d's
+  pad_value) or a type (float16 batch_norm / instance_norm with float32 statistics); each
   correction rewrites that op's ONNX nodes from the op's real attributes, checked
   against Paddle's CPU kernel in the conformance suite.
 - Parameters as ``Constant`` nodes (:func:`constants_to_initializers`): they become
@@ -361,7 +361,42 @@ def _fix_half_norm(rw: _Rewriter, idx: int, info: OpInfo) -> None:
     graph.node.extend(new_nodes)
 
 
+# Paddle's pad3d modes -> ONNX Pad's; "circular" is refused before conversion
+# (ops.attribute_problem).
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+def _fix_pad3d(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    # The converter splits the paddings and re-concatenates them in ONNX order
+    # (right), but never reads pad_value: its Pad's constant_value is whatever
+    # memory it read (0.0 in most runs; -2.8e15 and 7e27 seen).  One Pad from the
+    # paddings operand, in ONNX order, with pad_value.
+    a = info.use.attrs
+    mode = _PAD_MODES.get(str(a.get("mode", "constant")))
+    if mode is None:
+        raise CompileError(f"cannot lower {info.use.describe()}: mode {a.get('mode')!r}")
+    nodes: list[onnx.NodeProto] = []
+    x = rw.operand(idx, 0)
+    # Paddle: [left, right, top, bottom, front, back] for W, H, D; ONNX: the
+    # begins of every axis, then the ends.
+    paddings = rw.node(nodes, "Cast", [rw.operand(idx, 1)], to=onnx.TensorProto.INT64)
+    zeros = rw.const(nodes, [0, 0], "int64", "pad3d.fix.zeros")
+    zero = rw.const(nodes, [0], "int64", "pad3d.fix.zero")
+    begin = rw.node(nodes, "Gather", [paddings, rw.const(nodes, [4, 2, 0], "int64", "pad3d.b")])
+    end = rw.node(nodes, "Gather", [paddings, rw.const(nodes, [5, 3, 1], "int64", "pad3d.e")])
+    if str(a.get("data_format", "NCDHW")) == "NCDHW":
+        pads = rw.node(nodes, "Concat", [zeros, begin, zeros, end], axis=0)
+    else:  # NDHWC
+        pads = rw.node(nodes, "Concat", [zero, begin, zero, zero, end, zero], axis=0)
+    inputs = [x, pads]
+    if mode == "constant":
+        inputs.append(rw.const(nodes, float(a.get("pad_value", 0.0)), _x_dtype(info), "pad3d.v"))
+    rw.node(nodes, "Pad", inputs, rw.result(idx, 0), mode=mode)
+    rw.replace(idx, nodes)
+
+
 _CORRECTIONS = {
+    "pd_op.pad3d": _fix_pad3d,
     "pd_op.batch_norm": _fix_half_norm,
     "pd_op.batch_norm_": _fix_half_norm,
     "pd_op.instance_norm": _fix_half_norm,

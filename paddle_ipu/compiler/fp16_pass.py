@@ -31,31 +31,32 @@ def convert_proto(proto: Any) -> Any:
         )
     except Exception as exc:  # the converter raises plain exceptions
         raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
-    _retarget_float_casts(converted)
+    _retype_float_casts(converted)
     return converted
 
 
-def _retarget_float_casts(proto: Any) -> None:
-    """Make each ``Cast(to=float32)`` whose output the converter typed float16 cast to
-    float16.
+def _retype_float_casts(proto: Any) -> None:
+    """Make every ``Cast(to=FLOAT)`` whose result the converter retyped to float16 cast
+    to FLOAT16.
 
-    The converter turns every float32 tensor of the graph into float16 -- a Cast's
-    output too -- but leaves the Cast's ``to`` attribute at float32 when the Cast
-    reads a non-float tensor (an integer or a boolean: Paddle's ``cast(mask,
-    float32)``, an integer ``clip`` or ``flip`` lowered through float).  ONNX Runtime
-    then refuses the graph ("Type (tensor(float16)) of output arg ... does not match
-    expected type (tensor(float))").  The graph's own outputs keep float32 (the
-    converter casts them back), so only tensors it typed float16 change."""
+    onnxconverter-common retypes a Cast's result (its value_info) to float16 but keeps
+    the Cast's ``to`` attribute (onnxconverter-common issue #320), and ONNX Runtime
+    refuses the graph ("Type (tensor(float16)) of output arg ... does not match") --
+    every decoder whose attention mask is cast to float.  The Cast's consumers were
+    converted to read float16, so casting to float16 is what the graph means."""
     from onnx import TensorProto
 
     graph = proto.graph
-    declared = {
-        v.name: v.type.tensor_type.elem_type
-        for v in [*graph.value_info, *graph.output]
-        if v.type.HasField("tensor_type")
+    types = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in (*graph.value_info, *graph.output)
+        if vi.type.HasField("tensor_type")
     }
+    outputs = {o.name for o in graph.output}
     for node in graph.node:
-        if node.op_type != "Cast" or declared.get(node.output[0]) != TensorProto.FLOAT16:
+        if node.op_type != "Cast" or node.output[0] in outputs:
+            continue
+        if types.get(node.output[0]) != TensorProto.FLOAT16:
             continue
         for attr in node.attribute:
             if attr.name == "to" and attr.i == TensorProto.FLOAT:
@@ -90,6 +91,71 @@ def _separate_consumed_outputs(proto: Any) -> None:
         graph.node.append(helper.make_node("Identity", [inner], [name], name=f"{name}::out"))
 
 
+def convert_storage(proto: Any) -> Any:
+    """Return ``proto`` with its float32 constants held in float16 and its arithmetic
+    left in float32.
+
+    Every float32 initializer (weights included: a weight without data, which the
+    session supplies, is retyped) becomes float16 and is read through a Cast to
+    float32, which ONNX Runtime folds when it loads the graph; every float32
+    ``Constant`` node's value is rounded to float16 (and stays typed float32).  The
+    graph's inputs and outputs keep their types, as with :func:`convert_proto`.  What
+    is rounded is what the IPU holds in float16; the operators' results are not
+    rounded, so the errors are those of the weights and constants alone.  Values are
+    rounded as :func:`convert_proto` rounds them (onnxconverter-common's clamping to
+    float16's range included)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = proto.graph
+    taken = {n for node in graph.node for n in (*node.input, *node.output)}
+    taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    renamed: dict[str, str] = {}
+    casts = []
+    for init in graph.initializer:
+        if init.data_type != TensorProto.FLOAT:
+            continue
+        if init.raw_data or init.float_data:
+            half = numpy_helper.from_array(_to_half(numpy_helper.to_array(init)))
+            init.ClearField("float_data")
+            init.raw_data = half.raw_data
+        init.data_type = TensorProto.FLOAT16
+        name = f"{init.name}::fp32"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        renamed[init.name] = name
+        casts.append(
+            helper.make_node(
+                "Cast", [init.name], [name], name=f"{name}::cast", to=TensorProto.FLOAT
+            )
+        )
+    for node in graph.node:
+        for i, value in enumerate(node.input):
+            if value in renamed:
+                node.input[i] = renamed[value]
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
+                    rounded = _to_half(numpy_helper.to_array(attr.t))
+                    attr.t.CopyFrom(
+                        numpy_helper.from_array(rounded.astype(np.float32), attr.t.name)
+                    )
+    nodes = casts + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return proto
+
+
+def _to_half(array: Any) -> Any:
+    """float16 values as :func:`convert_proto` makes them (onnxconverter-common's
+    rounding, clamped to float16's range); it refuses 0-d arrays, so via 1-d."""
+    import numpy as np
+    from onnxconverter_common.float16 import convert_np_to_float16
+
+    return np.asarray(convert_np_to_float16(np.atleast_1d(array))).reshape(np.shape(array))
+
+
 def convert_model(onnx_bytes: bytes) -> bytes:
     """:func:`convert_proto` on a serialized model; returns the serialized result."""
     import onnx
@@ -97,4 +163,4 @@ def convert_model(onnx_bytes: bytes) -> bytes:
     return bytes(convert_proto(onnx.load_from_string(onnx_bytes)).SerializeToString())
 
 
-__all__ = ["convert_model", "convert_proto"]
+__all__ = ["convert_model", "convert_proto", "convert_storage"]

@@ -229,9 +229,14 @@ def rename_outputs(graph: onnx.GraphProto, fetches: Sequence[FetchInfo]) -> list
 
 
 def fix_inputs(
-    graph: onnx.GraphProto, feeds: Sequence[FeedInfo], micro_batch_size: int
+    graph: onnx.GraphProto,
+    feeds: Sequence[FeedInfo],
+    micro_batch_size: int,
+    sequence_length: int | None = None,
 ) -> list[TensorSpec]:
-    """Make every feed an input with a static shape, in feed order."""
+    """Make every feed an input with a static shape, in feed order: a dynamic batch
+    dimension gets ``micro_batch_size``, any other dynamic dimension
+    ``sequence_length`` (an error when it is None)."""
     existing = {i.name: i for i in graph.input}
     ordered: list[onnx.ValueInfoProto] = []
     specs: list[TensorSpec] = []
@@ -248,15 +253,17 @@ def fix_inputs(
             if static:
                 shape.append(int(dim.dim_value))
                 continue
-            if axis != 0:
+            if axis != 0 and sequence_length is None:
                 raise CompileError(
                     f"feed {feed.name!r} has a dynamic dimension {axis} "
                     f"(declared shape {list(feed.shape)}); only the batch dimension (0) may be "
-                    "-1: give the other dimensions fixed sizes"
+                    "-1: give the other dimensions fixed sizes, or compile buckets of "
+                    "sequence lengths (seq_buckets)"
                 )
+            size = micro_batch_size if axis == 0 else int(sequence_length or 0)
             dim.Clear()
-            dim.dim_value = micro_batch_size
-            shape.append(micro_batch_size)
+            dim.dim_value = size
+            shape.append(size)
         elem_type = vi.type.tensor_type.elem_type
         dtype = dtypes.from_onnx(elem_type)
         ordered.append(vi)
@@ -293,6 +300,9 @@ _FOLDABLE = frozenset(
         "Add", "Cast", "Concat", "ConstantOfShape", "Div", "Equal", "Expand", "Gather",
         "Identity", "Less", "Greater", "Max", "Min", "Mul", "Range", "ReduceProd", "Reshape",
         "Shape", "Size", "Slice", "Squeeze", "Sub", "Tile", "Unsqueeze", "Where", "Not",
+        # integer division and rounding of sizes (floor_divide, remainder, ceil)
+        "Floor", "Ceil", "Mod", "Neg", "Abs", "And", "Or", "GreaterOrEqual", "LessOrEqual",
+        "ReduceMax", "ReduceMin", "ReduceSum",
     }
 )  # fmt: skip
 _FOLD_LIMIT = 4096  # elements: shape arithmetic only, never real tensors
@@ -311,15 +321,37 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
         dims = tt.shape.dim
         if all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+    shapes.update(_constant_shapes(model.graph))
     return shapes
 
 
-def fold_shape_arithmetic(model: onnx.ModelProto, weights: set[str], max_rounds: int = 8) -> None:
-    """Replace nodes computing small constants (from static shapes) by Constant nodes."""
+def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """The shapes of the constants (Constant nodes and initializers, the weights
+    included): ONNX shape inference lists only computed values, and a Shape of a
+    constant (a Llama mask's ``Expand(arange, Max(.., Shape(arange)))``, a tile's
+    repeats) must fold too."""
+    shapes = {i.name: tuple(int(d) for d in i.dims) for i in graph.initializer}
+    for node in graph.node:
+        attr = node.attribute[0] if len(node.attribute) == 1 else None
+        if node.op_type == "Constant" and attr is not None and attr.name == "value":
+            shapes[node.output[0]] = tuple(int(d) for d in attr.t.dims)
+    return shapes
+
+
+def fold_shape_arithmetic(
+    model: onnx.ModelProto, weights: set[str], max_rounds: int | None = None
+) -> None:
+    """Replace nodes computing small constants (from static shapes) by Constant nodes.
+
+    Each round folds what one shape inference resolves; a folded Reshape target can
+    make the next shape static, so the rounds go on until nothing changes (a chain
+    of channel shuffles needs one round per shuffle).  ``max_rounds`` caps them
+    (None: every node can fold at most once, so at most one round per node)."""
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
-    for _ in range(max_rounds):
+    rounds = max_rounds if max_rounds is not None else len(graph.node) + 1
+    for _ in range(rounds):
         shapes = _static_shapes(model)
         const: dict[str, np.ndarray] = {
             i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights

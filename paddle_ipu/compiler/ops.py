@@ -12,7 +12,7 @@ on the first one it meets.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,14 +75,12 @@ DENIED: dict[str, str] = {
     "repeat_interleave_with_tensor_index": (
         "its output size depends on the repeats tensor; the IPU needs static shapes"
     ),
-    "tile": "the converter reads repeat_times as a tensor: the output shape is not static",
-    "pad3d": "the converter reads the paddings as a tensor: the output shape is not static",
-    "unfold": "the converted graph has no static output shape",
-    "set_value": "the converter emits an If node that ONNX Runtime rejects",
-    "set_value_": "the converter emits an If node that ONNX Runtime rejects",
-    "set_value_with_tensor": "the converter emits an If node that ONNX Runtime rejects",
-    "set_value_with_tensor_": "the converter emits an If node that ONNX Runtime rejects",
 }
+
+# PIR operators the program rewrites (compiler.program_rewrites) replace before
+# conversion, listed as supported although their converter spelling is denied
+# (repeat_interleave with an int of repeats; the tensor form is refused).
+REWRITTEN_OPS = frozenset({"repeat_interleave"})
 
 _CONVS = frozenset(
     {
@@ -99,6 +97,8 @@ def attribute_problem(op: str, attrs: dict[str, Any], results_used: Sequence[boo
     """Why ``op`` with these attribute values cannot be lowered ("" when it can)."""
     if op in _MASK_POOLS and len(results_used) > 1 and results_used[1]:
         return "its mask (return_mask=True) has no static shape after conversion"
+    if op == "pd_op.pad3d" and attrs.get("mode") not in ("constant", "reflect", "replicate"):
+        return f"mode={attrs.get('mode')!r} (constant, reflect and replicate lower)"
     if op in _CONVS:
         fmt = attrs.get("data_format", "NCHW")
         if fmt in ("NHWC", "NDHWC"):
@@ -152,7 +152,8 @@ def supported_ops() -> list[str]:
         names.add(_pir_name(conv))
     names |= REWRITTEN
     denied = set(DENIED) | {_PIR_TO_CONVERTER.get(n, n) for n in DENIED}
-    return sorted(n for n in names if not n.startswith("builtin.") and n not in denied)
+    names = {n for n in names if not n.startswith("builtin.") and n not in denied}
+    return sorted(names | REWRITTEN_OPS)
 
 
 def _short(pir_op: str) -> str:
@@ -231,6 +232,79 @@ def check_supported(uses: Iterable[OpUse]) -> None:
         "(see paddle_ipu.compiler.supported_ops())."
     )
     raise UnsupportedOpError("\n".join(lines))
+
+
+# The operands that set the size of an operator's result (by position: PIR's input
+# names, e.g. tile's ``repeat_times``).  The IPU needs static shapes: these must come
+# from constants and from shapes (which the compile makes static from the feeds'),
+# never from a feed's values.
+SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "pd_op.tile": (1,),  # repeat_times
+    "pd_op.expand": (1,),  # shape
+    "pd_op.reshape": (1,),  # shape
+    "pd_op.full_with_tensor": (1,),  # shape
+    "pd_op.slice": (1, 2),  # starts, ends
+    "pd_op.strided_slice": (1, 2, 3),  # starts, ends, strides
+    "pd_op.arange": (0, 1, 2),  # start, end, step
+    "pd_op.split": (1, 2),  # sections, axis
+    "pd_op.split_with_num": (1,),  # axis
+    "pd_op.pad3d": (1,),  # paddings
+    "pd_op.squeeze": (1,),  # axis
+    "pd_op.unsqueeze": (1,),  # axis
+    "pd_op.one_hot": (1,),  # num_classes
+    "pd_op.topk": (1,),  # k
+    "pd_op.linspace": (2,),  # num
+    "pd_op.linear_interp": (1, 2, 3),  # out_size, size_tensor, scale_tensor
+    "pd_op.bilinear_interp": (1, 2, 3),
+    "pd_op.trilinear_interp": (1, 2, 3),
+    "pd_op.nearest_interp": (1, 2, 3),
+    "pd_op.bicubic_interp": (1, 2, 3),
+}
+# Operators whose results carry only the shape of their operand, never its values.
+_SHAPE_OF = frozenset({"pd_op.shape", "pd_op.shape64"})
+
+
+def data_dependent_shapes(uses: Sequence[OpUse], feeds: Collection[str]) -> list[str]:
+    """One line per operand of :data:`SHAPE_OPERANDS` computed from a feed's values,
+    naming the operator, the operand and the feeds it comes from."""
+    from_feeds: list[frozenset[str]] = []  # per operator: the feeds its results read
+    problems: list[str] = []
+    for use in uses:
+        reads: list[frozenset[str]] = []
+        for src in use.sources:
+            if isinstance(src, tuple):
+                reads.append(from_feeds[src[0]] if 0 <= src[0] < len(from_feeds) else frozenset())
+            elif isinstance(src, str) and src in feeds:
+                reads.append(frozenset({src}))
+            else:  # a parameter, an empty optional operand
+                reads.append(frozenset())
+        for k in SHAPE_OPERANDS.get(use.op, ()):
+            if k < len(reads) and reads[k]:
+                operand = use.operands[k] if k < len(use.operands) else f"#{k}"
+                problems.append(
+                    f"  {use.describe()}: operand {k} ({operand}) is computed from the values "
+                    f"of feed {', '.join(repr(f) for f in sorted(reads[k]))}, so the result's "
+                    "shape depends on the data"
+                )
+        if use.op in _SHAPE_OF:
+            from_feeds.append(frozenset())
+        else:
+            from_feeds.append(frozenset().union(*reads))
+    return problems
+
+
+def check_static_shapes(uses: Sequence[OpUse], feeds: Collection[str]) -> None:
+    """Raise UnsupportedOpError, before any conversion, when an operator's result
+    size depends on a feed's values (see :data:`SHAPE_OPERANDS`)."""
+    problems = data_dependent_shapes(uses, feeds)
+    if problems:
+        raise UnsupportedOpError(
+            "the size of these results depends on the data fed, but the IPU needs static "
+            "shapes:\n"
+            + "\n".join(problems)
+            + "\nCompute these sizes from constants or from shapes (paddle.shape), not from "
+            "the feeds' values."
+        )
 
 
 def unsupported(names: Sequence[str]) -> list[str]:

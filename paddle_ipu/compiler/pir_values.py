@@ -111,3 +111,14 @@ def op_int_attr(op: Any, name: str) -> int:
         return int(op.attrs()[name])
     except Exception:
         return -1
+
+
+def copy_placement(block: Any, op: Any, before: set[int]) -> None:
+    """Give the ops of ``block`` not in ``before`` (a rewrite's new ops) the IPU
+    placement (ipu_index, ipu_stage) of the op they replace."""
+    for new_op in block.ops:
+        if new_op.id() in before:
+            continue
+        for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+            if op.has_attr(attr):
+                new_op.set_int_attr(attr, op_int_attr(op, attr))

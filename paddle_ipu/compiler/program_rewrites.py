@@ -13,7 +13,14 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - constants of a dtype its Constant helper aborts on (boolean ``assign_value``,
   float16 ``full``): made in float32 or int32, then cast;
 - ``log1p``, which it writes as ``log(1 + x)``: an accurate formula;
-- float16 ``assign`` and ``remainder``, whose lowering writes a float16 Constant.
+- float16 ``assign`` and ``remainder``, whose lowering writes a float16 Constant;
+- ``repeat_interleave`` with an int of repeats failed: unsqueeze, expand, reshape;
+- ``tile`` with more repeats than the input has dimensions: the input unsqueezed;
+- ``set_value`` (``x[slices] = v``) became an If node ONNX Runtime refuses (and a bool
+  one aborted the converter): a mask of the region and a ``where``; with a tensor of
+  values (``set_value_with_tensor``) the values padded to the input's shape too;
+- ``unfold`` (im2col) had no static output shape: a depthwise convolution with
+  one-hot kernels.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -30,10 +37,16 @@ from typing import Any
 import numpy as np
 import paddle
 
+from paddle_ipu.compiler.index_rewrites import (
+    rewrite_repeat_interleave,
+    rewrite_set_value,
+    rewrite_set_value_with_tensor,
+    rewrite_tile_rank,
+    rewrite_unfold,
+)
 from paddle_ipu.compiler.pir_values import (
-    IPU_INDEX_ATTR,
-    IPU_STAGE_ATTR,
     PIR_OPS,
+    copy_placement,
     dtype_name,
     is_real,
     op_int_attr,
@@ -125,26 +138,12 @@ def rewrite_softplus(block: Any) -> dict[int, Any]:
         )
         limit = PIR_OPS.full_like(xb, threshold, x.dtype, paddle.CPUPlace())
         out = PIR_OPS.where(PIR_OPS.greater_than(xb, limit), x, soft)
-        for new_op in block.ops:
-            if new_op.id() in before:
-                continue
-            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
-                if op.has_attr(attr):
-                    new_op.set_int_attr(attr, op_int_attr(op, attr))
+        copy_placement(block, op, before)
         old = op.result(0)
         replaced[old.id] = out
         old.replace_all_uses_with(out)
         block.remove_op(op)
     return replaced
-
-
-def _copy_placement(block: Any, op: Any, before: set[int]) -> None:
-    for new_op in block.ops:
-        if new_op.id() in before:
-            continue
-        for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
-            if op.has_attr(attr):
-                new_op.set_int_attr(attr, op_int_attr(op, attr))
 
 
 def _scaled_size(size: int, scale: float) -> float:
@@ -213,7 +212,7 @@ def rewrite_interp_scale(block: Any) -> dict[int, Any]:
             bool(attrs.get("align_corners", False)),
             int(attrs.get("align_mode", 1)),
         )
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         old = op.result(0)
         replaced[old.id] = new
         old.replace_all_uses_with(new)
@@ -297,7 +296,7 @@ def rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
                     for lo, hi in _adaptive_bins(size_in, size_out)
                 ]
                 new = paddle.concat(parts, axis=axis) if len(parts) > 1 else parts[0]
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         old = op.result(0)
         replaced[old.id] = new
         old.replace_all_uses_with(new)
@@ -350,7 +349,7 @@ def rewrite_accuracy(block: Any) -> dict[int, Any]:
             r if dtype_name(r) == dtype_name(old) else paddle.cast(r, _dtype(old))
             for r, old in zip(results, op.results())
         ]
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         _replace_results(block, op, results, replaced)
     return replaced
 
@@ -377,7 +376,7 @@ def rewrite_identity_loss(block: Any) -> dict[int, Any]:
             new = paddle.sum(x)
         else:
             new = paddle.mean(x)
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         _replace_results(block, op, [new], replaced)
     return replaced
 
@@ -455,7 +454,7 @@ def rewrite_losses(block: Any) -> dict[int, Any]:
                 )
         if half and name != "pd_op.mean_all":
             new = paddle.cast(new, _dtype(op.result(0)))
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         _replace_results(block, op, [new], replaced)
     return replaced
 
@@ -480,7 +479,7 @@ def rewrite_half_helpers(block: Any) -> dict[int, Any]:
         else:
             x, y = (paddle.cast(op.operand_source(i), "float32") for i in (0, 1))
             new = paddle.cast(paddle.remainder(x, y), _dtype(op.result(0)))
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         _replace_results(block, op, [new], replaced)
     return replaced
 
@@ -503,7 +502,7 @@ def rewrite_log1p(block: Any) -> dict[int, Any]:
         exact = paddle.equal(d, paddle.zeros_like(d))
         safe = paddle.where(exact, paddle.ones_like(d), d)
         new = paddle.where(exact, x, paddle.divide(paddle.multiply(paddle.log(u), x), safe))
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         _replace_results(block, op, [new], replaced)
     return replaced
 
@@ -539,7 +538,7 @@ def rewrite_constants(block: Any) -> dict[int, Any]:
             values = np.asarray([float(v) for v in attrs.get("values", [])], dtype=np.float64)
             value = paddle.assign(values.astype(wide).reshape(shape))
         new = paddle.cast(value, _dtype(result))
-        _copy_placement(block, op, before)
+        copy_placement(block, op, before)
         operands = [v for v in op.operands_source() if v is not None]
         _replace_results(block, op, [new], replaced)
         for source in operands:  # assign_value_'s in-place target, now unread
@@ -550,7 +549,8 @@ def rewrite_constants(block: Any) -> dict[int, Any]:
 
 
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
-    """Every rewrite above, on ``block``; returns old value id -> new value."""
+    """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block``; returns
+    old value id -> new value."""
     with insertion_guard():
         # first: these add reductions over all axes, which the next one spells out
         replaced = rewrite_identity_loss(block)
@@ -563,4 +563,9 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_constants(block))
         replaced.update(rewrite_log1p(block))
         replaced.update(rewrite_half_helpers(block))
+        replaced.update(rewrite_repeat_interleave(block))
+        replaced.update(rewrite_tile_rank(block))
+        replaced.update(rewrite_set_value(block))
+        replaced.update(rewrite_set_value_with_tensor(block))
+        replaced.update(rewrite_unfold(block))
     return replaced

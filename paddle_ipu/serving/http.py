@@ -117,6 +117,15 @@ class InferenceServer:
         max_body_mb: float = 64.0,
         reuse_port: bool = False,
     ) -> None:
+        if getattr(runtime, "sequence", None) is not None:
+            # The C++ front end checks every request against one fixed shape per tensor
+            # and feeds one queue; a bucketed package has a runtime per length.
+            raise NotSupportedError(
+                "serving a package with buckets of sequence lengths over HTTP/gRPC is not "
+                "supported yet (the request path checks one fixed shape); compile with a "
+                "fixed sequence length, or run it in process with "
+                "paddle_ipu.serving.runtime_for(package)"
+            )
         if threads < 1:
             raise OptionError(f"threads must be >= 1, got {threads}")
         if not request_timeout_ms >= 0:

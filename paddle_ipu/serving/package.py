@@ -7,6 +7,19 @@ A *package* (``paddle-ipu compile MODEL_PREFIX -o model.pdipu``) is one zip file
   size, the opset, the result-changing strategy options, the versions it was
   compiled with, and the SHA-256 of ``model.onnx`` (checked on load).
 
+*Buckets of sequence lengths* (``seq_buckets``): a model whose feeds have a ``-1``
+dimension besides the batch (a text model's sequence length) is compiled once per
+length in ``seq_buckets`` (the IPU runs static shapes); ``model.onnx`` is the longest
+bucket, ``buckets/<length>.onnx`` the others, and ``meta.json`` lists them under
+``buckets`` with the axes that are sequence axes and each feed's padding value
+(:class:`SequenceBuckets`).  A request of length ``L`` runs in the shortest bucket
+``>= L``: its feeds are padded to that length, its outputs cut back to ``L``.  That is
+exact when what the outputs hold at positions ``< L`` does not depend on the padding
+(a causal decoder; a model whose attention mask feed is padded with the value that
+masks); the compile checks it on the host and refuses a model for which it is not.
+Each bucket is a whole graph with its weights: a package of ``k`` buckets holds the
+weights ``k`` times.
+
 It holds no Paddle program: :func:`load_package` gives a :class:`Package` whose
 :meth:`Package.executor` runs it on either backend (the host's ONNX Runtime, or
 PopART, which reads the same ONNX).
@@ -30,20 +43,31 @@ import os
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from paddle_ipu._infra.files import write_atomically
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
-from paddle_ipu.errors import CompileError, IpuError, OptionError, OutputFileError, PackageError
+from paddle_ipu.errors import (
+    CompileError,
+    FeedError,
+    IpuError,
+    NotSupportedError,
+    OptionError,
+    OutputFileError,
+    PackageError,
+)
 
 log = logging.getLogger("paddle_ipu")
 
 __all__ = [
     "CacheEntry",
     "Package",
+    "SequenceBuckets",
     "cache_clear",
     "cache_dir",
     "cache_entries",
@@ -75,13 +99,121 @@ def _versions() -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class SequenceBuckets:
+    """The buckets of sequence lengths a package was compiled for, and how a request
+    of any length is fitted into one (see the module docstring).
+
+    ``feeds`` and ``outputs`` map a name (the feed's, the fetch's) to its sequence
+    axes: the ``-1`` dimensions besides the batch that the model declares.
+    ``pad_values`` gives each sequence feed's padding; ``explicit`` names the feeds
+    whose value was given (an attention mask), which the compile's padding check
+    keeps at that value."""
+
+    lengths: tuple[int, ...]
+    feeds: Mapping[str, tuple[int, ...]]
+    outputs: Mapping[str, tuple[int, ...]]
+    pad_values: Mapping[str, float] = field(default_factory=dict)
+    explicit: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lengths": list(self.lengths),
+            "feeds": {k: list(v) for k, v in self.feeds.items()},
+            "outputs": {k: list(v) for k, v in self.outputs.items()},
+            "pad_values": dict(self.pad_values),
+            "explicit": list(self.explicit),
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> SequenceBuckets:
+        return SequenceBuckets(
+            tuple(int(n) for n in d["lengths"]),
+            {str(k): tuple(int(a) for a in v) for k, v in d["feeds"].items()},
+            {str(k): tuple(int(a) for a in v) for k, v in d["outputs"].items()},
+            {str(k): float(v) for k, v in d.get("pad_values", {}).items()},
+            tuple(str(n) for n in d.get("explicit", ())),
+        )
+
+    def length_of(self, feed: Mapping[str, Any]) -> int:
+        """The sequence length of a request: every sequence axis of every sequence
+        feed must have it (a FeedError naming the feed otherwise)."""
+        found: tuple[str, int, int] | None = None
+        for name, axes in self.feeds.items():
+            if name not in feed:
+                continue  # the runtime names a missing feed
+            shape = np.shape(feed[name])
+            for axis in axes:
+                if axis >= len(shape):
+                    raise FeedError(
+                        f"feed {name!r}: expected a sequence axis {axis} (rank "
+                        f">= {axis + 1}), received shape {list(shape)}"
+                    )
+                if found is None:
+                    found = (name, axis, int(shape[axis]))
+                elif int(shape[axis]) != found[2]:
+                    raise FeedError(
+                        f"feed {name!r}: expected sequence length {found[2]} on axis {axis} "
+                        f"(that of feed {found[0]!r}, axis {found[1]}), received "
+                        f"{int(shape[axis])} (shape {list(shape)})"
+                    )
+        if found is None:
+            raise FeedError(f"the request has none of the sequence feeds {sorted(self.feeds)}")
+        return found[2]
+
+    def bucket_for(self, length: int) -> int:
+        """The shortest compiled length that holds ``length``."""
+        for bucket in self.lengths:
+            if length <= bucket:
+                if length < 1:
+                    break
+                return bucket
+        raise FeedError(
+            f"sequence length {length}: expected 1 to {self.lengths[-1]} (the compiled "
+            f"buckets are {list(self.lengths)}); compile with a longer bucket (seq_buckets)"
+        )
+
+    def pad(self, feed: Mapping[str, Any], bucket: int) -> dict[str, Any]:
+        """``feed`` with every sequence feed padded to ``bucket`` (the others as given)."""
+        out = dict(feed)
+        for name, axes in self.feeds.items():
+            if name not in feed:
+                continue
+            array = np.asarray(feed[name])
+            widths = [(0, 0)] * array.ndim
+            for axis in axes:
+                widths[axis] = (0, bucket - array.shape[axis])
+            if any(w for _, w in widths):
+                value = array.dtype.type(self.pad_values.get(name, 0.0))
+                out[name] = np.pad(array, widths, constant_values=value)
+        return out
+
+    def unpad(self, names: Sequence[str], outputs: Sequence[Any], length: int) -> list[Any]:
+        """The outputs cut back to ``length`` on their sequence axes."""
+        cut: list[Any] = []
+        for name, value in zip(names, outputs):
+            axes = self.outputs.get(name, ())
+            if axes:
+                index = [slice(None)] * np.ndim(value)
+                for axis in axes:
+                    index[axis] = slice(0, length)
+                value = np.ascontiguousarray(np.asarray(value)[tuple(index)])
+            cut.append(value)
+        return cut
+
+
 @dataclass
 class Package:
-    """A compiled model and how it was compiled (see the module docstring)."""
+    """A compiled model and how it was compiled (see the module docstring).
+
+    A package of sequence buckets holds one compiled model per length (``buckets``,
+    by length; ``model`` is the longest) and how requests fit them (``sequence``)."""
 
     model: CompiledModel
-    options: dict[str, Any]  # micro_batch_size, batches_per_step, enable_fp16
+    options: dict[str, Any]  # micro_batch_size, batches_per_step, enable_fp16, seq_buckets
     meta: dict[str, Any]
+    buckets: dict[int, CompiledModel] = field(default_factory=dict)
+    sequence: SequenceBuckets | None = None
 
     def strategy(self, **overrides: Any) -> Any:
         """An inference IpuStrategy with the package's options (``overrides`` are
@@ -100,17 +232,53 @@ class Package:
         """A prepared :class:`~paddle_ipu.executor.IpuExecutor` of the package."""
         from paddle_ipu.frontends.pipeline import executor_for
 
+        if self.sequence is not None:
+            raise NotSupportedError(
+                f"this package holds buckets of sequence lengths {list(self.sequence.lengths)}: "
+                "run it through runtime_for(package) (or executors() for one executor per "
+                "bucket)"
+            )
         return executor_for(self.model, self.strategy(**options), backend=backend)
+
+    def executors(self, backend: str | None = None, **options: Any) -> dict[int, Any]:
+        """One prepared executor per bucket of sequence lengths, by length."""
+        from paddle_ipu.frontends.pipeline import executor_for
+
+        if self.sequence is None:
+            raise NotSupportedError("this package has no buckets of sequence lengths")
+        return {
+            length: executor_for(model, self.strategy(**options), backend=backend)
+            for length, model in sorted(self.buckets.items())
+        }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the package atomically (a temporary file renamed into place)."""
         target = Path(path)
         meta = dict(self.meta)
         meta["onnx_sha256"] = hashlib.sha256(self.model.onnx).hexdigest()
+        files: dict[str, bytes] = {"model.onnx": self.model.onnx}
+        if self.sequence is not None:
+            longest = self.sequence.lengths[-1]
+            entries = []
+            for length, model in sorted(self.buckets.items()):
+                name = "model.onnx" if length == longest else f"buckets/{length}.onnx"
+                files[name] = model.onnx
+                entries.append(
+                    {
+                        "length": length,
+                        "file": name,
+                        "onnx_sha256": hashlib.sha256(model.onnx).hexdigest(),
+                        "opset": model.opset,
+                        "inputs": [_spec_json(s) for s in model.inputs],
+                        "outputs": [_spec_json(s) for s in model.outputs],
+                    }
+                )
+            meta["buckets"] = {**self.sequence.to_json(), "models": entries}
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
-            zf.writestr("model.onnx", self.model.onnx)
+            for name, data in files.items():
+                zf.writestr(name, data)
         write_atomically(target, buffer.getvalue(), what="package", make_dirs=True)
         return target
 
@@ -149,10 +317,14 @@ def load_package(path: str | os.PathLike[str]) -> Package:
     """Read a package; PackageError names the file if it is not one, or its
     checksum does not match."""
     p = Path(path)
+    extra: dict[str, bytes] = {}
     try:
         with zipfile.ZipFile(p) as zf:
             meta = json.loads(zf.read("meta.json"))
             onnx = zf.read("model.onnx")
+            for entry in meta.get("buckets", {}).get("models", ()):
+                if entry["file"] != "model.onnx":
+                    extra[entry["file"]] = zf.read(entry["file"])
     except FileNotFoundError as exc:
         raise PackageError(f"no package at {str(p)!r}") from exc
     except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
@@ -178,7 +350,27 @@ def load_package(path: str | os.PathLike[str]) -> Package:
         micro_batch_size=int(meta["options"]["micro_batch_size"]),
         opset=int(meta["opset"]),
     )
-    return Package(model, dict(meta["options"]), meta)
+    if "buckets" not in meta:
+        return Package(model, dict(meta["options"]), meta)
+    buckets: dict[int, CompiledModel] = {}
+    for entry in meta["buckets"]["models"]:
+        data = onnx if entry["file"] == "model.onnx" else extra[entry["file"]]
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["onnx_sha256"]:
+            raise PackageError(
+                f"{str(p)!r}: {entry['file']} has SHA-256 {digest}, the package records "
+                f"{entry['onnx_sha256']}: the file is damaged"
+            )
+        buckets[int(entry["length"])] = CompiledModel(
+            onnx=data,
+            inputs=[_spec_from_json(d) for d in entry["inputs"]],
+            outputs=[_spec_from_json(d) for d in entry["outputs"]],
+            weights={},
+            micro_batch_size=int(meta["options"]["micro_batch_size"]),
+            opset=int(entry["opset"]),
+        )
+    sequence = SequenceBuckets.from_json(meta["buckets"])
+    return Package(buckets[sequence.lengths[-1]], dict(meta["options"]), meta, buckets, sequence)
 
 
 # -- compiling --------------------------------------------------------------------
@@ -221,6 +413,24 @@ def cache_key(prefix: str, options: dict[str, Any], backend: str, versions: dict
     return h.hexdigest()
 
 
+def _check_buckets(
+    seq_buckets: Sequence[int], pad_values: Mapping[str, float] | None
+) -> tuple[list[int], dict[str, float]]:
+    lengths = list(seq_buckets)
+    for n in lengths:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise OptionError(f"seq_buckets must be ints >= 1, got {list(seq_buckets)!r}")
+    if pad_values and not lengths:
+        raise OptionError("pad_values is given without seq_buckets: it pads sequence buckets")
+    pads: dict[str, float] = {}
+    for name, value in (pad_values or {}).items():
+        try:
+            pads[str(name)] = float(value)
+        except (TypeError, ValueError):
+            raise OptionError(f"pad_values[{name!r}] must be a number, got {value!r}") from None
+    return sorted({int(n) for n in lengths}), pads
+
+
 def compile_model(
     prefix: str,
     *,
@@ -230,16 +440,26 @@ def compile_model(
     backend: str = "host",
     cache: bool = True,
     progress: Progress | None = None,
+    seq_buckets: Sequence[int] = (),
+    pad_values: Mapping[str, float] | None = None,
 ) -> tuple[Package, bool]:
     """Compile the saved inference model at ``prefix`` (``prefix.json`` and
     ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
-    from the compile cache."""
+    from the compile cache.
+
+    ``seq_buckets``: compile once per sequence length (see the module docstring);
+    ``pad_values``: the padding of named sequence feeds (an attention mask's masking
+    value), the others pad with 0."""
     _check_options(micro_batch_size, batches_per_step)
-    options = {
+    lengths, pads = _check_buckets(seq_buckets, pad_values)
+    options: dict[str, Any] = {
         "micro_batch_size": micro_batch_size,
         "batches_per_step": batches_per_step,
         "enable_fp16": bool(enable_fp16),
     }
+    if lengths:
+        options["seq_buckets"] = lengths
+        options["pad_values"] = dict(sorted(pads.items()))
     versions = _versions()
     key = cache_key(prefix, options, backend, versions) if cache else ""
     if cache:
@@ -273,9 +493,16 @@ def compile_model(
         with guard, paddle.static.scope_guard(scope):
             program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
             stage()
-            model = compile_program(
-                program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size
-            )
+            if lengths:
+                buckets, sequence = _compile_buckets(
+                    program, feeds, fetches, scope, micro_batch_size, lengths, pads
+                )
+                model = buckets[lengths[-1]]
+            else:
+                buckets, sequence = {}, None
+                model = compile_program(
+                    program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size
+                )
     except IpuError:
         raise
     except Exception as exc:
@@ -293,22 +520,185 @@ def compile_model(
         "outputs": [_spec_json(s) for s in model.outputs],
         "source_ops": list(model.source_ops),
     }
-    package = Package(
-        CompiledModel(
-            onnx=model.onnx,
-            inputs=list(model.inputs),
-            outputs=list(model.outputs),
-            weights={},
-            micro_batch_size=micro_batch_size,
-            opset=model.opset,
-            source_ops=list(model.source_ops),
-        ),
-        options,
-        meta,
-    )
+    packaged = {length: _packaged(m, micro_batch_size) for length, m in buckets.items()}
+    main = packaged[lengths[-1]] if lengths else _packaged(model, micro_batch_size)
+    package = Package(main, options, meta, packaged, sequence)
+    if sequence is not None:
+        meta["buckets"] = sequence.to_json()
     if cache:
         _cache_put(key, package)
     return package, False
+
+
+def _packaged(model: CompiledModel, micro_batch_size: int) -> CompiledModel:
+    """A package's model: the graph and its feeds and fetches; the weights are its
+    initializers (no Paddle names to keep in sync)."""
+    return CompiledModel(
+        onnx=model.onnx,
+        inputs=list(model.inputs),
+        outputs=list(model.outputs),
+        weights={},
+        micro_batch_size=micro_batch_size,
+        opset=model.opset,
+        source_ops=list(model.source_ops),
+    )
+
+
+def _dynamic_axes(value: Any) -> tuple[int, ...]:
+    """The ``-1`` dimensions of a program value besides the batch (axis 0)."""
+    return tuple(axis for axis, d in enumerate(value.shape) if axis > 0 and int(d) < 0)
+
+
+def _value_name(value: Any, fallback: str) -> str:
+    try:
+        return str(value.name)
+    except Exception:
+        return fallback
+
+
+def _compile_buckets(
+    program: Any,
+    feeds: Sequence[Any],
+    fetches: Sequence[Any],
+    scope: Any,
+    micro_batch_size: int,
+    lengths: Sequence[int],
+    pads: Mapping[str, float],
+) -> tuple[dict[int, CompiledModel], SequenceBuckets]:
+    """One compiled model per length, the sequence axes found and checked."""
+    from paddle_ipu.compiler import compile_program
+
+    # load_inference_model gives the feeds by name: their data ops hold the shapes
+    data = {
+        str(op.attrs()["name"]): op.result(0)
+        for op in program.global_block().ops
+        if op.name() in ("pd_op.data", "pd_op.feed")
+    }
+    values = {str(f): data[str(f)] for f in feeds if str(f) in data}
+    feed_axes = {name: _dynamic_axes(v) for name, v in values.items() if _dynamic_axes(v)}
+    if not feed_axes:
+        shapes = {name: list(v.shape) for name, v in values.items()}
+        raise OptionError(
+            f"seq_buckets={list(lengths)}: no feed has a -1 dimension besides the batch "
+            f"(the feeds' shapes: {shapes}); buckets are for a sequence length the model "
+            "leaves open"
+        )
+    unknown = sorted(set(pads) - set(feed_axes))
+    if unknown:
+        raise OptionError(
+            f"pad_values names {unknown}, which are not sequence feeds (those are "
+            f"{sorted(feed_axes)})"
+        )
+    buckets = {
+        length: compile_program(
+            program,
+            feeds,
+            fetches,
+            scope=scope,
+            micro_batch_size=micro_batch_size,
+            sequence_length=length,
+        )
+        for length in lengths
+    }
+    first = buckets[lengths[0]]
+    names = [s.paddle_name or s.name for s in first.outputs]
+    out_axes: dict[str, tuple[int, ...]] = {}
+    for value, name in zip(fetches, names):
+        axes = _dynamic_axes(value)
+        if not axes:
+            continue
+        out_axes[name] = axes
+        for length, model in buckets.items():
+            shape = model.output(name).shape
+            wrong = [a for a in axes if a >= len(shape) or shape[a] != length]
+            if wrong:
+                raise CompileError(
+                    f"output {name!r} (declared {list(value.shape)}) has shape {list(shape)} "
+                    f"for sequence length {length}: its axis {wrong[0]} is not the sequence "
+                    "length, so a padded request's output cannot be cut back to its length"
+                )
+    sequence = SequenceBuckets(
+        tuple(lengths),
+        feed_axes,
+        out_axes,
+        {name: float(pads.get(name, 0.0)) for name in feed_axes},
+        tuple(sorted(pads)),
+    )
+    check_padding(buckets, sequence)
+    return buckets, sequence
+
+
+def _random_feed(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    """Valid random values for a feed: integers in the range its operators index
+    (0 or 1 without one), floats normal."""
+    dtype = spec.numpy_dtype
+    if dtype.kind in "iu":
+        low = max((r.low for r in spec.ranges), default=0)
+        high = min((r.high for r in spec.ranges), default=2)
+        return rng.integers(low, max(high, low + 1), spec.shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, spec.shape).astype(dtype)
+    return rng.standard_normal(spec.shape).astype(dtype)
+
+
+def _prefix(array: np.ndarray, axes: Sequence[int], n: int) -> np.ndarray:
+    """``array``'s first ``n`` positions along ``axes``."""
+    index = tuple(slice(0, n) if a in axes else slice(None) for a in range(array.ndim))
+    return np.ascontiguousarray(array[index])
+
+
+def check_padding(buckets: Mapping[int, CompiledModel], sequence: SequenceBuckets) -> None:
+    """Refuse buckets whose outputs at the real positions depend on the padding.
+
+    The shortest bucket longer than 1 runs twice on the host, on a request of about
+    half its length: padded with the pad values, then with random values (feeds with
+    an explicit pad value keep it); the outputs cut to that length must agree."""
+    from paddle_ipu.frontends.pipeline import executor_for
+    from paddle_ipu.strategy import IpuStrategy
+
+    length = next((n for n in sorted(buckets) if n > 1), None)
+    if length is None:
+        return  # every bucket is one long: nothing is ever padded
+    model = buckets[length]
+    real = max(1, length // 2)
+    rng = np.random.default_rng(0)
+    strategy = IpuStrategy()
+    strategy.set_graph_config(is_training=False, micro_batch_size=model.micro_batch_size)
+    executor = executor_for(model, strategy, backend="host")
+    try:
+        names = [s.paddle_name or s.name for s in model.outputs]
+        # random at full length; the request is its first `real` positions
+        base = {s.paddle_name or s.name: _random_feed(s, rng) for s in model.inputs}
+        request = {name: _prefix(v, sequence.feeds.get(name, ()), real) for name, v in base.items()}
+        padded = sequence.pad(request, length)
+        # the same request, padded with random values instead (masks keep their value)
+        noisy = dict(padded)
+        for name in sequence.feeds:
+            if name in base and name not in sequence.explicit:
+                noisy[name] = base[name]
+        first = sequence.unpad(names, executor.run(padded), real)
+        second = sequence.unpad(names, executor.run(noisy), real)
+    finally:
+        executor.reset()
+    for name, a, b in zip(names, first, second):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = max(float(np.max(np.abs(a))) if a.size else 0.0, 1e-30)
+        if not np.allclose(a, b, rtol=1e-5, atol=1e-6 * scale, equal_nan=True):
+            err = float(np.max(np.abs(a - b))) / scale
+            masks = [f for f in sorted(sequence.feeds) if "mask" in f.lower()]
+            example = f"{{{masks[0]!r}: 0}}" if masks else "{'attention_mask': 0}"
+            hint = (
+                f"; if a feed masks the padding (an attention mask), give its pad value "
+                f"(pad_values={example}, --pad-value)"
+                if not sequence.explicit
+                else ""
+            )
+            raise CompileError(
+                f"sequence buckets: output {name!r} at the first {real} positions changes "
+                f"(by {err:.2g} of its scale) with what the padding to {length} holds, so a "
+                f"padded request would not get its own answer{hint}. Buckets are exact for "
+                "causal models and for models that mask the padding"
+            )
 
 
 # -- the cache --------------------------------------------------------------------

@@ -4,7 +4,8 @@ A case builds a small static program (``paddle.static.data`` inputs -> one
 operator through its public Paddle API -> fetches); the same program and inputs
 run on Paddle's CPU executor (the oracle) and, compiled by
 ``paddle_ipu.compiler.compile_program``, on the host backend's ONNX Runtime
-session in fp32 and in fp16.  Used by the tests and by tools/gen_supported_ops.py.
+session in fp32 and in fp16 (float16 arithmetic).  Used by the tests and by
+tools/gen_supported_ops.py.
 """
 
 from __future__ import annotations
@@ -93,8 +94,15 @@ def run_paddle(built: Built) -> list[np.ndarray]:
         ]
 
 
-def run_compiled(built: Built, model: Any, fp16: bool) -> list[np.ndarray]:
-    session = create_session("host", model, SessionConfig(enable_fp16=fp16, num_threads=1))
+def run_compiled(
+    built: Built, model: Any, fp16: bool, arithmetic: str = "float16"
+) -> list[np.ndarray]:
+    """The compiled graph on the host; fp16 computes in ``arithmetic`` (float16: every
+    result rounded, as the IPU and PopART's fp16 graph compute)."""
+    config = SessionConfig(
+        enable_fp16=fp16, num_threads=1, options={"host_fp16_arithmetic": arithmetic}
+    )
+    session = create_session("host", model, config)
     session.prepare_device()
     out = session.run({spec.name: built.arrays[spec.paddle_name] for spec in model.inputs})
     return [np.asarray(out[spec.name]) for spec in model.outputs]

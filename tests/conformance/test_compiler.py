@@ -422,3 +422,100 @@ def test_placeholders_get_their_declared_shape() -> None:
     assert _restore_placeholders(model, params, frozenset({"w"}))
     dims = {n.output[0]: tuple(n.attribute[0].t.dims) for n in model.graph.node}
     assert dims == {"w": (4, 8), "b": (8,)}
+
+
+def _matches(net: Callable[[], tuple[list[Any], list[Any]]], mbs: int = 3) -> CompiledModel:
+    """Compile ``net`` at micro-batch ``mbs`` (its -1 batch) and compare with Paddle's run."""
+    built = _build(net)
+    main, scope, feeds, fetches, arrays = built
+    cm = compile_program(main, feeds, fetches, scope=scope, micro_batch_size=mbs)
+    feed = {k: v[:mbs] for k, v in arrays.items()}
+    for g, w in zip(_ort_run(cm, feed, scope), _paddle_run(built, feed)):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    return cm
+
+
+def test_a_shape_operand_computed_from_a_feeds_values_is_refused_before_conversion(
+    monkeypatch: Any,
+) -> None:
+    def net() -> tuple[list[Any], list[Any]]:
+        x = paddle.static.data("x", [-1, 4], "float32")
+        n = paddle.static.data("n", [2], "int64")
+        return [x, n], [paddle.tile(x, n * 2) + 1.0]
+
+    main, scope, feeds, fetches, _ = _build(net)
+    from paddle_ipu.compiler import compile as compile_module
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the converter ran")
+
+    monkeypatch.setattr(compile_module, "_convert", never)
+    with pytest.raises(UnsupportedOpError) as info:
+        compile_program(main, feeds, fetches, scope=scope)
+    msg = str(info.value)
+    assert "pd_op.tile" in msg and "operand 1" in msg and "feed 'n'" in msg
+    assert msg.count("is computed from the values") == 1  # the tile only, not the scale
+
+
+def test_shapes_computed_from_a_feeds_shape_are_static_at_compile_time() -> None:
+    def net() -> tuple[list[Any], list[Any]]:
+        x = paddle.static.data("x", [-1, 6], "float32")
+        rows = paddle.shape(x)[0]
+        # a reshape target, a tile's repeats and a range sized by the batch
+        y = paddle.reshape(x, [rows * 2, 3]) + paddle.arange(3, dtype="float32")
+        t = paddle.tile(x, paddle.shape(x)[:1] // rows * 2)
+        m = paddle.arange(0, rows, dtype="float32")
+        return [x], [y, t, paddle.unsqueeze(m, 1) * x]
+
+    cm = _matches(net, mbs=3)
+    assert [s.shape for s in cm.outputs] == [(6, 3), (3, 12), (3, 6)]
+
+
+def test_shape_arithmetic_folds_until_nothing_changes() -> None:
+    # Each channel shuffle reshapes with a target read off the previous result's
+    # shape: one more round of folding per shuffle (PP-HumanSeg's backbone).
+    def net() -> tuple[list[Any], list[Any]]:
+        x = paddle.static.data("x", [-1, 8, 4, 4], "float32")
+        h = x
+        for _ in range(12):
+            n, c, hh, ww = (paddle.shape(h)[i] for i in range(4))
+            h = paddle.reshape(h, paddle.stack([n, c // 2, paddle.full([], 2, "int64"), hh, ww]))
+            h = paddle.transpose(h, [0, 2, 1, 3, 4])
+            h = paddle.reshape(h, paddle.stack([n, c, hh, ww]))
+        return [x], [F.relu(h)]
+
+    cm = _matches(net, mbs=2)
+    assert cm.outputs[0].shape == (2, 8, 4, 4)
+
+
+def test_the_shape_of_a_constant_folds() -> None:
+    # A Llama mask: Expand(arange, Max(.., Shape(arange))): a Shape of a constant.
+    def net() -> tuple[list[Any], list[Any]]:
+        x = paddle.static.data("x", [-1, 5], "float32")
+        r = paddle.arange(5, dtype="float32")
+        return [x], [x + paddle.expand(r, paddle.concat([paddle.shape(x)[:1], paddle.shape(r)]))]
+
+    _matches(net)
+
+
+def test_set_value_on_an_axis_of_unknown_size() -> None:
+    def net() -> tuple[list[Any], list[Any]]:
+        x = paddle.static.data("x", [-1, 5], "float32")
+        b = paddle.static.data("b", [-1, 5], "float32")
+        y = paddle.static.setitem(x * 1.0, (slice(1, None), slice(0, 2)), 9.0)
+        z = paddle.static.setitem(b > 0, (slice(-2, None, 1), 3), True)
+        w = paddle.static.setitem(x * 1.0, (slice(0, None, 2),), -1.0)
+        return [x, b], [y, paddle.cast(z, "float32"), w]
+
+    for mbs in (1, 4):
+        _matches(net, mbs=mbs)
+
+
+def test_repeat_interleave_on_axes_of_unknown_size() -> None:
+    def net() -> tuple[list[Any], list[Any]]:
+        x = paddle.static.data("x", [-1, 3, 4], "float32")
+        return [x], [paddle.repeat_interleave(x, 2, axis=0), paddle.repeat_interleave(x, 3, 2)]
+
+    cm = _matches(net, mbs=2)
+    assert [s.shape for s in cm.outputs] == [(4, 3, 4), (2, 3, 12)]

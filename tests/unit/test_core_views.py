@@ -245,3 +245,36 @@ def test_exported_capsule_shares_a_read_only_array_and_lets_it_go() -> None:
     del dense
     gc.collect()
     assert sys.getrefcount(arr) == before
+
+
+def test_dlpack_capsule_shares_read_only_buffers_until_released() -> None:
+    import sys
+
+    from paddle_ipu._internals import paddle_api
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a.flags.writeable = False  # numpy before 2.1 exports no read-only array itself
+    refs = sys.getrefcount(a)
+    capsule = _core.export_dlpack(a)
+    assert sys.getrefcount(a) == refs + 1  # the capsule holds the buffer
+    dense = paddle_api.dense_from_dlpack(capsule)
+    assert paddle_api.data_ptr(dense) == a.ctypes.data
+    np.testing.assert_array_equal(np.array(dense), a)
+    del dense, capsule
+    assert sys.getrefcount(a) == refs  # Paddle's release ran the deleter
+    # an unconsumed capsule releases the buffer when it goes
+    unused = _core.export_dlpack(a)
+    del unused
+    assert sys.getrefcount(a) == refs
+    for dtype in ("float16", "float64", "int32", "int64", "uint8", "bool"):
+        b = np.ones((2, 3), dtype=dtype)
+        np.testing.assert_array_equal(
+            np.array(paddle_api.dense_from_dlpack(_core.export_dlpack(b))), b
+        )
+
+
+def test_dlpack_capsule_refuses_what_dlpack_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _core.export_dlpack(np.arange(6.0)[::2])
+    with pytest.raises(TypeError, match="format"):
+        _core.export_dlpack(np.zeros(2, dtype=np.complex64))

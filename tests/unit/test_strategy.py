@@ -75,6 +75,7 @@ PRODUCT_OPTIONS = [
     "backend",
     "host_num_threads",
     "host_spin_threads",
+    "host_fp16_arithmetic",
     "anchor_return_type",
     "anchor_return_period",
 ]
@@ -127,6 +128,7 @@ def test_native_defaults(s: IpuStrategy) -> None:
         "backend": "auto",
         "host_num_threads": 0,
         "host_spin_threads": True,
+        "host_fp16_arithmetic": "float32",
         "anchor_return_type": "ALL",
         "anchor_return_period": 1,
     }

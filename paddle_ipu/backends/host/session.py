@@ -164,10 +164,15 @@ class HostSession(Session):
         self._dirty = True
 
     def _convert_fp16(self, proto: Any) -> Any:
-        # The same compiler pass every backend receives for enable_fp16.
-        from paddle_ipu.compiler.fp16_pass import convert_proto
+        # The same compiler pass every backend receives for enable_fp16, or (the
+        # default, host_fp16_arithmetic="float32") its storage part only: ONNX
+        # Runtime's CPU provider has few float16 kernels and casts around the rest,
+        # which makes float16 arithmetic slower than float32 here.
+        from paddle_ipu.compiler.fp16_pass import convert_proto, convert_storage
 
-        return convert_proto(proto)
+        if self.config.option("host_fp16_arithmetic") == "float16":
+            return convert_proto(proto)
+        return convert_storage(proto)
 
     def _make_trainer(self) -> _Training:
         if self.config.training_source is None or self.model.optimizer is None:

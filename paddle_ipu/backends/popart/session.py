@@ -106,6 +106,7 @@ SUPPORT = OptionSupport(
     ignored={
         "host_num_threads": "the host backend's thread count",
         "host_spin_threads": "the host backend's threads",
+        "host_fp16_arithmetic": "the host backend's arithmetic (the IPU computes in float16)",
     },
 )
 

@@ -1,0 +1,103 @@
+"""Models of Paddle's own libraries, built from their code (eco_models.py), against
+their own dygraph forward: one test per architecture, each compiling the saved model
+through the command line (``paddle-ipu compile``, ``paddle-ipu run``), matching in
+fp32, and in fp16 within its family's bound -- with the host's default float32
+arithmetic and with float16 arithmetic, as the IPU computes.  Text models with a -1
+sequence length run through buckets of sequence lengths.
+
+Skipped where a library is not installed (``pip install 'paddle-ipu[ecosystem]'``).
+The bounds are docs/models.md's (checked below).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+import eco_models as E
+import numpy as np
+import pytest
+
+from paddle_ipu import cli
+from paddle_ipu.serving import runtime_for
+from paddle_ipu.serving.package import compile_model, load_package
+
+#: max |out - ref| / max |ref| against the dygraph forward, by family
+FP32_BOUND = 1e-4
+#: fp16 with the host's default arithmetic (float16 weights and constants, float32
+#: arithmetic) and with float16 arithmetic (host_fp16_arithmetic="float16")
+FP16_BOUNDS: dict[str, tuple[float, float]] = {
+    "decoder": (5e-3, 5e-3),
+    "ocr_det": (1.5e-1, 2.5e-1),
+    "ocr_rec": (1.5e-1, 2.5e-1),
+    "classification": (5e-2, 1.5e-1),
+    "segmentation": (1e-1, 2e-1),
+}
+#: text models with a -1 sequence length: the buckets, and the lengths asked for
+BUCKETS, LENGTHS = [8, 16], [5, 16]
+
+
+def _feeds(built: E.Built) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(zlib.crc32(built.arch.name.encode()))
+    if built.arch.text and not built.arch.fixed_seq:
+        return [{built.feed_name: built.sample(rng, seq=n)} for n in LENGTHS]
+    return [{built.feed_name: built.sample(rng)}]
+
+
+def _run(package: Any, feed: dict[str, np.ndarray], **options: Any) -> np.ndarray:
+    with runtime_for(package, executor_options=options, timeout_ms=0.0) as runtime:
+        return np.asarray(runtime.run(feed)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(E.ARCHS))
+def test_compiles_matches_fp32_and_fp16_and_round_trips_the_cli(
+    name: str, tmp_path: Path, capsys: Any
+) -> None:
+    reason = E.missing_library(name)
+    if reason:
+        pytest.skip(reason)
+    built = E.build(name, str(tmp_path / "saved"))
+    feeds = _feeds(built)
+    refs = [built.eager(f[built.feed_name]) for f in feeds]
+    buckets = BUCKETS if built.arch.text and not built.arch.fixed_seq else []
+
+    # the command line: compile into a package, run it on an input saved as .npy
+    package_path = tmp_path / f"{name}.pdipu"
+    args = ["compile", built.prefix, "-o", str(package_path), "--no-cache"]
+    if buckets:
+        args += ["--seq-buckets", ",".join(map(str, buckets))]
+    assert cli.main(args) == 0, capsys.readouterr().err
+    np.save(tmp_path / "x.npy", feeds[0][built.feed_name])
+    out_dir = tmp_path / "out"
+    args = ["run", str(package_path), "--input", f"{built.feed_name}={tmp_path / 'x.npy'}"]
+    assert cli.main([*args, "--output-dir", str(out_dir)]) == 0, capsys.readouterr().err
+    (written,) = out_dir.glob("*.npy")
+    assert E.rel_error(np.load(written), refs[0]) <= FP32_BOUND
+
+    # fp32, every length
+    package = load_package(package_path)
+    for feed, ref in zip(feeds, refs):
+        err = E.rel_error(_run(package, feed), ref)
+        assert err <= FP32_BOUND, f"{name} fp32: relative error {err:.2e}"
+
+    # fp16, with the host's two arithmetics
+    half, _ = compile_model(built.prefix, enable_fp16=True, seq_buckets=buckets, cache=False)
+    storage, arithmetic = FP16_BOUNDS[built.arch.family]
+    for which, bound in (("float32", storage), ("float16", arithmetic)):
+        got = _run(half, feeds[0], host_fp16_arithmetic=which)
+        assert got.dtype == refs[0].dtype
+        err = E.rel_error(got, refs[0])
+        assert err <= bound, f"{name} fp16 ({which} arithmetic): relative error {err:.2e}"
+
+
+def test_the_documented_bounds_are_the_tested_ones() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "models.md").read_text()
+    rows = dict(
+        (m.group(1), (float(m.group(2)), float(m.group(3))))
+        for m in re.finditer(r"^\| (\w+) \| .*? \| ([\d.e-]+) \| ([\d.e-]+) \|$", text, re.M)
+    )
+    assert {f: rows.get(f) for f in FP16_BOUNDS} == FP16_BOUNDS
+    assert f"fp32: {FP32_BOUND:g}" in text
