@@ -701,6 +701,32 @@ class Served:
         self.proc.wait(timeout=120)
 
 
+def load(
+    server: Served,
+    proto: str,
+    conns: int,
+    args: argparse.Namespace,
+    script: Path,
+    body: Path,
+    work: Path,
+    kind: str,
+) -> dict[str, float]:
+    """One round of the load tool against ``server``; checked against its count."""
+    before = server.answered()
+    if proto == "http":
+        url = f"http://127.0.0.1:{server.port}/v2/models/m/infer"
+        r = run_wrk(url, script, conns, args.seconds)
+    else:
+        url = f"http://127.0.0.1:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
+        r = run_h2load(url, body, conns, args.seconds, work / "h2.log")
+    done = server.answered() - before
+    # every request the tool counted was answered 200 by the server (gRPC errors
+    # travel in trailers, which h2load does not read)
+    if r.get("errors", 0) or done < r.get("requests", 0):
+        raise RuntimeError(f"{kind} {proto}: {r}, server 200s {done}")
+    return r
+
+
 def out_of_process(args: argparse.Namespace) -> list[Row]:
     import paddle
     from models import build
@@ -727,41 +753,34 @@ def out_of_process(args: argparse.Namespace) -> list[Row]:
             x = np.random.default_rng(0).standard_normal((1, *built.feed_shapes["x"]))
             x = x.astype(np.float32)
             want = built.run_cpu({"x": x})[0]
-            for batching, mbs, timeout in (
-                ("on", args.micro_batch, args.timeout_ms),
-                ("off", 1, 0.0),
-            ):
-                package, _ = compile_model(prefix, micro_batch_size=mbs, cache=False)
-                path = package.save(work / f"{kind}_{batching}.pdipu")
-                out_name = package.model.outputs[0].paddle_name or package.model.outputs[0].name
-                server = Served(path, timeout)
-                try:
-                    got = HttpClient(server.port, "m", out_name)(x)
+            # Batching on and off served side by side, their rounds alternating: on a
+            # shared machine a ratio is only fair between runs made together.
+            servers: dict[str, Served] = {}
+            try:
+                for batching, mbs, timeout in (
+                    ("on", args.micro_batch, args.timeout_ms),
+                    ("off", 1, 0.0),
+                ):
+                    package, _ = compile_model(prefix, micro_batch_size=mbs, cache=False)
+                    path = package.save(work / f"{kind}_{batching}.pdipu")
+                    servers[batching] = Served(path, timeout)
+                    out = package.model.outputs[0]
+                    out_name = out.paddle_name or out.name
+                    got = HttpClient(servers[batching].port, "m", out_name)(x)
                     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-                    script = wrk_script(x, out_name, work / f"{kind}.lua")
-                    body = grpc_body(x, work / f"{kind}.grpc")
-                    for proto in args.protocols:
-                        for conns in args.connections:
-                            rounds = []
-                            for _ in range(args.rounds):
-                                before = server.answered()
-                                if proto == "http":
-                                    url = f"http://127.0.0.1:{server.port}/v2/models/m/infer"
-                                    r = run_wrk(url, script, conns, args.seconds)
-                                else:
-                                    url = (
-                                        f"http://127.0.0.1:{server.grpc_port}"
-                                        "/inference.GRPCInferenceService/ModelInfer"
-                                    )
-                                    r = run_h2load(url, body, conns, args.seconds, work / "h2.log")
-                                done = server.answered() - before
-                                # every request the tool counted was answered 200 by the
-                                # server (gRPC errors travel in trailers h2load ignores)
-                                if r.get("errors", 0) or done < r.get("requests", 0):
-                                    raise RuntimeError(f"{kind} {proto}: {r}, server 200s {done}")
-                                rounds.append(r)
+                script = wrk_script(x, out_name, work / f"{kind}.lua")
+                body = grpc_body(x, work / f"{kind}.grpc")
+                for proto in args.protocols:
+                    for conns in args.connections:
+                        rounds: dict[str, list[dict[str, float]]] = {b: [] for b in servers}
+                        for _ in range(args.rounds):
+                            for batching, server in servers.items():
+                                rounds[batching].append(
+                                    load(server, proto, conns, args, script, body, work, kind)
+                                )
+                        for batching in servers:
                             med = {
-                                k: statistics.median(r[k] for r in rounds)
+                                k: statistics.median(r[k] for r in rounds[batching])
                                 for k in ("rps", "p50", "p99")
                             }
                             row = {
@@ -773,11 +792,12 @@ def out_of_process(args: argparse.Namespace) -> list[Row]:
                             }
                             rows.append(row)
                             print(
-                                f"  {kind:11} {batching:8} {proto:5} {conns:5d} {med['rps']:9.0f} "
-                                f"{med['p50']:8.2f} {med['p99']:8.2f}",
+                                f"  {kind:11} {batching:8} {proto:5} {conns:5d} "
+                                f"{med['rps']:9.0f} {med['p50']:8.2f} {med['p99']:8.2f}",
                                 flush=True,
                             )
-                finally:
+            finally:
+                for server in servers.values():
                     server.stop()
     return rows
 
