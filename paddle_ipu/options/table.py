@@ -268,7 +268,8 @@ _add("host_spin_threads", "bool", True, PRODUCT,
          "(`paddle-ipu serve` turns it off: its IO threads need them).")
 _add("host_fp16_arithmetic", "string", "float32", PRODUCT, choices=("float32", "float16"),
      doc="With enable_fp16, what the host backend computes in: \"float32\" (weights and "
-         "constants held in float16, arithmetic in float32: as fast as float32) or "
+         "constants held in float16, arithmetic in float32; its speed against float32: "
+         "docs/ecosystem.md) or "
          "\"float16\" (every operator's result in float16, as the IPU computes; slower, "
          "as ONNX Runtime's CPU provider casts around most operators).")
 _add("anchor_return_type", "string", "ALL", PRODUCT, choices=("ALL", "FINAL", "SUM", "EVERYN"),

@@ -564,7 +564,7 @@ class BucketedRuntime:
     One model runtime per compiled sequence length; a request of length ``L`` is padded
     to the shortest bucket ``>= L``, queued on that bucket's runtime (and batched with
     the other requests of that bucket), and its outputs are cut back to ``L`` (see
-    :class:`~paddle_ipu.serving.package.SequenceBuckets`).  ``executor`` is the longest
+    :class:`~paddle_ipu.serving.buckets.SequenceBuckets`).  ``executor`` is the longest
     bucket's (its model names the inputs and outputs); :meth:`request_shapes` shows
     ``-1`` on the sequence axes.  Keyword arguments are :class:`ModelRuntime`'s."""
 

@@ -345,6 +345,19 @@ class Built:
             out = out[0] if isinstance(out, (list, tuple)) else out
             return np.asarray(out.numpy())
 
+    def round_weights_to_fp16(self) -> None:
+        """Round the layer's float32 parameters and buffers (BatchNorm statistics) to
+        float16 values, in place: its forward is then Paddle's own answer for fp16
+        weights with float32 arithmetic (values clamped to +-1e4, as paddle-ipu's fp16
+        conversion does)."""
+        with dygraph():
+            for t in [*self.layer.parameters(), *self.layer.buffers()]:
+                if t.dtype == paddle.float32:
+                    a = np.clip(t.numpy(), -1e4, 1e4).astype(np.float16).astype(np.float32)
+                    # np.asarray: a 0-d tensor's values come back as a numpy scalar,
+                    # which set_value refuses
+                    t.set_value(np.asarray(a))
+
 
 def build(name: str, out_dir: str, *, small: bool = True, seed: int = 0) -> Built:
     """Build ``name`` from its library's code, with random weights, and save it under
