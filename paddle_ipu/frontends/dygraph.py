@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu import strategy as strategy_module
-from paddle_ipu._internals import paddle_api
+from paddle_ipu._internals import paddle_api, paddle_jit
 from paddle_ipu.compiler.legacy_reader import pir_mode
 from paddle_ipu.compiler.pir_values import dtype_name
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
@@ -216,9 +216,9 @@ class IpuModel:
         self.layer = layer
         if function is None:
             function = layer.forward
-        if isinstance(function, paddle_api.static_function_type()):
+        if isinstance(function, paddle_jit.static_function_type()):
             # A forward decorated with @paddle.jit.to_static: trace what it converts.
-            function = paddle_api.static_function_source(function)
+            function = paddle_jit.static_function_source(function)
         self._function = function
         self._name = f"{type(layer).__name__}.{getattr(function, '__name__', 'forward')}"
         # Read in dygraph mode (Layer.parameters() answers Values in static mode).
@@ -692,7 +692,7 @@ def _patched_model(layer: Any, function: Any, strategy: Any) -> IpuModel:
             f"calling {type(layer).__name__} (or set_graph_config(is_training=False) for "
             "inference)"
         )
-    name = getattr(paddle_api.static_function_source(function), "__name__", "forward")
+    name = getattr(paddle_jit.static_function_source(function), "__name__", "forward")
     key = (name, id(strategy), id(optimizer) if training else None, training)
     models = _patch.models.setdefault(layer, {})
     model = models.get(key)
@@ -718,7 +718,7 @@ def _intercept(original: Callable[..., Any]) -> Callable[..., Any]:
         strategy = _patch.strategy
         if strategy is None or not paddle.in_dynamic_mode():
             return original(self, *args, **kwargs)
-        layer = paddle_api.static_function_layer(self)
+        layer = paddle_jit.static_function_layer(self)
         if not isinstance(layer, paddle.nn.Layer):
             return original(self, *args, **kwargs)
         with _patch.lock:
@@ -733,7 +733,7 @@ def register_patch(strategy: Any) -> None:
     """Make ``paddle.jit.to_static`` Layer methods run on the IPU, as Paddle 2.x's
     IpuDynamicPatcher did (see the module docstring): the last strategy registered
     is the one used."""
-    cls = paddle_api.static_function_type()
+    cls = paddle_jit.static_function_type()
     with _patch.lock:
         if _patch.original_call is None:
             _patch.original_call = cls.__dict__["__call__"]
@@ -749,7 +749,7 @@ def register_patch(strategy: Any) -> None:
 def release_patch() -> None:
     """Undo :func:`register_patch`: every patched model's weights (and optimizer
     state) go back to its Layer (and optimizer) and its device is released."""
-    cls = paddle_api.static_function_type()
+    cls = paddle_jit.static_function_type()
     with _patch.lock:
         for models in list(_patch.models.values()):
             for model in models.values():

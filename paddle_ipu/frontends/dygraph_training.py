@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddle_ipu._internals import paddle_api
+from paddle_ipu._internals import paddle_api, paddle_jit
 from paddle_ipu.compiler.pir_values import dtype_name, is_dense, shape_of
 from paddle_ipu.errors import CompileError, NotSupportedError
 
@@ -126,7 +126,7 @@ def _reaches_parameter(value: Any) -> bool:
             if not v.stop_gradient:
                 return True
             continue
-        if name not in _TRANSPARENT_OPS and not paddle_api.op_has_gradient(op):
+        if name not in _TRANSPARENT_OPS and not paddle_jit.op_has_gradient(op):
             continue
         stack.extend(_operands(op))
     return False
