@@ -368,7 +368,7 @@ def test_cnn_batchnorm_accumulation_matches_per_micro_batch_reference() -> None:
 
 _RESUME_CODE = """
 import sys
-sys.path[:0] = [{here!r}, {tests!r}]
+sys.path[:0] = [{conformance!r}, {tests!r}]
 import numpy as np
 import paddle
 paddle.enable_static()
@@ -409,7 +409,8 @@ def test_save_and_resume_in_a_new_process_is_bitwise(tmp_path: Path) -> None:
 
     out = tmp_path / "resumed.npz"
     code = _RESUME_CODE.format(
-        here=str(Path(__file__).resolve().parent),
+        # this module, and the helpers it imports from the tests' root
+        conformance=str(Path(__file__).resolve().parent),
         tests=str(Path(__file__).resolve().parents[1]),
         out=str(out),
         directory=str(tmp_path),
