@@ -79,13 +79,13 @@ except ImportError as _exc:
 check_paddle_version(_paddle.__version__, _core.paddle_version)
 
 # The ipu kernels of Paddle's eager data transforms (paddle_ipu.device.register_kernels),
-# and Paddle's launcher kept on its CPU jobs (see paddle_api.hide_ipu_from_launcher).
+# and Paddle's launcher kept on its CPU jobs (see paddle_process.hide_ipu_from_launcher).
 importlib.import_module("paddle_ipu.device").register_kernels()
-_paddle_api = importlib.import_module("paddle_ipu._internals.paddle_api")
-_paddle_api.explain_ipu_refusals()
-_paddle_api.keep_custom_place_on_load()
+_paddle_process = importlib.import_module("paddle_ipu._internals.paddle_process")
+_paddle_process.explain_ipu_refusals()
+_paddle_process.keep_custom_place_on_load()
 if not env_flag("PADDLE_IPU_DEFAULT_DEVICE", False):
-    _paddle_api.hide_ipu_from_launcher()
+    _paddle_process.hide_ipu_from_launcher()
 
 # exe.run of compiled programs, and of plain programs on the ipu place (see
 # paddle_ipu._internals.run_hook; uninstall_hooks() undoes it).

@@ -15,7 +15,7 @@ been imported it does two things, in this order:
    ``paddle.set_device``.  ``paddle.set_device("ipu")`` and places still select the IPU.
 3. Imports ``paddle_ipu``, so that ``exe.run`` on the "ipu" place compiles programs as
    whole graphs and Paddle's launcher keeps its CPU jobs (see
-   ``paddle_ipu._internals.paddle_api.hide_ipu_from_launcher``).  Paddle's logging is
+   ``paddle_ipu._internals.paddle_process.hide_ipu_from_launcher``).  Paddle's logging is
    left as it is: only a user's own ``import paddle_ipu`` or use of the IPU quiets it
    (``paddle_ipu._internals.paddle_logs``).
 

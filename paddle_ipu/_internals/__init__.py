@@ -4,6 +4,7 @@ Every use of a private interface of PaddlePaddle, ONNX Runtime or paddle2onnx (a
 underscored attribute, a ``*_cpp2py_export`` binding, an internal naming scheme) lives
 in one module per dependency:
 
+- :mod:`paddle_ipu._internals.paddle_jit` -- PaddlePaddle (dy2static, backward rules)
 - :mod:`paddle_ipu._internals.paddle_api` -- PaddlePaddle
 - :mod:`paddle_ipu._internals.ort_api` -- ONNX Runtime
 - :mod:`paddle_ipu._internals.p2o_api` -- paddle2onnx
@@ -45,7 +46,9 @@ __all__ = [
 
 #: the seam modules, imported by :func:`check`
 MODULES = (
+    "paddle_ipu._internals.paddle_jit",
     "paddle_ipu._internals.paddle_api",
+    "paddle_ipu._internals.paddle_process",
     "paddle_ipu._internals.ort_api",
     "paddle_ipu._internals.p2o_api",
     "paddle_ipu._internals.paddle_logs",
@@ -155,9 +158,15 @@ def main() -> int:
                 versions[dep] = importlib.metadata.version(dep)
             except importlib.metadata.PackageNotFoundError:
                 versions[dep] = "not installed"
+    # each dependency's main seam module (MODULES holds more than one per dependency)
+    main_modules = {
+        "paddlepaddle": "paddle_api",
+        "onnxruntime": "ort_api",
+        "paddle2onnx": "p2o_api",
+    }
     checked = {
-        dep: importlib.import_module(module).CHECKED_ON
-        for dep, module in zip(("paddlepaddle", "onnxruntime", "paddle2onnx"), MODULES)
+        dep: importlib.import_module(f"paddle_ipu._internals.{module}").CHECKED_ON
+        for dep, module in main_modules.items()
     }
     for dep, version in versions.items():
         print(f"{dep} {version} (interfaces checked on {checked.get(dep, '?')})")

@@ -16,7 +16,7 @@ Training.  Each call runs forward, backward and one update of ``optimizer``'s ki
 (SGD, Momentum, Adam, AdamW, Adamax, Lamb, Adagrad, Adadelta, RMSProp) with its
 hyper-parameters, learning rate (an ``LRScheduler`` is read at each call; the caller
 steps it), weight decay and gradient clipping.  The loss is found the way PopTorch finds
-it (:func:`find_loss`):
+it (:func:`paddle_ipu.frontends.dygraph_training.find_loss`):
 
 * a value passed through ``paddle.incubate.identity_loss`` marks the loss (any
   ``reduction``: 0 sum, 1 mean, 2 none); a marked loss that feeds another marked loss
@@ -68,16 +68,18 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu import strategy as strategy_module
-from paddle_ipu._internals import paddle_api
+from paddle_ipu._internals import paddle_api, paddle_jit
 from paddle_ipu.compiler.legacy_reader import pir_mode
-from paddle_ipu.compiler.pir_values import dtype_name, is_dense, shape_of
+from paddle_ipu.compiler.pir_values import dtype_name
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
+from paddle_ipu.frontends.dygraph_training import (
+    find_loss,
+    one_element,
+    static_optimizer,
+    take_identity_losses,
+)
 
 log = logging.getLogger("paddle_ipu")
-
-_FLOAT_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16", "uint16"})
-# Operators that only group values (a list operand), which a gradient passes through.
-_TRANSPARENT_OPS = frozenset({"builtin.combine", "builtin.split", "builtin.slice"})
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -92,241 +94,6 @@ def _is_tensor_like(value: Any) -> bool:
     import paddle
 
     return isinstance(value, (paddle.Tensor, np.ndarray))
-
-
-def _static_optimizer(optimizer: Any) -> Any:
-    """A static-graph optimizer of the same kind and settings as ``optimizer``."""
-    import paddle
-
-    opt = paddle.optimizer
-
-    def attr(name: str) -> Any:
-        return paddle_api.optimizer_attr(optimizer, name)
-
-    common = {
-        "learning_rate": attr("learning_rate"),
-        "grad_clip": paddle_api.optimizer_attr(optimizer, "grad_clip", None),
-    }
-    kind = type(optimizer)
-    decay = {"weight_decay": optimizer.regularization, **common}
-
-    def adam_like() -> dict[str, Any]:
-        return {
-            "beta1": float(attr("beta1")),
-            "beta2": float(attr("beta2")),
-            "epsilon": float(attr("epsilon")),
-        }
-
-    if kind is opt.SGD:
-        return opt.SGD(**decay)
-    if kind is opt.Momentum:
-        return opt.Momentum(
-            momentum=float(attr("momentum")), use_nesterov=bool(attr("use_nesterov")), **decay
-        )
-    if kind is opt.Adam:
-        return opt.Adam(**adam_like(), **decay)
-    if kind is opt.AdamW:
-        return opt.AdamW(weight_decay=float(attr("weight_decay")), **adam_like(), **common)
-    if kind is opt.Adamax:
-        return opt.Adamax(**adam_like(), **decay)
-    if kind is opt.Lamb:
-        return opt.Lamb(lamb_weight_decay=float(attr("lamb_weight_decay")), **adam_like(), **common)
-    if kind is opt.Adagrad:
-        return opt.Adagrad(
-            epsilon=float(attr("epsilon")),
-            initial_accumulator_value=float(optimizer.initial_accumulator_value),
-            **decay,
-        )
-    if kind is opt.Adadelta:
-        return opt.Adadelta(epsilon=float(attr("epsilon")), rho=float(attr("rho")), **decay)
-    if kind is opt.RMSProp:
-        return opt.RMSProp(
-            rho=float(attr("rho")),
-            epsilon=float(attr("epsilon")),
-            momentum=float(attr("momentum")),
-            centered=bool(attr("centered")),
-            **decay,
-        )
-    raise NotSupportedError(
-        f"training_model: {kind.__name__} is not supported; use SGD, Momentum, Adam, AdamW, "
-        "Adamax, Lamb, Adagrad, Adadelta or RMSProp"
-    )
-
-
-# ----------------------------------------------------------------------------------
-# finding the loss
-# ----------------------------------------------------------------------------------
-
-
-def _users(value: Any) -> list[Any]:
-    try:
-        return list(value.all_used_ops())
-    except Exception:
-        return []
-
-
-def _operands(op: Any) -> list[Any]:
-    return [v for v in op.operands_source() if v is not None and v.initialized()]
-
-
-def _feeds_identity_loss(value: Any) -> bool:
-    """Whether ``value`` is read, directly or through other operators, by an
-    ``identity_loss`` (PopTorch: a marked loss used by another is part of it)."""
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        for op in _users(v):
-            if op.name() == "pd_op.identity_loss":
-                return True
-            if op.id() in seen:
-                continue
-            seen.add(op.id())
-            stack.extend(op.results())
-    return False
-
-
-def _reaches_parameter(value: Any) -> bool:
-    """Whether a gradient flows from ``value`` back to a trainable parameter: through
-    floating-point values and operators that have a backward rule."""
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if v.id in seen or not is_dense_float(v):
-            continue
-        seen.add(v.id)
-        op = v.get_defining_op()
-        if op is None:
-            continue
-        name = op.name()
-        if name == "builtin.parameter":
-            if not v.stop_gradient:
-                return True
-            continue
-        if name not in _TRANSPARENT_OPS and not paddle_api.op_has_gradient(op):
-            continue
-        stack.extend(_operands(op))
-    return False
-
-
-def is_dense_float(value: Any) -> bool:
-    if not is_dense(value):
-        # builtin.combine results (lists) carry the gradient of their members.
-        op = value.get_defining_op()
-        return op is not None and op.name() in _TRANSPARENT_OPS
-    return dtype_name(value) in _FLOAT_DTYPES
-
-
-def _ancestors(value: Any) -> set[int]:
-    """Ids of every value ``value`` is computed from."""
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        op = v.get_defining_op()
-        if op is None:
-            continue
-        for src in _operands(op):
-            if src.id not in seen:
-                seen.add(src.id)
-                stack.append(src)
-    return seen
-
-
-def _one_element(value: Any) -> bool:
-    shape = shape_of(value)
-    return is_dense(value) and all(d == 1 for d in shape)
-
-
-def _describe_output(index: int, value: Any) -> str:
-    op = value.get_defining_op()
-    kind = op.name() if op is not None else "?"
-    return f"output {index} ({kind}, {dtype_name(value)}{list(shape_of(value))})"
-
-
-def _take_identity_losses(program: Any, outputs: list[Any]) -> list[Any]:
-    """Replace every ``identity_loss`` with what it computes (its reduction: it only
-    marks the loss) and return the values of the final ones -- the marked losses no
-    other marked loss reads (PopTorch's rule).  ``outputs`` follows the replacement."""
-    import paddle
-
-    block = program.global_block()
-    marks = [op for op in block.ops if op.name() == "pd_op.identity_loss"]
-    finals = {op.id() for op in marks if not _feeds_identity_loss(op.result(0))}
-    losses = []
-    for op in marks:
-        source = op.operand_source(0)
-        reduction = int(op.attrs().get("reduction", 1))
-        if reduction not in (0, 1, 2):
-            raise CompileError(
-                f"identity_loss: reduction must be 0 (sum), 1 (mean) or 2 (none), "
-                f"received {reduction}"
-            )
-        result = op.result(0)
-        try:
-            paddle.pir.set_insertion_point(op)
-            if reduction == 1 and len(source.shape) > 0:
-                value = paddle.mean(source)
-            elif reduction == 0 and len(source.shape) > 0:
-                value = paddle.sum(source)
-            else:
-                value = source
-        finally:
-            paddle.pir.reset_insertion_point_to_end()
-        for i, out in enumerate(outputs):
-            if out.id == result.id:
-                outputs[i] = value
-        result.replace_all_uses_with(value)
-        block.remove_op(op)
-        if op.id() in finals:
-            losses.append(value)
-    return losses
-
-
-def find_loss(program: Any, outputs: list[Any], owner: str) -> tuple[Any, int | None]:
-    """The loss of a traced forward and its position among ``outputs`` (None when
-    the forward does not return it): see the module docstring.  ``identity_loss``
-    ops are taken out of ``program``; ``outputs`` follows.  CompileError, naming the
-    outputs, when the loss cannot be determined."""
-    marked = _take_identity_losses(program, outputs)
-    if len(marked) > 1:
-        raise CompileError(
-            f"{owner} marks {len(marked)} independent losses with "
-            "paddle.incubate.identity_loss: the graph must have one final loss (pass their "
-            "sum through identity_loss)"
-        )
-    if marked:
-        loss = marked[0]
-        for i, out in enumerate(outputs):
-            if out.id == loss.id:
-                return loss, i
-        return loss, None
-    candidates = [
-        (i, v) for i, v in enumerate(outputs) if _one_element(v) and _reaches_parameter(v)
-    ]
-    described = ", ".join(_describe_output(i, v) for i, v in enumerate(outputs)) or "nothing"
-    if not candidates:
-        raise CompileError(
-            f"{owner} returns {described}: none can be the loss (a loss holds one "
-            "floating-point element computed from trainable parameters); return the "
-            "loss, or mark it with paddle.incubate.identity_loss(loss, reduction)"
-        )
-    # A candidate read by another candidate is a part of that loss (PopTorch's rule
-    # for marked losses, applied to the returned ones).
-    parts: set[int] = set()
-    for _, v in candidates:
-        parts |= _ancestors(v)
-    finals = [(i, v) for i, v in candidates if v.id not in parts]
-    if len(finals) != 1:
-        which = ", ".join(_describe_output(i, v) for i, v in finals)
-        raise CompileError(
-            f"{owner} returns {len(finals)} values that could each be the loss ({which}): "
-            "mark the one to train with paddle.incubate.identity_loss(loss, reduction), "
-            "or return their sum"
-        )
-    index, loss = finals[0]
-    return loss, index
 
 
 # ----------------------------------------------------------------------------------
@@ -449,9 +216,9 @@ class IpuModel:
         self.layer = layer
         if function is None:
             function = layer.forward
-        if isinstance(function, paddle_api.static_function_type()):
+        if isinstance(function, paddle_jit.static_function_type()):
             # A forward decorated with @paddle.jit.to_static: trace what it converts.
-            function = paddle_api.static_function_source(function)
+            function = paddle_jit.static_function_source(function)
         self._function = function
         self._name = f"{type(layer).__name__}.{getattr(function, '__name__', 'forward')}"
         # Read in dygraph mode (Layer.parameters() answers Values in static mode).
@@ -587,13 +354,13 @@ class IpuModel:
                 with paddle.static.program_guard(main, startup):
                     # Eager backward() of a tensor of several elements seeds every one
                     # with 1: the gradient of their sum.
-                    objective = loss if _one_element(loss) else paddle.sum(loss)
-                    _static_optimizer(self.optimizer).minimize(objective)
+                    objective = loss if one_element(loss) else paddle.sum(loss)
+                    static_optimizer(self.optimizer).minimize(objective)
                 if index is None:
                     fetches.append(loss)  # trained on, not returned: fetched all the same
             else:
                 # identity_loss only marks a loss: out of an inference graph too.
-                _take_identity_losses(main, fetches)
+                take_identity_losses(main, fetches)
             scope = paddle.static.Scope()
             with paddle.static.scope_guard(scope):
                 paddle.static.Executor(paddle.CPUPlace()).run(startup)
@@ -925,7 +692,7 @@ def _patched_model(layer: Any, function: Any, strategy: Any) -> IpuModel:
             f"calling {type(layer).__name__} (or set_graph_config(is_training=False) for "
             "inference)"
         )
-    name = getattr(paddle_api.static_function_source(function), "__name__", "forward")
+    name = getattr(paddle_jit.static_function_source(function), "__name__", "forward")
     key = (name, id(strategy), id(optimizer) if training else None, training)
     models = _patch.models.setdefault(layer, {})
     model = models.get(key)
@@ -951,7 +718,7 @@ def _intercept(original: Callable[..., Any]) -> Callable[..., Any]:
         strategy = _patch.strategy
         if strategy is None or not paddle.in_dynamic_mode():
             return original(self, *args, **kwargs)
-        layer = paddle_api.static_function_layer(self)
+        layer = paddle_jit.static_function_layer(self)
         if not isinstance(layer, paddle.nn.Layer):
             return original(self, *args, **kwargs)
         with _patch.lock:
@@ -966,7 +733,7 @@ def register_patch(strategy: Any) -> None:
     """Make ``paddle.jit.to_static`` Layer methods run on the IPU, as Paddle 2.x's
     IpuDynamicPatcher did (see the module docstring): the last strategy registered
     is the one used."""
-    cls = paddle_api.static_function_type()
+    cls = paddle_jit.static_function_type()
     with _patch.lock:
         if _patch.original_call is None:
             _patch.original_call = cls.__dict__["__call__"]
@@ -982,7 +749,7 @@ def register_patch(strategy: Any) -> None:
 def release_patch() -> None:
     """Undo :func:`register_patch`: every patched model's weights (and optimizer
     state) go back to its Layer (and optimizer) and its device is released."""
-    cls = paddle_api.static_function_type()
+    cls = paddle_jit.static_function_type()
     with _patch.lock:
         for models in list(_patch.models.values()):
             for model in models.values():

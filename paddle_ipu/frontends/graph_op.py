@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._internals import paddle_api
+from paddle_ipu._internals import paddle_api, paddle_process
 from paddle_ipu.errors import CompileError
 
 _graph_ids = iter(range(1 << 62))
@@ -40,7 +40,7 @@ def build_graph_program(
         return _build_shell_program(compiled, shapes)
     MetaTensor, register_op = ops
 
-    paddle_api.prime_paddle_inference()
+    paddle_process.prime_paddle_inference()
 
     executor = compiled.require_executor()
     model = executor.model
