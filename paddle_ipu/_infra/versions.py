@@ -26,8 +26,8 @@ def check_paddle_version(installed: str, built: str) -> None:
     if have != want:
         raise PaddleVersionError(
             f"paddle-ipu was built against PaddlePaddle {built}, but PaddlePaddle "
-            f"{installed} is installed; the ipu plugin's ABI depends on the minor release "
-            f"({supported}). Install paddlepaddle=={want[0]}.{want[1]}.*, or rebuild "
+            f"{installed} is installed; the ipu plugin's ABI depends on the minor release, "
+            f"and {supported}. Install paddlepaddle=={want[0]}.{want[1]}.*, or rebuild "
             f"paddle-ipu against {installed}: `pip install --force-reinstall --no-deps .` "
             "in its source tree (from an index: pip install --force-reinstall --no-deps "
             "--no-cache-dir --no-binary paddle-ipu paddle-ipu)."
