@@ -314,7 +314,7 @@ class ReplicaGroup:
                     last = seen.get(r)
                     if last is None or last[0] != beat:
                         seen[r] = (beat, now)
-                    elif now - last[1] >= STALE_S:
+                    elif beat and now - last[1] >= STALE_S:  # 0: it has not joined yet
                         gone.append(r)
                 if gone:
                     raise DistributedError(
@@ -362,7 +362,10 @@ class ReplicaGroup:
     def _diagnose(self, lost: int | None, pair: int) -> tuple[tuple[int, ...], str]:
         store, others = self._store, [r for r in range(self.size) if r != self.rank]
         if lost is not None:
-            why = f"rank {lost} closed its connection: its process died"
+            why = (
+                f"rank {lost} closed its connection: its process ended (killed, crashed, or "
+                f"stopped on an error: see rank {lost}'s log)"
+            )
             # with two ranks gloo's peer is the one; with more, it may have given up
             # because of another (its note says which)
             return ((lost,), why) if self.size == 2 else self._blame(lost, why)
