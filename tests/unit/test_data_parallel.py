@@ -392,3 +392,16 @@ def test_the_barrier_timeout_comes_from_the_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("PADDLE_IPU_BARRIER_TIMEOUT", "soon")
     with pytest.raises(OptionError, match="expected a number of seconds > 0, received 'soon'"):
         rg.barrier_timeout()
+
+
+def test_the_launchers_selected_ipu_is_the_processs_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paddle_ipu import device
+    from paddle_ipu.errors import DeviceError
+
+    monkeypatch.delenv("FLAGS_selected_ipus", raising=False)
+    assert device.selected_device() == 0  # no launcher, or one that does not see the ipu
+    monkeypatch.setenv("FLAGS_selected_ipus", "1")
+    assert device.selected_device() == 1
+    monkeypatch.setenv("FLAGS_selected_ipus", "ipu:1")
+    with pytest.raises(DeviceError, match=r"FLAGS_selected_ipus: expected .*received 'ipu:1'"):
+        device.selected_device()
