@@ -12,7 +12,9 @@ the last step, weights and optimizer state).  ``mode``: ``train``; ``save`` (che
 after ``save_at`` steps to ``rank<R>/ckpt.safetensors``, a path relative to a working
 folder of each rank's own, then go on); ``resume`` (load ``rank<R>/ckpt.safetensors``,
 run the steps after ``save_at``); ``wait`` (write ``rank<R>.pid`` and sleep ``pause`` s
-between steps, for a test to kill or stop one rank).
+between steps, for a test to kill or stop one rank).  ``late_ranks`` wait ``late_by``
+seconds before they compile; after step ``alone_at``, rank 0 works alone for
+``alone_for`` seconds, then every rank waits at ``paddle_ipu.distributed.barrier()``.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ def main() -> None:
         "accumulation_and_replication_reduction_type": cfg.get("reduction", "Mean"),
     })  # fmt: skip
     compiled = paddle_ipu.IpuCompiledProgram(prog, ipu_strategy=s)
+    if rank in cfg.get("late_ranks", []):  # as if its compile took that much longer
+        time.sleep(float(cfg["late_by"]))
     runnable = compiled.compile(["x", "y"], [loss])
 
     steps = range(int(cfg.get("steps", 10)))
@@ -127,6 +131,12 @@ def main() -> None:
             paddle_ipu.checkpoint.save(compiled, ckpt)
         if mode == "wait":
             time.sleep(float(cfg.get("pause", 0.5)))
+        if step == cfg.get("alone_at"):
+            # work only this rank does (an evaluation on rank 0, say), then the barrier
+            # that keeps the other rank's next all-reduce from taking the wait for a hang
+            if rank == 0:
+                time.sleep(float(cfg["alone_for"]))
+            ipu_dist.barrier("the end of rank 0's evaluation")
     compiled.weights_to_host()
     np.savez(os.path.join(out, f"rank{rank}.npz"), **persistables(prog, scope))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

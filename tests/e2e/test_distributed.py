@@ -117,6 +117,16 @@ def test_two_processes_train_as_paddle_cpu_on_the_whole_batch(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+def test_ranks_waiting_longer_than_gloos_timeout_are_not_failures(tmp_path: Path) -> None:
+    # Rank 1 compiles 35 s after rank 0, rank 0 works alone for 35 s after step 3 and
+    # then every rank meets at paddle_ipu.distributed.barrier(): both waits are longer
+    # than gloo's 30 s, and the job trains as without them.
+    _launch(tmp_path, {"steps": STEPS, "late_ranks": [1], "late_by": 35, "alone_at": 3,
+                       "alone_for": 35})  # fmt: skip
+    _check_job(tmp_path, loss_scale=1.0, epsilon=1e-8, replicas=1)
+
+
+@pytest.mark.slow
 def test_sum_reduction_over_processes_and_local_replicas(tmp_path: Path) -> None:
     # 2 processes x 2 local replicas: 4 replicas of 2 rows.  Sum adds the 4 replicas'
     # mean-loss gradients: Paddle's CPU training of 4 x the whole batch's mean loss.  A
@@ -236,7 +246,7 @@ def test_a_killed_rank_fails_the_other_naming_it(tmp_path: Path) -> None:
     # rank 0 ended on its own, non-zero, saying which rank failed and how
     assert took < 20, took
     assert "paddle_ipu.errors.DistributedError: rank 0: the gradient all-reduce" in rank0
-    assert "rank 1 closed its connection: its process died" in rank0
+    assert "rank 1 closed its connection: its process ended (killed" in rank0
     assert "rank 1 closed its connection" in output  # the launcher shows rank 0's log
     print(f"rank 0 ended {took:.2f} s after rank 1 was killed")
 

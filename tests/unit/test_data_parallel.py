@@ -1,7 +1,8 @@
 """The pieces of data parallelism across processes that need no second process: the job
 read from the launchers' environments, shards, the host's option checks, the trainer's
 reduction over processes, and the replica group's packing and diagnosis over a fake
-store and fake collectives (the real ones run in tests/e2e/test_distributed.py)."""
+store and fake collectives (the real ones run under the launcher in
+tests/e2e/test_distributed.py)."""
 
 from __future__ import annotations
 
@@ -368,12 +369,15 @@ def test_a_barrier_waits_for_every_rank() -> None:
 
 def test_a_barrier_names_a_missing_rank_that_stopped() -> None:
     store = _FakeStore(alive={0})
+    store.values["hb/1"] = 7  # it had joined: its heartbeat counted, then stopped
     with pytest.raises(DistributedError, match=r"rank\(s\) 1 stopped answering .* at the start"):
         _group(0, 2, store).barrier("the start")
 
 
 def test_a_barrier_names_the_live_ranks_missing_at_the_timeout() -> None:
-    store = _FakeStore(alive={0, 1, 2})
+    # rank 1 is alive, or has not joined yet (no heartbeat: still compiling): a barrier
+    # waits for it as long as its timeout
+    store = _FakeStore(alive={0, 2})
     store.values.update({"barrier/1": 1, "barrier/1/2": 1})
     with pytest.raises(DistributedError, match=r"rank\(s\) 1 did not reach the start within "
                        r"0.2 s \(PADDLE_IPU_BARRIER_TIMEOUT\)") as info:  # fmt: skip
@@ -388,3 +392,16 @@ def test_the_barrier_timeout_comes_from_the_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("PADDLE_IPU_BARRIER_TIMEOUT", "soon")
     with pytest.raises(OptionError, match="expected a number of seconds > 0, received 'soon'"):
         rg.barrier_timeout()
+
+
+def test_the_launchers_selected_ipu_is_the_processs_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paddle_ipu import device
+    from paddle_ipu.errors import DeviceError
+
+    monkeypatch.delenv("FLAGS_selected_ipus", raising=False)
+    assert device.selected_device() == 0  # no launcher, or one that does not see the ipu
+    monkeypatch.setenv("FLAGS_selected_ipus", "1")
+    assert device.selected_device() == 1
+    monkeypatch.setenv("FLAGS_selected_ipus", "ipu:1")
+    with pytest.raises(DeviceError, match=r"FLAGS_selected_ipus: expected .*received 'ipu:1'"):
+        device.selected_device()

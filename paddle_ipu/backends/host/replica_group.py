@@ -23,6 +23,7 @@ and fail when a missing rank's heartbeat stops for :data:`STALE_S`.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
@@ -112,6 +113,9 @@ class _Store:
 
         return int(self._bounded(op))
 
+    def close(self) -> None:
+        self._client = None
+
 
 class _Heartbeat:
     """A daemon thread counting this rank's heartbeat in the store, with the number of
@@ -142,6 +146,8 @@ class _Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        # joined, so that no thread is inside a store call while the interpreter ends
+        self.thread.join(2 * HEARTBEAT_S)
 
 
 class ReplicaGroup:
@@ -195,6 +201,8 @@ class ReplicaGroup:
         if self.size > 1:
             self._ops = paddle_dist.Collectives(paddle_dist.gloo_group(self.size))
             self._heartbeat = _Heartbeat(self.rank, self.size, lambda: self.collectives)
+            # the heartbeat thread and the store clients end before Paddle's objects do
+            atexit.register(self.close)
 
     # -- collectives ------------------------------------------------------------------
     def all_reduce_sum(self, arrays: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
@@ -314,7 +322,7 @@ class ReplicaGroup:
                     last = seen.get(r)
                     if last is None or last[0] != beat:
                         seen[r] = (beat, now)
-                    elif now - last[1] >= STALE_S:
+                    elif beat and now - last[1] >= STALE_S:  # 0: it has not joined yet
                         gone.append(r)
                 if gone:
                     raise DistributedError(
@@ -362,7 +370,10 @@ class ReplicaGroup:
     def _diagnose(self, lost: int | None, pair: int) -> tuple[tuple[int, ...], str]:
         store, others = self._store, [r for r in range(self.size) if r != self.rank]
         if lost is not None:
-            why = f"rank {lost} closed its connection: its process died"
+            why = (
+                f"rank {lost} closed its connection: its process ended (killed, crashed, or "
+                f"stopped on an error: see rank {lost}'s log)"
+            )
             # with two ranks gloo's peer is the one; with more, it may have given up
             # because of another (its note says which)
             return ((lost,), why) if self.size == 2 else self._blame(lost, why)
@@ -410,6 +421,8 @@ class ReplicaGroup:
     def close(self) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
+            self._heartbeat = None
+        self._store.close()
 
 
 def for_session(config: SessionConfig) -> ReplicaGroup | None:
