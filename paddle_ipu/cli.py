@@ -285,6 +285,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
+    if getattr(runtime, "sequence", None) is not None:
+        return _serve_buckets(args, runtime)
     InferenceServer(
         runtime,
         name=args.name,
@@ -296,6 +298,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb,
         reuse_port=args.reuse_port,
     ).serve_forever()
+    return 0
+
+
+def _serve_buckets(args: argparse.Namespace, runtime: Any) -> int:
+    """A package with buckets of sequence lengths: its request shapes vary beyond the
+    batch, which the C++ request path does not take; the Python HTTP server serves it."""
+    from paddle_ipu.errors import NotSupportedError
+    from paddle_ipu.serving.python_http import PythonInferenceServer
+
+    if args.grpc_port is not None or args.reuse_port:  # reuse_port: a --workers process
+        runtime.close()
+        raise NotSupportedError(
+            "--grpc-port or --workers with buckets of sequence lengths: a bucketed package "
+            "is served over HTTP by one process (the Python server; the C++ request path "
+            "checks one fixed shape per tensor)"
+        )
+    PythonInferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
     return 0
 
 

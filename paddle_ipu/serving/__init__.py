@@ -5,6 +5,8 @@
   per bucket of sequence lengths; :func:`runtime_for` picks for a package;
 - :mod:`.http`: :class:`InferenceServer`, the KServe v2 / Triton server (HTTP, and gRPC
   through :mod:`.grpc_service`); its request path is C++ (``paddle_ipu._core``);
+- :mod:`.python_http`: :class:`~.python_http.PythonInferenceServer`, KServe v2 over HTTP
+  in Python, for packages with buckets of sequence lengths (request shapes that vary);
 - :mod:`.package`: portable compiled packages and the compile cache.
 """
 

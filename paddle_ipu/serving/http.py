@@ -118,13 +118,13 @@ class InferenceServer:
         reuse_port: bool = False,
     ) -> None:
         if getattr(runtime, "sequence", None) is not None:
-            # The C++ front end checks every request against one fixed shape per tensor
-            # and feeds one queue; a bucketed package has a runtime per length.
+            # The request path checks one fixed shape per tensor and feeds one queue; a
+            # bucketed package has a runtime per length (serving.python_http serves it).
             raise NotSupportedError(
-                "serving a package with buckets of sequence lengths over HTTP/gRPC is not "
-                "supported yet (the request path checks one fixed shape); compile with a "
-                "fixed sequence length, or run it in process with "
-                "paddle_ipu.serving.runtime_for(package)"
+                "a package with buckets of sequence lengths is served by "
+                "paddle_ipu.serving.python_http.PythonInferenceServer (HTTP only; "
+                "`paddle-ipu serve` picks it): this server's request path checks one "
+                "fixed shape per tensor"
             )
         if threads < 1:
             raise OptionError(f"threads must be >= 1, got {threads}")
