@@ -540,7 +540,12 @@ def test_request_not_started_in_time_is_504_and_never_computed(slow: ServerProce
     client.close()
     wait_for(lambda: in_flight(slow) == 0, "the timed-out requests leave the queue")
     metrics = slow.metrics()
-    assert metrics[f"paddle_ipu_timed_out_total{{{label}}}"] == 2
+    # The server ends the gRPC call just before the client's deadline (timed out); on a
+    # loaded machine gRPC's cancellation at the deadline can come first (disconnected).
+    # Either way the request leaves the queue uncomputed.
+    timed_out = metrics[f"paddle_ipu_timed_out_total{{{label}}}"]
+    assert timed_out >= 1  # the HTTP request
+    assert timed_out + metrics[f"paddle_ipu_disconnected_total{{{label}}}"] == 2
     assert metrics[f"paddle_ipu_runs_total{{{label}}}"] == 0  # neither was computed
 
 
