@@ -50,6 +50,10 @@ from paddle_ipu.frontends.predictor import Predictor, Tensor
 
 __all__ = ["DECISIONS", "Config", "Predictor", "Tensor", "create_predictor"]
 
+# The public home of the predictor and its handles (their code is in
+# paddle_ipu/frontends/predictor.py): what type(predictor) and repr() name.
+Predictor.__module__ = Tensor.__module__ = __name__
+
 log = logging.getLogger("paddle_ipu")
 
 
