@@ -72,9 +72,9 @@ def _paddle_inference(prefix: str, threads: int, onednn: bool) -> Callable[[np.n
 def _ipu(package: Any, threads: int) -> tuple[Callable[[np.ndarray], Any], Any]:
     """paddle-ipu's executor (the bucket of SEQ tokens for a bucketed package)."""
     if package.sequence is not None:
-        executor = package.executors(host_num_threads=threads)[SEQ]
+        executor = package.executors(host_num_threads=threads, host_spin_threads=False)[SEQ]
     else:
-        executor = package.executor(host_num_threads=threads)
+        executor = package.executor(host_num_threads=threads, host_spin_threads=False)
     name = executor.model.inputs[0].paddle_name
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -91,6 +91,9 @@ def _ort(package: Any, threads: int) -> Callable[[np.ndarray], Any]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # The engines take turns call by call: a pool left spinning after its run would
+    # take the cores from the next engine's run (paddle-ipu's executors sleep too).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     session = ort.InferenceSession(model.onnx, options, providers=["CPUExecutionProvider"])
     feed, fetch = model.inputs[0].name, [model.outputs[0].name]
