@@ -4,6 +4,7 @@ tests (tests/models.py programs saved with paddle.static.save_inference_model)."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import paddle
@@ -29,18 +30,40 @@ def reference(built: Built, feed: dict[str, np.ndarray]) -> np.ndarray:
     return built.run_cpu(feed)[0]
 
 
+def raw(
+    srv: Any,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request to a server on 127.0.0.1:``srv.port``: (status, headers, body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
 class ServerProcess:
     """``paddle-ipu serve`` in its own process (the clients are this process: real
     clients over loopback), on free ports it reports when it is ready."""
 
-    def __init__(self, model: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, model: str, *args: str, env: dict[str, str] | None = None, grpc: bool = True
+    ) -> None:
         import os
         import subprocess
         import sys
         import tempfile
 
         argv = [sys.executable, "-m", "paddle_ipu", "serve", model, "--port", "0"]
-        argv += [*args] if "--grpc-port" in args else [*args, "--grpc-port", "0"]
+        argv += [*args] if "--grpc-port" in args or not grpc else [*args, "--grpc-port", "0"]
         self.proc = subprocess.Popen(
             argv,
             cwd=tempfile.gettempdir(),

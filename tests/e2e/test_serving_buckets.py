@@ -5,31 +5,16 @@ in another, every answer equal to the decoder's own dygraph forward."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from serving_models import decoder_reference, save_decoder
+from serving_models import ServerProcess, decoder_reference, raw, save_decoder
 
 pytest.importorskip("aiohttp")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _post(base: str, ids: np.ndarray) -> tuple[int, dict]:
+def _post(srv: ServerProcess, ids: np.ndarray) -> tuple[int, dict]:
     body = json.dumps(
         {
             "inputs": [
@@ -42,60 +27,36 @@ def _post(base: str, ids: np.ndarray) -> tuple[int, dict]:
             ]
         }
     ).encode()
-    req = urllib.request.Request(base + "/v2/models/lm/infer", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+    status, _, answer = raw(srv, "POST", "/v2/models/lm/infer", body)
+    return status, json.loads(answer or b"{}")
 
 
 @pytest.mark.slow
 def test_serve_answers_every_sequence_length_as_the_eager_decoder(tmp_path: Path) -> None:
     prefix, layer = save_decoder(tmp_path)
-    port = _free_port()
-    env = dict(os.environ, PADDLE_IPU_CACHE_DIR=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "paddle_ipu", "serve", prefix, "--port", str(port)]
-    cmd += ["--name", "lm", "--micro-batch", "2", "--seq-buckets", "4,8,16"]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=tempfile.gettempdir(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = {"PADDLE_IPU_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["--name", "lm", "--micro-batch", "2", "--seq-buckets", "4,8,16"]
+    srv = ServerProcess(prefix, *args, env=env, grpc=False)
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/v2/health/ready", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(proc.communicate()[1]) from None
-                time.sleep(0.2)
-        with urllib.request.urlopen(base + "/v2/models/lm", timeout=10) as r:
-            meta = json.loads(r.read())
+        status, _, body = raw(srv, "GET", "/v2/models/lm")
+        meta = json.loads(body)
+        assert status == 200, meta
         assert meta["inputs"][0]["shape"] == [-1, -1]
         assert meta["outputs"][0]["shape"] == [-1, -1, 50]
         rng = np.random.default_rng(11)
         for rows, length in ((1, 1), (3, 5), (2, 8), (1, 13), (2, 16)):
             ids = rng.integers(0, 50, (rows, length)).astype(np.int64)
-            status, doc = _post(base, ids)
+            status, doc = _post(srv, ids)
             assert status == 200, doc
             out = doc["outputs"][0]
             got = np.asarray(out["data"], np.float32).reshape(out["shape"])
             assert got.shape == (rows, length, 50)
             np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
-        status, doc = _post(base, np.zeros((1, 17), np.int64))
+        status, doc = _post(srv, np.zeros((1, 17), np.int64))
         assert status == 400 and "sequence length 17" in doc["error"], doc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+        code, _, stderr = srv.terminate()
+    assert code == 0, stderr
 
 
 def test_compile_and_run_a_bucketed_package_from_the_command_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -4,7 +4,6 @@ its own process is tested in test_serving_protocols."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -15,7 +14,7 @@ import numpy as np
 import paddle
 import pytest
 from models import Built, build
-from serving_models import reference, save
+from serving_models import raw, reference, save
 
 httpclient = pytest.importorskip("tritonclient.http")
 
@@ -47,22 +46,6 @@ def server(package: Any) -> Iterator[InferenceServer]:
     srv = InferenceServer(runtime, name="mlp", port=0).start()
     yield srv
     srv.stop()
-
-
-def raw(
-    srv: InferenceServer,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=WAIT)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, dict(resp.getheaders()), resp.read()
-    finally:
-        conn.close()
 
 
 def infer_json(srv: InferenceServer, x: np.ndarray, name: str = "x") -> tuple[int, Any]:

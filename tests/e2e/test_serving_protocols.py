@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from models import Built, build
-from serving_models import ServerProcess, reference, save
+from serving_models import ServerProcess, raw, reference, save
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -66,22 +66,6 @@ def out_name(srv: ServerProcess) -> str:
     name = str(client.get_model_metadata("mlp")["outputs"][0]["name"])
     client.close()
     return name
-
-
-def raw(
-    srv: ServerProcess,
-    method: str,
-    path: str,
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=WAIT)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, dict(resp.getheaders()), resp.read()
-    finally:
-        conn.close()
 
 
 def binary_body(x: np.ndarray, name: str = "x", datatype: str = "FP32") -> tuple[bytes, int]:
