@@ -128,7 +128,7 @@ def test_native_defaults(s: IpuStrategy) -> None:
         "backend": "auto",
         "host_num_threads": 0,
         "host_spin_threads": True,
-        "host_fp16_arithmetic": "float32",
+        "host_fp16_arithmetic": "float16",
         "anchor_return_type": "ALL",
         "anchor_return_period": 1,
     }

@@ -140,7 +140,6 @@ _UNSUPPORTED: dict[str, str] = {
     "weight_decay_mode": "the host applies weight decay the way the program's optimizer does",
     "custom_ops": "PopART custom ops exist only on the IPU",
     "synthetic_data_mode": "the feeds would be replaced",
-    "enable_stochastic_rounding": "rounding mode; the host rounds to nearest",
     "automatic_loss_scaling_settings.enabled": "the loss scaling would follow device statistics",
     "group_norm_strided_channel_grouping": "changes which channels are normalised together",
 }
