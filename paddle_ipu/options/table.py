@@ -271,6 +271,10 @@ _add("host_fp16_arithmetic", "string", "float16", PRODUCT, choices=("float16", "
          "result rounded to float16, partials, stochastic rounding and saturation as the IPU "
          "does: docs/without_ipu.md) or \"float32\" (weights and constants held in float16, "
          "arithmetic in float32: faster serving where the IPU's rounding does not matter).")
+_add("host_memory_check", "string", "error", PRODUCT, choices=("error", "warning", "off"),
+     doc="What the host backend does at compile time with a model that does not fit in an "
+         "IPU's memory (paddle_ipu.memory_report): \"error\" refuses it (IpuMemoryError, as "
+         "the Poplar compile fails), \"warning\" logs the report, \"off\" skips it.")
 _add("anchor_return_type", "string", "ALL", PRODUCT, choices=("ALL", "FINAL", "SUM", "EVERYN"),
      doc="What a run returns per fetch: ALL (every step), FINAL (last step), SUM (sum over "
          "steps) or EVERYN (every anchor_return_period-th step).")

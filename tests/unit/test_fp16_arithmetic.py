@@ -261,9 +261,10 @@ def test_layer_norm_as_poplin(rng: np.random.Generator, stable: bool) -> None:
     x = half(rng, (4, 64), 3.0) + 2.0
     gamma, beta = half(rng, (64,)), half(rng, (64,))
     node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)
-    (got,) = run([node], {"x": x.astype(np.float16).astype(np.float32)}, {"y": (4, 64)},
-                 weights={"g": gamma, "b": beta}, options={"enable_stable_norm": stable})  # fmt: skip
-    want = ref.norm(x.astype(np.float16), (1,), 1e-5, gamma, beta, stable=stable)
+    weights, options = {"g": gamma, "b": beta}, {"enable_stable_norm": stable}
+    x = x.astype(np.float16).astype(np.float32)
+    (got,) = run([node], {"x": x}, {"y": (4, 64)}, weights=weights, options=options)
+    want = ref.norm(x, (1,), 1e-5, gamma, beta, stable=stable)
     assert ref.ulps(got, want).max() <= 1
     assert np.mean(got == want) > 0.95
 

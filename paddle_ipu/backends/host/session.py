@@ -127,6 +127,8 @@ class HostSession(Session):
         self.replicas = replica_group.for_session(self.config)
         if self.replicas is not None:
             self.replicas.barrier("the start of training (every rank compiled its program)")
+        # Will it fit: the Poplar compile refuses a model that does not (compiler.memory).
+        self.check_memory()
         # The weights come out as read-only views of the model's bytes (no copy); the
         # graph marks them external, and the session hands ONNX Runtime the arrays
         # (add_external_initializers).  The fp16 pass runs on that weightless graph too:
@@ -170,6 +172,22 @@ class HostSession(Session):
             # do): the trainer shares them until something else is written.
             self._trainer.write(self._weights)
         self._dirty = True
+
+    def check_memory(self) -> None:
+        """The memory report of the model on the IPUs this configuration uses, refused
+        (``host_memory_check="error"``) or logged (``"warning"``) when an IPU does not
+        fit, as the Poplar compile would fail."""
+        from paddle_ipu.compiler import memory
+
+        mode = str(self.config.option("host_memory_check"))
+        if mode == "off":
+            return
+        options = {
+            **self.config.options,
+            "is_training": self.config.is_training,
+            "enable_fp16": self.config.enable_fp16,
+        }
+        memory.check(memory.memory_report(self.model, options), mode)
 
     def _make_trainer(self) -> _Training:
         if self.config.training_source is None or self.model.optimizer is None:

@@ -146,12 +146,28 @@ _UNSUPPORTED: dict[str, str] = {
 
 
 def _refuse(config: SessionConfig) -> list[str]:
+    refused = []
     if config.option("accumulation_and_replication_reduction_type") == 2:
-        return [
+        refused.append(
             "accumulation_and_replication_reduction_type=2 (NoReduction: the host reduces "
             "gradients by Mean or Sum)"
-        ]
-    return []
+        )
+    if (
+        config.is_training
+        and config.enable_fp16
+        and config.option("host_fp16_arithmetic") == "float16"
+    ):
+        conv = config.option("convolution_options") or {}
+        if str(config.option("partials_type_matmuls")).lower() == "half" or (
+            str(conv.get("partialsType", "")).lower() == "half"
+        ):
+            refused.append(
+                "float16 partials (enable_half_partial, partials_type_matmuls or "
+                "convolution_options['partialsType']) in training: the host's gradient "
+                "kernels (Paddle's) accumulate matmul and convolution partials in float32; "
+                "it emulates float16 partials in inference only"
+            )
+    return refused
 
 
 SUPPORT = OptionSupport(
