@@ -140,6 +140,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     how = "from the compile cache" if cached else "compiled"
     buckets = f" (sequence buckets {list(package.sequence.lengths)})" if package.sequence else ""
     print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{buckets}")
+    if args.report:
+        from paddle_ipu.compiler.memory import memory_report
+
+        # the longest bucket's graph is the largest
+        print(memory_report(package.model, package.strategy().values()).text())
     return 0
 
 
@@ -431,6 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true", help="run the graph in float16")
     p.add_argument("--backend", default="host", choices=("host", "popart"))
     p.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="print the memory the model needs on each IPU, against the IPU's",
+    )
     _bucket_arguments(p)
 
     p = sub.add_parser("run", help="run a package once on inputs from .npy files")

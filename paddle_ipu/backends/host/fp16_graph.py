@@ -68,8 +68,8 @@ ABSORBING = frozenset(
         "Equal", "ArgMax", "ArgMin", "TopK", "IsInf", "Mod",
     }
 )  # fmt: skip
-#: the graph output of lazy saturation's flags (NaN: an operand that is not finite
-#: reached an operator of ABSORBING)
+#: the prefix of lazy saturation's flags, graph outputs (NaN: an operand that is not
+#: finite reached an operator of ABSORBING)
 WATCHED = "paddle_ipu::absorbed"
 #: ONNX Runtime fusions that would compute several rounded operators in one kernel,
 #: or merge the host's constants with the graph's
@@ -102,28 +102,37 @@ def _exact(node: onnx.NodeProto, types: Mapping[str, int]) -> bool:
 
 
 def _watch_operands(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> None:
-    """Lazy saturation: note the float operands of an operator of :data:`ABSORBING`
-    (or of a cast to a non-float type) for :func:`_add_watch`."""
+    """Lazy saturation: note the operands of an operator of :data:`ABSORBING` (or of a
+    cast to a non-float type) through which an infinity could become a finite value:
+    a divisor, the base of a power to a negative or unknown exponent, every operand
+    of a comparison (constants are finite: never noted)."""
     if not (arith.saturate and arith.lazy_saturation) or node.name.startswith(MARK):
         return
-    absorbing = node.op_type in ABSORBING or (
-        node.op_type == "Cast" and ed.types.get(node.output[0]) not in (FLOAT, FLOAT16)
+    op = node.op_type
+    to_int = op == "Cast" and ed.types.get(node.output[0]) not in (FLOAT, FLOAT16)
+    if op not in ABSORBING and not to_int:
+        return
+    operands = list(node.input)
+    if op == "Div":
+        operands = operands[1:2]
+    elif op == "Pow":
+        exponent = ed.constants.get(operands[1]) if len(operands) > 1 else None
+        positive = exponent is not None and bool(np.all(exponent > 0))
+        operands = [] if positive else operands[:1]
+    ed.watched.extend(
+        n for n in operands if n and ed.types.get(n) == FLOAT and n not in ed.constants
     )
-    if absorbing:
-        ed.watched.extend(n for n in node.input if n and ed.types.get(n) == FLOAT)
 
 
 def _add_watch(ed: Editor) -> None:
-    """The flags of the watched operands, as the graph output :data:`WATCHED`."""
-    if not ed.watched:
-        return
-    flags = []
-    for name in dict.fromkeys(ed.watched):
+    """A flag per watched operand (the sum of its values times 0: NaN when one is not
+    finite), each a graph output named after :data:`WATCHED`."""
+    for k, name in enumerate(dict.fromkeys(ed.watched)):
         zero = ed.emit("Mul", [name, ed.limit(0.0)], f"{name}::watch")
-        flat = ed.emit("Reshape", [zero, ed.ints([-1], f"{name}.flat")], f"{name}.flat")
-        flags.append(ed.reduce("ReduceSum", flat, [0], f"{name}::flag"))
-    ed.emit("Concat", flags, WATCHED, out=WATCHED, axis=0)
-    ed.graph.output.append(onnx.helper.make_tensor_value_info(WATCHED, FLOAT, [len(flags)]))
+        flag = f"{WATCHED}:{k}"
+        # ReduceSum without axes reduces every axis, in every opset
+        ed.emit("ReduceSum", [zero], flag, out=flag, keepdims=0)
+        ed.graph.output.append(onnx.helper.make_tensor_value_info(flag, FLOAT, []))
 
 
 def _round_outputs(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> None:

@@ -57,14 +57,12 @@ class Built:
     checked: fp_checks.Checked | None = None
     #: outputs must be finite, else the micro-batch runs on the saturating graph
     lazy: bool = False
-    #: the graph returns lazy saturation's flags (fp16_graph.WATCHED) after the outputs
-    watched: bool = False
+    #: lazy saturation's flags (fp16_graph.WATCHED...), returned after the outputs
+    watched: tuple[str, ...] = ()
 
     def extra(self) -> list[str]:
         """The outputs a run asks for after the model's: the flags."""
-        return ([fp16_graph.WATCHED] if self.watched else []) + (
-            [FLAGS] if self.checked is not None else []
-        )
+        return [*self.watched, *([FLAGS] if self.checked is not None else [])]
 
 
 @dataclass
@@ -138,8 +136,10 @@ class Plan:
         session = ort.InferenceSession(
             proto.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"]
         )
-        produced = {o.name for o in session.get_outputs()}
-        return Built(session, keep, self.checked, self.lazy, fp16_graph.WATCHED in produced)
+        watched = tuple(
+            o.name for o in session.get_outputs() if o.name.startswith(fp16_graph.WATCHED)
+        )
+        return Built(session, keep, self.checked, self.lazy, watched)
 
     def _optimized(
         self, weights: dict[str, np.ndarray], threads: int
@@ -210,10 +210,10 @@ def needs_saturation(built: Built, outputs: list[Any]) -> bool:
     output, or an operand lazy saturation watches, is not finite.  ``outputs``: the
     model's outputs, then the lazy flags if the graph has them (removed here; the
     checks' flags, which come last, were removed before)."""
-    watched = outputs.pop() if built.watched else None
+    flags = [outputs.pop() for _ in built.watched]
     if not built.lazy:
         return False
-    if watched is not None and not np.isfinite(watched).all():
+    if flags and not np.isfinite(np.asarray(flags, dtype=np.float64)).all():
         return True
     return not all_finite(outputs)
 

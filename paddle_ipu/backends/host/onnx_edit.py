@@ -81,6 +81,10 @@ def output_type(node: onnx.NodeProto, k: int, types: dict[str, int]) -> int | No
     return None
 
 
+def _small(dims: Iterable[int]) -> bool:
+    return int(np.prod(list(dims), dtype=np.int64)) <= 4096
+
+
 class Editor:
     """Builds a new node list for ``graph`` (``emit``), then puts it in place
     (:meth:`commit`).  ``types``: tensor name -> ONNX element type."""
@@ -108,9 +112,17 @@ class Editor:
                 dims = vi.type.tensor_type.shape.dim
                 if dims and all(d.HasField("dim_value") for d in dims):
                     self.shapes.setdefault(vi.name, tuple(int(d.dim_value) for d in dims))
+        #: small constants' values (initializers with data, Constant nodes)
+        self.constants: dict[str, np.ndarray] = {}
         for init in g.initializer:
             self.types[init.name] = init.data_type
             self.shapes[init.name] = tuple(int(d) for d in init.dims)
+            if init.data_location != TensorProto.EXTERNAL and _small(init.dims):
+                self.constants[init.name] = numpy_helper.to_array(init)
+        for node in g.node:
+            value = node.attribute[0] if node.op_type == "Constant" and node.attribute else None
+            if value is not None and value.name == "value" and _small(value.t.dims):
+                self.constants[node.output[0]] = numpy_helper.to_array(value.t)
         for node in g.node:
             for k, out in enumerate(node.output):
                 if out and out not in self.types:
