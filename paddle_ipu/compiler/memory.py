@@ -24,7 +24,8 @@ computed exactly from the graph, not always live:
     once (liveness in graph order);
 estimated (their rule in the report's lines):
     temporaries: the largest matmul or convolution's partials (float32, or float16
-    with float16 partials) and a rearranged copy of its operands, at most
+    with float16 partials) and a rearranged copy of its activation operands (Poplar
+    lays a weight out for the operator that reads it), at most
     ``available_memory_proportion`` of the IPU (poplin's default 0.6 when 0), or the
     largest other operator's operands and result; the optimizer state of the largest
     weight when the state is streamed in for its update; code, vertex state and
@@ -32,7 +33,7 @@ estimated (their rule in the report's lines):
     per forward operator in training: forward, backward, update).
 
 The host backend refuses, at compile time, a model with an IPU that does not fit
-(``memory_check="error"``, the default; ``"warning"`` logs the report instead,
+(``host_memory_check="error"``, the default; ``"warning"`` logs the report instead,
 ``"off"`` skips it), as the Poplar compile would fail.
 """
 
@@ -517,14 +518,16 @@ def _temporaries(g: Graph, nodes: Sequence[onnx.NodeProto], fp16: bool, opts: _O
         if node.op_type not in MATMULS:
             continue
         partials = sum(numel(g.shapes.get(o, ())) for o in node.output) * (2 if half else 4)
-        operands = sum(g.nbytes(i, fp16) for i in node.input if i)
+        # Poplar lays a weight out for the matmul/convolution that reads it
+        # (createMatMulInputRHS, createWeights): only activations are rearranged.
+        operands = sum(g.nbytes(i, fp16) for i in node.input if i and i not in g.weights)
         largest = max(largest, min(cap, partials + operands))
     return Part(
         "temporaries",
         largest,
         False,
         f"the largest matmul/convolution's partials ({'float16' if half else 'float32'}) and a "
-        f"copy of its operands, at most {proportion:g} of the IPU (available_memory_proportion)",
+        f"copy of its activation operands, at most {proportion:g} of the IPU (available_memory_proportion)",
     )
 
 
@@ -538,7 +541,7 @@ def check(report: MemoryReport, mode: str) -> None:
         f"the model does not fit in the memory of IPU {names} (of {len(report.ipus)} per "
         "replica): the Poplar compile would fail. Shard or pipeline it over more IPUs, use "
         "float16, recomputation, off-chip optimizer state or a smaller micro-batch; "
-        'memory_check="warning" compiles it anyway.\n' + report.text()
+        'host_memory_check="warning" compiles it anyway.\n' + report.text()
     )
     if mode == "warning":
         log.warning("%s", message)

@@ -75,7 +75,7 @@ _NOTES: dict[str, str] = {
     "location_weight": "the memory report: off chip, replicated tensor sharding",
     "location_optimizer": "the memory report: off chip, replicated tensor sharding",
     "location_accumulator": "the memory report: off chip, replicated tensor sharding",
-    "host_memory_check": "compiler/memory.py; docs/without_ipu.md",
+    "host_memory_check": "the memory report of paddle_ipu/compiler/memory.py; docs/without_ipu.md",
 }
 #: accepted and ignored: they cannot change results
 _IGNORED: dict[str, str] = {
