@@ -256,7 +256,7 @@ def compile_program(
         )
     requested = check_opset(opset)
     _check_working_dir()
-    with _static_mode():
+    with static_mode():
         return _compile(
             program,
             feed_list,
@@ -274,9 +274,10 @@ def compile_program(
 
 
 @contextlib.contextmanager
-def _static_mode() -> Iterator[None]:
+def static_mode() -> Iterator[None]:
     """Paddle's static-graph APIs refuse to run in dygraph mode; a program can be
-    compiled from either."""
+    compiled (or a saved model loaded) from either, and the process's mode is the same
+    afterwards."""
     import paddle
 
     dynamic = paddle.in_dynamic_mode()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu.compiler.compile import static_mode
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import CompileError, IpuError, OptionError
 from paddle_ipu.executor.shapes import SequenceBuckets
@@ -158,7 +159,6 @@ def compile_model(
             progress(step, len(STAGES), STAGES[step - 1])
 
     stage()
-    paddle.enable_static()
     scope = paddle.static.Scope()
     exe = paddle.static.Executor(paddle.CPUPlace())
     # A model saved by Paddle 2.x (or in the legacy IR) is a .pdmodel protobuf, which
@@ -167,7 +167,8 @@ def compile_model(
     legacy = not Path(prefix + ".json").exists() and Path(prefix + ".pdmodel").exists()
     guard = paddle.pir_utils.OldIrGuard() if legacy else contextlib.nullcontext()
     try:
-        with guard, paddle.static.scope_guard(scope):
+        # The process's mode, IR and scope are left as they were.
+        with static_mode(), guard, paddle.static.scope_guard(scope):
             program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
             stage()
             if lengths:
@@ -226,11 +227,18 @@ def _dynamic_axes(value: Any) -> tuple[int, ...]:
     return tuple(axis for axis, d in enumerate(value.shape) if axis > 0 and int(d) < 0)
 
 
-def _value_name(value: Any, fallback: str) -> str:
-    try:
-        return str(value.name)
-    except Exception:
-        return fallback
+def _feed_values(program: Any, feeds: Sequence[Any]) -> dict[str, Any]:
+    """The values of the feeds load_inference_model names, whose shapes are the data
+    ops': a PIR program's data ops, or a legacy program's feed variables."""
+    block = program.global_block()
+    if hasattr(block, "vars"):  # the legacy IR (a .pdmodel loaded as Paddle 2.x saved it)
+        return {str(f): block.var(str(f)) for f in feeds if block.has_var(str(f))}
+    data = {
+        str(op.attrs()["name"]): op.result(0)
+        for op in block.ops
+        if op.name() in ("pd_op.data", "pd_op.feed")
+    }
+    return {str(f): data[str(f)] for f in feeds if str(f) in data}
 
 
 def _compile_buckets(
@@ -245,13 +253,7 @@ def _compile_buckets(
     """One compiled model per length, the sequence axes found and checked."""
     from paddle_ipu.pipeline import compile_model as compile_program
 
-    # load_inference_model gives the feeds by name: their data ops hold the shapes
-    data = {
-        str(op.attrs()["name"]): op.result(0)
-        for op in program.global_block().ops
-        if op.name() in ("pd_op.data", "pd_op.feed")
-    }
-    values = {str(f): data[str(f)] for f in feeds if str(f) in data}
+    values = _feed_values(program, feeds)
     feed_axes = {name: _dynamic_axes(v) for name, v in values.items() if _dynamic_axes(v)}
     if not feed_axes:
         shapes = {name: list(v.shape) for name, v in values.items()}
