@@ -13,21 +13,19 @@ section also reports the per-call time in microseconds (the call overhead).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 import numpy as np
 import paddle
 
-from paddle_ipu._infra import fp16
-
-_core: Any = importlib.import_module("paddle_ipu._core")
+from paddle_ipu import _core
+from paddle_ipu._tensors import fp16
 
 SIZES = [("1 KiB", 1 << 10), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)]
 Call = Callable[[], object]

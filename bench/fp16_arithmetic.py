@@ -2,7 +2,7 @@
 
     python bench/fp16_arithmetic.py [--models resnet18,...] [--full] [--repeat 30] [--rounds 5]
 
-For each model (tests/conformance/zoo/zoo_models.py, batch 1, one fresh process per
+For each model (tests/support/zoo_models.py, batch 1, one fresh process per
 model, one thread), compiled for the host backend:
 
 - ``fp32``: float32;
@@ -67,9 +67,9 @@ def _median_ms(fn: Any, repeat: int) -> float:
 
 
 def measure(name: str, full: bool, repeat: int, rounds: int) -> dict[str, Any]:
-    sys.path.insert(0, os.path.join(ROOT, "tests", "conformance", "zoo"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     import paddle
-    import zoo_models as Z
+    from support import zoo_models as Z
 
     import paddle_ipu
 
@@ -110,11 +110,11 @@ def measure(name: str, full: bool, repeat: int, rounds: int) -> dict[str, Any]:
 
 def where_time_goes(name: str, full: bool) -> None:
     """ONNX Runtime's profile of the fp16 graph: the rounding operators against the rest."""
-    sys.path.insert(0, os.path.join(ROOT, "tests", "conformance", "zoo"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     import onnx
     import onnxruntime as ort
     import paddle
-    import zoo_models as Z
+    from support import zoo_models as Z
 
     from paddle_ipu.backends.base import SessionConfig
     from paddle_ipu.backends.host import fp16_graph, inference_graph

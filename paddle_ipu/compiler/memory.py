@@ -527,7 +527,8 @@ def _temporaries(g: Graph, nodes: Sequence[onnx.NodeProto], fp16: bool, opts: _O
         largest,
         False,
         f"the largest matmul/convolution's partials ({'float16' if half else 'float32'}) and a "
-        f"copy of its activation operands, at most {proportion:g} of the IPU (available_memory_proportion)",
+        f"copy of its activation operands, at most {proportion:g} of the IPU "
+        "(available_memory_proportion)",
     )
 
 

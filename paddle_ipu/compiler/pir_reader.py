@@ -10,7 +10,7 @@ it can are rewritten.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,8 @@ from paddle_ipu.compiler.pir_values import (
 )
 from paddle_ipu.compiler.program_rewrites import rewrite_for_converter
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
-from paddle_ipu.errors import CompileError, FeedError
+from paddle_ipu.compiler.specialise import specialise
+from paddle_ipu.errors import CompileError
 
 _DATA_OPS = ("pd_op.data", "pd_op.feed")
 
@@ -143,6 +144,8 @@ class PirReader:
         feed_list: Sequence[Any],
         fetch_list: Sequence[Any],
         scope: Any = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        batch: int = 1,
     ) -> PirForwardGraph:
         if not fetch_list:
             raise CompileError("fetch_list is empty: nothing to compile")
@@ -150,7 +153,7 @@ class PirReader:
         feed_values = [_resolve_feed(block, f) for f in feed_list]
         feed_names = [str(v.get_defining_op().attrs()["name"]) for v in feed_values]
         if len(set(feed_names)) != len(feed_names):
-            raise FeedError(f"feed_list names a feed twice: {feed_names}")
+            raise CompileError(f"feed_list names a feed twice: {feed_names}")
         fetch_values, fetch_names = zip(*(resolve_fetch(block, f) for f in fetch_list))
         own_ops = {op.id() for op in block.ops}
         for value, given in zip(fetch_values, fetch_list):
@@ -164,6 +167,8 @@ class PirReader:
         cblock = clone.global_block()
         _prune(cblock, cfetches, {v.get_defining_op().id() for v in cfeeds})
         _set_is_test(cblock)
+        if input_shapes is not None:
+            specialise(cblock, dict(zip(feed_names, cfeeds)), input_shapes, scope, batch)
         replaced = rewrite_for_converter(cblock)
         cfetches = [replaced.get(v.id, v) for v in cfetches]
 
@@ -176,7 +181,7 @@ class PirReader:
             if op.name() in _DATA_OPS and op.id() not in feed_op_ids
         ]
         if stray:
-            raise FeedError(
+            raise CompileError(
                 f"the fetches depend on data that is not in feed_list: {', '.join(stray)}"
             )
 
@@ -238,7 +243,7 @@ def _resolve_feed(block: Any, feed: Any) -> Any:
     if isinstance(feed, str):
         op = _data_ops(block).get(feed)
         if op is None:
-            raise FeedError(
+            raise CompileError(
                 f"feed {feed!r} is not a data op of the program "
                 f"(data ops: {', '.join(sorted(_data_ops(block))) or 'none'})"
             )
@@ -246,9 +251,9 @@ def _resolve_feed(block: Any, feed: Any) -> Any:
     if isinstance(feed, paddle.pir.Value):
         op = feed.get_defining_op()
         if op is None or op.name() not in _DATA_OPS:
-            raise FeedError("a feed must be the output of paddle.static.data")
+            raise CompileError("a feed must be the output of paddle.static.data")
         return feed
-    raise FeedError(f"feed_list holds {type(feed).__name__}; expected str or pir.Value")
+    raise CompileError(f"feed_list holds {type(feed).__name__}; expected str or pir.Value")
 
 
 def resolve_fetch(block: Any, fetch: Any) -> tuple[Any, str]:

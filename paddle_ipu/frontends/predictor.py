@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._util.logs import quiet_info
 from paddle_ipu.errors import FeedError, FetchError, OptionError
 
 __all__ = ["Predictor", "Tensor"]
@@ -71,24 +72,29 @@ class _Shared:
         }
         if config.enable_half_partial:
             options["enable_half_partial"] = True
+        if config.num_threads is not None:  # set_cpu_math_library_num_threads
+            options["host_num_threads"] = config.num_threads
         self.options = options
+        #: the script turned Paddle's INFO lines off (disable_glog_info): ours too
+        self.quiet = bool(config.glog_info_disabled())
         #: micro-batch size -> (its executor, its executor per bucket of sequence lengths)
         self.compiled: dict[int, tuple[Any, dict[int, Any]]] = {}
-        self.package = self._compile(config.micro_batch_size)
-        self.sequence = self.package.sequence
-        self.runtime: Any = None
-        if config.enable_model_runtime_executor:
-            from paddle_ipu.serving.model_runtime import runtime_for
+        with quiet_info(self.quiet):
+            self.package = self._compile(config.micro_batch_size)
+            self.sequence = self.package.sequence
+            self.runtime: Any = None
+            if config.enable_model_runtime_executor:
+                from paddle_ipu.serving.bucketed_runtime import runtime_for
 
-            self.runtime = runtime_for(
-                self.package, executor_options=options, timeout_ms=config.timeout_ms
-            )
-            self.executor = self.runtime.executor
-        else:
-            self.executor = self._executors(config.micro_batch_size, self.package)[0]
+                self.runtime = runtime_for(
+                    self.package, executor_options=options, timeout_ms=config.timeout_ms
+                )
+                self.executor = self.runtime.executor
+            else:
+                self.executor = self._executors(config.micro_batch_size, self.package)[0]
 
     def _compile(self, micro_batch_size: int) -> Any:
-        from paddle_ipu.serving.package import compile_model
+        from paddle_ipu.serving.saved_model import compile_model
 
         config = self.config
         package, _ = compile_model(
@@ -137,6 +143,10 @@ class _Shared:
         return pair
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with quiet_info(self.quiet):
+            return self._run(feed)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self.runtime is not None:
             return list(self.runtime.run(feed))
         rows = {int(v.shape[0]) if v.ndim else -1 for v in feed.values()}

@@ -264,13 +264,15 @@ _add("host_num_threads", "uint64", 0, PRODUCT, maximum=INT32_MAX,
      doc="Threads of the host backend; 0 uses all cores.")
 _add("host_spin_threads", "bool", True, PRODUCT,
      doc="Let the host backend's threads spin between runs (ONNX Runtime's allow_spinning): "
-         "shorter runs back to back, but the cores they spin on are taken from other threads "
-         "(`paddle-ipu serve` turns it off: its IO threads need them).")
+         "shorter runs back to back, but the cores they spin on are taken from other threads. "
+         "Unset, they do not spin under the model runtime (enable_model_runtime_executor, "
+         "`paddle-ipu serve`): its callers' threads need the cores between runs.")
 _add("host_fp16_arithmetic", "string", "float16", PRODUCT, choices=("float16", "float32"),
      doc="With enable_fp16, what the host backend computes in: \"float16\" (every operator's "
          "result rounded to float16, partials, stochastic rounding and saturation as the IPU "
          "does: docs/without_ipu.md) or \"float32\" (weights and constants held in float16, "
-         "arithmetic in float32: faster serving where the IPU's rounding does not matter).")
+         "arithmetic in float32: faster serving where the IPU's rounding does not matter; its "
+         "speed against float32: docs/ecosystem.md).")
 _add("host_memory_check", "string", "error", PRODUCT, choices=("error", "warning", "off"),
      doc="What the host backend does at compile time with a model that does not fit in an "
          "IPU's memory (paddle_ipu.memory_report): \"error\" refuses it (IpuMemoryError, as "

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serving_models import TinyDecoder, decoder_reference, save_decoder
+from support.serving_models import TinyDecoder, decoder_reference, save_decoder
 
 from paddle_ipu import inference
 from paddle_ipu.errors import CompileError, FeedError, NotSupportedError, OptionError
 from paddle_ipu.serving import BucketedRuntime, ModelRuntime, runtime_for
-from paddle_ipu.serving.package import compile_model, load_package
+from paddle_ipu.serving.package import load_package
+from paddle_ipu.serving.saved_model import compile_model
 
 BUCKETS = [4, 8, 16]
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -181,8 +182,8 @@ def test_bad_bucket_options(decoder: tuple[str, TinyDecoder], tmp_path: Path) ->
 
 
 def test_buckets_on_a_model_without_a_sequence_axis_are_refused(tmp_path: Path) -> None:
-    from models import build
-    from serving_models import save
+    from support.models import build
+    from support.serving_models import save
 
     prefix = save(build("mlp"), tmp_path)
     with pytest.raises(OptionError, match="no feed has a -1 dimension besides the batch"):
@@ -190,9 +191,39 @@ def test_buckets_on_a_model_without_a_sequence_axis_are_refused(tmp_path: Path) 
 
 
 def test_a_plain_package_still_gets_a_plain_runtime(tmp_path: Path) -> None:
-    from models import build
-    from serving_models import save
+    from support.models import build
+    from support.serving_models import save
 
     built, _ = compile_model(save(build("mlp"), tmp_path), cache=False)
     with runtime_for(built, timeout_ms=1.0) as runtime:
         assert type(runtime) is ModelRuntime
+
+
+def test_buckets_of_a_legacy_pdmodel(tmp_path: Path) -> None:
+    """A model saved by the legacy IR (a .pdmodel, as Paddle 2.x and most deployed
+    models are) takes set_ipu_sequence_buckets too, and answers as Paddle's CPU
+    executor does on the unpadded request."""
+    import paddle
+
+    paddle.enable_static()
+    with paddle.pir_utils.OldIrGuard(), paddle.utils.unique_name.guard():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        scope = paddle.static.Scope()
+        with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
+            x = paddle.static.data("x", [-1, -1, 8], "float32")
+            y = paddle.nn.functional.relu(paddle.nn.Linear(8, 4)(x))
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            exe.run(startup)
+            paddle.static.save_inference_model(str(tmp_path / "m"), [x], [y], exe, program=main)
+            feed = np.random.default_rng(0).standard_normal((2, 5, 8)).astype("float32")
+            (want,) = exe.run(main, feed={"x": feed}, fetch_list=[y])
+    assert (tmp_path / "m.pdmodel").exists()
+    config = inference.Config(str(tmp_path / "m"))
+    config.enable_ipu(ipu_micro_batch_size=2)
+    config.set_ipu_sequence_buckets([4, 8])
+    config.disable_compile_cache()
+    predictor = inference.create_predictor(config)
+    (got,) = predictor.run([feed])
+    predictor.close()
+    assert got.shape == (2, 5, 4)
+    np.testing.assert_allclose(got, want, **TOL)

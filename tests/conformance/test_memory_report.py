@@ -215,7 +215,7 @@ BERT_OPTIONS: dict[str, Any] = {
 
 @pytest.mark.slow
 def test_resnet50_fits_on_one_ipu_as_graphcore_trained_it() -> None:
-    import published_models as P
+    from support import published_models as P
 
     built = P.resnet50(18)
     options = {
@@ -237,7 +237,7 @@ def test_resnet50_fits_on_one_ipu_as_graphcore_trained_it() -> None:
 
 @pytest.mark.slow
 def test_bert_base_fits_on_the_four_ipus_graphcore_used() -> None:
-    import published_models as P
+    from support import published_models as P
 
     built = P.bert(layers=12, hidden=768, heads=12, batch=32, layers_per_ipu=[0, 4, 4, 4])
     options = {**BERT_OPTIONS, "micro_batch_size": 32, "accumulation_factor": 512}
@@ -248,7 +248,7 @@ def test_bert_base_fits_on_the_four_ipus_graphcore_used() -> None:
 
 @pytest.mark.slow
 def test_bert_large_fits_on_four_ipus_and_not_on_one() -> None:
-    import published_models as P
+    from support import published_models as P
 
     built = P.bert(layers=24, hidden=1024, heads=16, batch=8, layers_per_ipu=[3, 7, 7, 7])
     assert 330e6 < built.params < 345e6  # BERT-Large

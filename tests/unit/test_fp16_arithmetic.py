@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import fp16_reference as ref
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from support import fp16_reference as ref
 
 from paddle_ipu.backends import create_session
 from paddle_ipu.backends.base import SessionConfig

@@ -6,7 +6,6 @@ runs (its own construction from float operators)."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
@@ -14,12 +13,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from paddle_ipu import _core as core
 from paddle_ipu.backends import create_session
 from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.backends.host import numerics
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 
-core: Any = importlib.import_module("paddle_ipu._core")
 N = 200_000
 #: values and where they sit: normal range, negative, across a binade, subnormal,
 #: the edge of the range, and a float16 value (which never moves)

@@ -41,16 +41,13 @@ host's seeds the same way.
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from paddle_ipu import _core
 from paddle_ipu.backends.base import SessionConfig
-
-_core: Any = importlib.import_module("paddle_ipu._core")
 
 #: float16's largest finite value: where an overflowing result saturates
 FP16_MAX = 65504.0

@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra import dtypes
-from paddle_ipu._infra.arrays import same_bytes
 from paddle_ipu._internals import ort_api
+from paddle_ipu._util import dtypes
+from paddle_ipu._util.arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.backends.host import inference_graph
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
-from paddle_ipu.backends.layout import StepLayout
+from paddle_ipu.backends.layout import StepLayout, check_output_buffer
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
-from paddle_ipu.errors import BackendError, FeedError, NotSupportedError
+from paddle_ipu.errors import BackendError, NotSupportedError
 
 log = logging.getLogger("paddle_ipu.host")
 
@@ -48,6 +48,16 @@ def create_session(model: CompiledModel, config: SessionConfig) -> HostSession:
     return HostSession(model, config)
 
 
+def _spin(config: SessionConfig) -> bool:
+    """Whether ONNX Runtime's threads spin between runs: ``host_spin_threads`` when it
+    was set; unset, not under the model runtime (its callers' threads -- exe.run from
+    many threads, a server's IO threads -- need the cores between runs: 16 threads of
+    1-row exe.run on mlp512 went from 0.85-1.23x to about 2x one exe.run per request)."""
+    if "host_spin_threads" in config.explicit:
+        return bool(config.option("host_spin_threads"))
+    return not config.option("enable_model_runtime_executor")
+
+
 def _strip_device_attributes(proto: Any) -> None:
     """Drop IPU placement attributes (``__ipu_number``, ``__pipeline_stage``): they
     mean nothing on the CPU, and ONNX Runtime's fusions reject unknown attributes."""
@@ -59,7 +69,7 @@ def _strip_device_attributes(proto: Any) -> None:
 
 
 def _to_fp16(array: np.ndarray) -> np.ndarray:
-    from paddle_ipu._infra import fp16
+    from paddle_ipu._tensors import fp16
 
     return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
 
@@ -227,7 +237,7 @@ class HostSession(Session):
             return plan.build(
                 self._weights,
                 threads=self.config.num_threads or _default_threads(self.replicas),
-                spin=bool(self.config.option("host_spin_threads")),
+                spin=_spin(self.config),
                 seed=self._seed,
             )
         except Exception as exc:
@@ -343,7 +353,7 @@ class HostSession(Session):
             self._check_output_buffers(outputs)
         layout = self.layout
         bps, af, rf = layout.factors()
-        # The executor checked the inputs (IpuExecutor.check_feed, the one feed check).
+        # The executor checked the inputs (paddle_ipu.executor.feeds, the one feed check).
         steps = {
             spec.name: layout.full_view(spec.name, inputs[spec.name], spec.shape)
             for spec in self.model.inputs
@@ -364,15 +374,7 @@ class HostSession(Session):
                 continue  # returned as a new array
             art = self._anchors[spec.name]
             shape = self.layout.anchor_shape(spec.shape, art.kind, art.period)
-            dtype = spec.numpy_dtype
-            if not isinstance(buf, np.ndarray) or buf.shape != shape or buf.dtype != dtype:
-                got = f"{buf.dtype}{list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-                raise FeedError(
-                    f"output buffer {spec.name!r} is {got}; the {art.kind} anchor needs "
-                    f"{dtype}{list(shape)}"
-                )
-            if not buf.flags.c_contiguous or not buf.flags.writeable:
-                raise FeedError(f"output buffer {spec.name!r} must be C-contiguous and writable")
+            check_output_buffer(spec.name, buf, shape, spec.numpy_dtype, art.kind)
 
     def _run_direct(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """One micro-batch, every anchor's shape is the tensor's: no layout work.
@@ -516,7 +518,7 @@ class HostSession(Session):
         for init in proto.graph.initializer:
             if init.name in current:
                 init.CopyFrom(onnx.numpy_helper.from_array(current[init.name], init.name))
-        from paddle_ipu._infra.files import write_atomically
+        from paddle_ipu._util.files import write_atomically
 
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
