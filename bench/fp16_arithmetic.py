@@ -1,6 +1,7 @@
 """The IPU's float16 arithmetic on the emulated IPU against float32, on the model zoo.
 
     python bench/fp16_arithmetic.py [--models resnet18,...] [--full] [--repeat 30] [--rounds 5]
+    python bench/fp16_arithmetic.py --training [--models mlp,cnn,transformer]
 
 For each model (tests/support/zoo_models.py, batch 1, one fresh process per
 model, one thread), compiled for the host backend:
@@ -21,6 +22,11 @@ variant in turn (the median of ``--repeat`` calls), the ratios to fp32 are taken
 round, and the table gives the median over ``--rounds`` rounds.  ``fp32 off`` repeats
 fp32 in the same round (its ratio to fp32 is the measurement's noise, and shows that
 the checks off cost nothing: they are the same graph).
+
+``--training`` times training steps instead (``exe.run`` of one step: forward,
+backward, update), on bench/training.py's MLP and CNN and the zoo's transformer
+classifier (Adam, batch 16), with the same variants but half partials (training with
+float16 partials does not compile on the host).
 
 ``--where`` prints, for one model, where the fp16 session's time goes: ONNX Runtime's
 profile of the graph it runs, by the operators the host added for the roundings against
@@ -108,6 +114,47 @@ def measure(name: str, full: bool, repeat: int, rounds: int) -> dict[str, Any]:
     return result
 
 
+def measure_training(name: str, repeat: int, rounds: int) -> dict[str, Any]:
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import numpy as np
+    import paddle
+    import training as T
+
+    import paddle_ipu
+
+    batch = 16
+    rng = np.random.default_rng(0)
+    exe = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
+    steps: dict[str, Any] = {}
+    for key, (fp16, options) in VARIANTS.items():
+        if key == "fp16 half":
+            continue
+        main, scope, loss, feeds = T.build(name, batch)
+        s = paddle_ipu.IpuStrategy()
+        s.set_graph_config(is_training=True, micro_batch_size=batch)
+        s.set_precision_config(enable_fp16=fp16)
+        s.set_options({"backend": "host", "host_num_threads": 1, **options})
+        cp = paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s)
+        prog = cp.compile(list(feeds), [loss])
+        feed = T.make_feed(feeds, (batch,), rng)
+
+        def step(prog: Any = prog, feed: Any = feed, scope: Any = scope) -> object:
+            with paddle.static.scope_guard(scope):
+                return exe.run(prog, feed=feed, fetch_list=prog.fetch_names)
+
+        steps[key] = step
+    per_round: dict[str, list[float]] = {k: [] for k in steps}
+    base: list[float] = []
+    for _ in range(rounds):
+        times = {k: _median_ms(fn, repeat) for k, fn in steps.items()}
+        base.append(times["fp32"])
+        for k, v in times.items():
+            per_round[k].append(v / times["fp32"])
+    ratios = {k: statistics.median(v) for k, v in per_round.items()}
+    ratios["fp16 half"] = float("nan")
+    return {"model": name, "step": {"fp32_ms": statistics.median(base), "ratios": ratios}}
+
+
 def where_time_goes(name: str, full: bool) -> None:
     """ONNX Runtime's profile of the fp16 graph: the rounding operators against the rest."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -177,16 +224,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--where", help="profile one model: where the fp16 time goes")
+    parser.add_argument("--training", action="store_true", help="time training steps")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.where:
         where_time_goes(args.where, args.full)
         return
     if args.child:
-        print(json.dumps(measure(args.child, args.full, args.repeat, args.rounds)))
+        if args.training:
+            result = measure_training(args.child, args.repeat, args.rounds)
+        else:
+            result = measure(args.child, args.full, args.repeat, args.rounds)
+        print(json.dumps(result))
         return
-    keys = [k for k in VARIANTS if k != "fp32"]
-    print(f"fp16 arithmetic against fp32 on the emulated IPU, batch 1, "
+    if args.training and args.models == DEFAULT:
+        args.models = "mlp,cnn,transformer"
+    keys = [k for k in VARIANTS if k != "fp32" and not (args.training and k == "fp16 half")]
+    what = "training steps, batch 16" if args.training else "batch 1"
+    print(f"fp16 arithmetic against fp32 on the emulated IPU, {what}, "
           f"{'full size' if args.full else 'small inputs'}, one thread; ratios to fp32: "
           f"medians over {args.rounds} rounds of medians of {args.repeat} calls")  # fmt: skip
     header = "| model | where | fp32 ms | " + " | ".join(keys) + " |"
@@ -197,12 +252,13 @@ def main() -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
                "--repeat", str(args.repeat), "--rounds", str(args.rounds)]  # fmt: skip
         cmd += ["--full"] if args.full else []
+        cmd += ["--training"] if args.training else []
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:
             print(f"| {name} | failed: {proc.stderr.strip().splitlines()[-1:]} |")
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        for where in ("exe", "session"):
+        for where in ("step",) if args.training else ("exe", "session"):
             row = r[where]
             cells = " | ".join(f"{row['ratios'][k]:.2f}x" for k in keys)
             print(f"| {name} | {where} | {row['fp32_ms']:.3f} | {cells} |")

@@ -68,8 +68,8 @@ ABSORBING = frozenset(
         "Equal", "ArgMax", "ArgMin", "TopK", "IsInf", "Mod",
     }
 )  # fmt: skip
-#: the prefix of lazy saturation's flags, graph outputs (NaN: an operand that is not
-#: finite reached an operator of ABSORBING)
+#: lazy saturation's flag, a graph output (not finite: an operand that is not finite
+#: reached an operator of ABSORBING, or an output is not finite)
 WATCHED = "paddle_ipu::absorbed"
 #: ONNX Runtime fusions that would compute several rounded operators in one kernel,
 #: or merge the host's constants with the graph's
@@ -124,15 +124,21 @@ def _watch_operands(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> 
     )
 
 
-def _add_watch(ed: Editor) -> None:
-    """A flag per watched operand (the sum of its values times 0: NaN when one is not
-    finite), each a graph output named after :data:`WATCHED`."""
-    for k, name in enumerate(dict.fromkeys(ed.watched)):
-        zero = ed.emit("Mul", [name, ed.limit(0.0)], f"{name}::watch")
-        flag = f"{WATCHED}:{k}"
-        # ReduceSum without axes reduces every axis, in every opset
-        ed.emit("ReduceSum", [zero], flag, out=flag, keepdims=0)
-        ed.graph.output.append(onnx.helper.make_tensor_value_info(flag, FLOAT, []))
+def _add_watch(ed: Editor, arith: Fp16Arithmetic) -> None:
+    """Lazy saturation's one flag, the graph output :data:`WATCHED`: the sum of the
+    watched operands' values and of the graph's float outputs, not finite when one of
+    them is not (they are float16 values or infinities: a sum of finite ones cannot
+    overflow float32).  One scalar for the session to look at after a run."""
+    if not (arith.saturate and arith.lazy_saturation):
+        return
+    outputs = [o.name for o in ed.graph.output if ed.types.get(o.name) == FLOAT]
+    names = list(dict.fromkeys([*ed.watched, *outputs]))
+    if not names:
+        return
+    # ReduceSum without axes reduces every axis, in every opset
+    sums = [ed.emit("ReduceSum", [n], f"{n}::watch", keepdims=0) for n in names]
+    ed.emit("Sum" if len(sums) > 1 else "Identity", sums, WATCHED, out=WATCHED)
+    ed.graph.output.append(onnx.helper.make_tensor_value_info(WATCHED, FLOAT, []))
 
 
 def _round_outputs(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> None:
@@ -185,7 +191,8 @@ def prepare(
         ed.nodes.append(node)
         if exact:
             _round_outputs(ed, node, arith)
-    _add_watch(ed)
+    if exact:
+        _add_watch(ed, arith)
     ed.commit()
     return model
 
@@ -199,7 +206,7 @@ def finish(model: onnx.ModelProto, arith: Fp16Arithmetic) -> onnx.ModelProto:
         _watch_operands(ed, node, arith)
         ed.nodes.append(node)
         _round_outputs(ed, node, arith)
-    _add_watch(ed)
+    _add_watch(ed, arith)
     ed.commit()
     return model
 

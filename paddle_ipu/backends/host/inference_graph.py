@@ -11,15 +11,17 @@ From the compiled graph (without its weights, which the session supplies), one o
   compiled graph (so that a trap names one of them).
 
 With ``enable_floating_point_checks`` the graph also returns the flags of
-:mod:`.fp_checks`.  A float16 graph built with lazy saturation returns outputs that
-the session checks: a micro-batch whose float outputs are not all finite runs again
-on the graph that clips every result (:meth:`Plan.saturating`).
+:mod:`.fp_checks`.  A float16 graph built with lazy saturation also returns a flag
+(:data:`.fp16_graph.WATCHED`): a micro-batch whose float outputs, or the operands of
+a division, a comparison or a cast to an integer, are not all finite runs again on
+the graph that clips every result (:meth:`Plan.saturating`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +59,7 @@ class Built:
     checked: fp_checks.Checked | None = None
     #: outputs must be finite, else the micro-batch runs on the saturating graph
     lazy: bool = False
-    #: lazy saturation's flags (fp16_graph.WATCHED...), returned after the outputs
+    #: lazy saturation's flag (fp16_graph.WATCHED), returned after the outputs
     watched: tuple[str, ...] = ()
 
     def extra(self) -> list[str]:
@@ -206,25 +208,13 @@ def plan(source: onnx.ModelProto, config: SessionConfig, *, replica: int = 0) ->
 
 
 def needs_saturation(built: Built, outputs: list[Any]) -> bool:
-    """Whether a lazily saturated run must run again on the saturating graph: an
-    output, or an operand lazy saturation watches, is not finite.  ``outputs``: the
-    model's outputs, then the lazy flags if the graph has them (removed here; the
-    checks' flags, which come last, were removed before)."""
+    """Whether a lazily saturated run must run again on the saturating graph: its
+    flag (fp16_graph.WATCHED: an output, or an operand lazy saturation watches, is
+    not finite) is not finite.  ``outputs``: the model's outputs, then the flag if
+    the graph has one (removed here; the checks' flags, which come last, were
+    removed before)."""
     flags = [outputs.pop() for _ in built.watched]
-    if not built.lazy:
-        return False
-    if flags and not np.isfinite(np.asarray(flags, dtype=np.float64)).all():
-        return True
-    return not all_finite(outputs)
-
-
-def all_finite(outputs: list[Any]) -> bool:
-    """Whether every float output holds finite values only."""
-    return all(
-        bool(np.isfinite(o).all())
-        for o in outputs
-        if isinstance(o, np.ndarray) and o.dtype.kind == "f"
-    )
+    return built.lazy and not all(math.isfinite(float(f)) for f in flags)
 
 
 def check_feed(feed: Mapping[str, np.ndarray], where: str, step: int) -> None:
