@@ -122,6 +122,7 @@ def measure_training(name: str, repeat: int, rounds: int) -> dict[str, Any]:
 
     import paddle_ipu
 
+    paddle.enable_static()
     batch = 16
     rng = np.random.default_rng(0)
     exe = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
