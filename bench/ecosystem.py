@@ -74,9 +74,7 @@ def _paddle_inference(prefix: str, threads: int, onednn: bool) -> Callable[[np.n
     return run
 
 
-def _ipu(
-    package: Any, threads: int, **options: Any
-) -> tuple[Callable[[np.ndarray], Any], Any]:
+def _ipu(package: Any, threads: int, **options: Any) -> tuple[Callable[[np.ndarray], Any], Any]:
     """paddle-ipu's executor (the bucket of SEQ tokens for a bucketed package)."""
     options.update(host_num_threads=threads, host_spin_threads=False)
     if package.sequence is not None:
