@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,8 @@ class SpecialisedExecutor:
         micro_batch_size, batches_per_step: what every specialisation is compiled for.
         name: the model's name in log lines.
         executors: specialisations made already (by key).
+        compiled: the keys of the specialisations compiled already (the model's package
+            holds them: making one is no compile); they count in the bound.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class SpecialisedExecutor:
         batches_per_step: int = 1,
         name: str = "the model",
         executors: Mapping[str, IpuExecutor] | None = None,
+        compiled: Iterable[str] = (),
     ) -> None:
         self.policy = policy
         self.micro_batch_size = int(micro_batch_size)
@@ -61,6 +64,7 @@ class SpecialisedExecutor:
         self.name = name
         self._make = make
         self._executors: dict[str, IpuExecutor] = dict(executors or {})
+        self._known: dict[str, None] = dict.fromkeys([*self._executors, *compiled])
         self._lock = threading.Lock()
 
     @property
@@ -79,8 +83,8 @@ class SpecialisedExecutor:
             if found is not None:
                 return found
             bound = self.policy.max_specialisations
-            if len(self._executors) >= bound:
-                seen = ", ".join(repr(k) for k in self._executors)
+            if key not in self._known and len(self._known) >= bound:
+                seen = ", ".join(repr(k) for k in self._known)
                 raise CompileError(
                     f"{self.name}: input shape {key!r} would be specialisation {bound + 1}, "
                     f"over max_specialisations={bound} (compiled: {seen}). Each input shape "
@@ -91,13 +95,15 @@ class SpecialisedExecutor:
             executor, how = self._make(key)
             self._check(executor, key)
             self._executors[key] = executor
+            self._known[key] = None
             log.info(
-                "%s: input shape %s %s in %.2f s (specialisation %d of at most %d)",
+                "%s: input shape %s %s in %.2f s (specialisation %d of %d, at most %d)",
                 self.name,
                 key or "(static)",
                 how,
                 time.perf_counter() - start,
-                len(self._executors),
+                list(self._known).index(key) + 1,
+                len(self._known),
                 bound,
             )
             return executor

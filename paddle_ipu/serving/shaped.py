@@ -65,6 +65,7 @@ def shape_executor(
         micro_batch_size=int(package.options["micro_batch_size"]),
         batches_per_step=int(package.options["batches_per_step"]),
         name=name or package.source or "the package",
+        compiled=package.shapes if package.per_shape else (),
     )
 
 

@@ -202,3 +202,26 @@ def test_a_package_without_its_saved_model_takes_only_its_shapes(
     with pytest.raises(NotSupportedError, match=r"'x=3x20x36' is not among the shapes"):
         executor.run({"x": _image(1, 20, 36)})
     executor.close()
+
+
+def test_the_command_line_compiles_input_shapes_and_runs_others(
+    saved: tuple[str, Any], cache_dir: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from paddle_ipu import cli
+    from paddle_ipu.serving.package import load_package
+
+    prefix, cpu = saved
+    out = tmp_path / "open.pdipu"
+    argv = ["compile", prefix, "-o", str(out), "--input-shapes", "x:-1x3x32x48"]
+    assert cli.main(argv) == 0
+    assert "input shapes ['x=3x32x48']" in capsys.readouterr().out
+    assert list(load_package(out).shapes) == ["x=3x32x48"]
+    feed = _image(2, 20, 36)  # a shape the package was not compiled for
+    np.save(tmp_path / "x.npy", feed)
+    argv = ["run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    names = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    for name, want in zip(names, cpu(feed)):
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), want, **TOL)
+    assert cli.main(["compile", prefix, "-o", str(out), "--input-shapes", "x=1x3"]) != 0
+    assert "--input-shapes must be NAME:DxDxD" in capsys.readouterr().err
