@@ -12,7 +12,8 @@ Trained weights (:func:`prepare`): values are rounded to float16 over its real r
 (largest finite value 65504; onnxconverter-common's default clamps at 1e4, and lifts
 tiny values to 1e-7), nothing is clamped.  First every inference BatchNorm whose
 tensors are constants is folded into the convolution before it, in float32
-(:mod:`paddle_ipu.compiler.batchnorm_fold`: this removes variances near 1e8); then any
+(:mod:`paddle_ipu.compiler.conv_folds`, with the other constant per-channel
+operators around convolutions: this removes variances near 1e8); then any
 weight or constant still outside float16's range stays float32 and is reported
 (:class:`Fp16Report`, one log line naming the tensors).  Training folds nothing (its
 BatchNorms use batch statistics and its weights change) and refuses such a weight.
@@ -238,6 +239,8 @@ class Fp16Report:
 
     #: the BatchNorms folded into their convolution, as "BN node into conv node"
     folded: tuple[str, ...] = ()
+    #: every constant operator folded into a convolution (BatchNorms included)
+    folded_ops: int = 0
     #: the weights and constants kept in float32
     kept_float32: tuple[Float32Tensor, ...] = ()
 
@@ -340,12 +343,14 @@ def prepare(
             training update, which the fp16 trainer does not have: the error names the
             weights instead of letting them become infinite.
     """
-    from paddle_ipu.compiler.batchnorm_fold import fold_batch_norms
+    from paddle_ipu.compiler.conv_folds import fold_batch_norms
 
     excluded = set(synced) | set(weights or {})
     folds = [] if training else fold_batch_norms(proto, excluded)
     report = Fp16Report(
-        folded=tuple(f.describe() for f in folds), kept_float32=float32_tensors(proto, weights)
+        folded=tuple(f"{bn} into {f.conv}" for f in folds for bn in f.batch_norms),
+        folded_ops=sum(len(f.nodes) for f in folds),
+        kept_float32=float32_tensors(proto, weights),
     )
     if training and report.kept_float32:
         raise NotSupportedError(

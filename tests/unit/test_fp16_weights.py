@@ -1,6 +1,7 @@
-"""The fp16 pass's rule for trained weights (paddle_ipu/compiler/fp16_pass.py,
-paddle_ipu/compiler/batchnorm_fold.py): BatchNorm folded into its convolution in
-float32, float16's real range, and what does not fit kept float32 and reported.
+"""Constant arithmetic folded into convolutions (paddle_ipu/compiler/conv_folds.py) and
+the fp16 pass's rule for trained weights (paddle_ipu/compiler/fp16_pass.py): BatchNorm
+folded into its convolution in float32, float16's real range, and what does not fit
+kept float32 and reported.
 
 The oracle is ONNX Runtime running the graph before the rewrite."""
 
@@ -15,7 +16,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from paddle_ipu.compiler import fp16_pass
-from paddle_ipu.compiler.batchnorm_fold import fold_batch_norms
+from paddle_ipu.compiler.conv_folds import (
+    fold_batch_norms,
+    fold_into_convolutions,
+    fold_scalars_before_convolutions,
+)
 from paddle_ipu.errors import NotSupportedError
 
 
@@ -74,7 +79,7 @@ def test_conv_batchnorm_folds_exactly(group: int, bias: bool) -> None:
     folds = fold_batch_norms(model)
     assert [f.describe() for f in folds] == ["bn into conv"]
     assert [n.op_type for n in model.graph.node] == ["Conv"]
-    assert {i.name for i in model.graph.initializer} == {"w::bn_folded", "conv::bn_folded_bias"}
+    assert {i.name for i in model.graph.initializer} == {"w::folded", "conv::folded_bias"}
     np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
 
 
@@ -100,7 +105,7 @@ def test_conv_transpose_with_bias_add_folds_exactly() -> None:
     model = _model(nodes, inits, [1, 6, 10, 10], [1, 4, 5, 5])
     x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
     before = _run(model, x)
-    assert [f.describe() for f in fold_batch_norms(model)] == ["bn into deconv"]
+    assert [f.describe() for f in fold_batch_norms(model)] == ["add+bn into deconv"]
     assert [n.op_type for n in model.graph.node] == ["ConvTranspose"]
     np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
 
@@ -205,3 +210,84 @@ def test_training_refuses_a_weight_float16_cannot_hold() -> None:
     # what fits trains in fp16 as before, nothing folded
     model = _conv_bn(rng)
     assert fp16_pass.prepare(model, training=True) == fp16_pass.Fp16Report()
+
+
+def _scalar(name: str, value: float) -> onnx.NodeProto:
+    tensor = numpy_helper.from_array(np.array([value], np.float32), f"{name}_value")
+    return helper.make_node("Constant", [], [name], name=name, value=tensor)
+
+
+def test_learnable_affine_chains_fold_on_both_sides() -> None:
+    """PP-LCNetV3's blocks (PP-OCRv4 det and rec): Conv, bias Add, ``a * x + b``,
+    hardswish, ``c * x + d``, then the next Conv.  The chain after the first Conv folds
+    into it; ``c * x`` folds into any next Conv, ``+ d`` only into one without padding."""
+    rng = np.random.default_rng(9)
+    nodes, inits = [], [_init("bias", rng.standard_normal(8))]
+    shape = numpy_helper.from_array(np.array([1, 8, 1, 1], np.int64), "shape")
+    nodes.append(helper.make_node("Constant", [], ["shape"], name="shape", value=shape))
+    nodes.append(helper.make_node("Reshape", ["bias", "shape"], ["bias4"], name="reshape"))
+    for pads, second in (([1, 1, 1, 1], "padded"), ([0, 0, 0, 0], "pointwise")):
+        nodes.clear()
+        nodes += [
+            helper.make_node("Constant", [], ["shape"], name="shape", value=shape),
+            helper.make_node("Reshape", ["bias", "shape"], ["bias4"], name="reshape"),
+            _scalar("a", 1.7),
+            _scalar("b", -0.3),
+            _scalar("c", 0.8),
+            _scalar("d", 0.25),
+            helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+            helper.make_node("Add", ["c1", "bias4"], ["t1"], name="add_bias"),
+            helper.make_node("Mul", ["a", "t1"], ["t2"], name="scale_a"),
+            helper.make_node("Add", ["t2", "b"], ["t3"], name="shift_b"),
+            helper.make_node("HardSigmoid", ["t3"], ["hs"], name="hs", alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", ["hs", "t3"], ["t4"], name="hswish"),
+            helper.make_node("Mul", ["c", "t4"], ["t5"], name="scale_c"),
+            helper.make_node("Add", ["t5", "d"], ["t6"], name="shift_d"),
+            helper.make_node("Conv", ["t6", "w2"], ["y"], name=f"conv2_{second}", pads=pads),
+        ]
+        k = 3 if second == "padded" else 1
+        weights = [
+            _init("w1", rng.standard_normal((8, 4, 3, 3)) * 0.3),
+            _init("w2", rng.standard_normal((6, 8, k, k)) * 0.3),
+        ]
+        model = _model(nodes, inits + weights, [2, 6, 6, 6], [2, 4, 6, 6])
+        x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+        before = _run(model, x)
+        after = fold_into_convolutions(model)
+        assert [f.describe() for f in after] == ["add_bias+scale_a+shift_b into conv1"]
+        ahead = fold_scalars_before_convolutions(model)
+        if second == "padded":  # + d would change the zero padding: left alone
+            assert [f.describe() for f in ahead] == []
+            assert [n.name for n in model.graph.node if n.op_type != "Constant"] == [
+                "conv1", "hs", "hswish", "scale_c", "shift_d", "conv2_padded",
+            ]  # fmt: skip
+        else:
+            assert [f.describe() for f in ahead] == ["shift_d+scale_c into conv2_pointwise"]
+            assert [n.op_type for n in model.graph.node] == ["Conv", "HardSigmoid", "Mul", "Conv"]
+        np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scale_folds_into_a_padded_convolution_and_a_shift_does_not() -> None:
+    rng = np.random.default_rng(4)
+    nodes = [
+        _scalar("c", -1.5),
+        helper.make_node("Div", ["x", "c"], ["t"], name="div"),
+        helper.make_node("Conv", ["t", "w"], ["y"], name="conv", pads=[1, 1, 1, 1], group=4),
+    ]
+    model = _model(
+        nodes, [_init("w", rng.standard_normal((4, 1, 3, 3)))], [1, 4, 5, 5], [1, 4, 5, 5]
+    )
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    before = _run(model, x)
+    assert [f.describe() for f in fold_scalars_before_convolutions(model)] == ["div into conv"]
+    np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
+    # c - x and a per-channel Mul before a convolution: not folded
+    nodes = [
+        _scalar("c", 2.0),
+        helper.make_node("Sub", ["c", "x"], ["t"], name="sub"),
+        helper.make_node("Conv", ["t", "w"], ["y"], name="conv", group=4),
+    ]
+    model = _model(
+        nodes, [_init("w", rng.standard_normal((4, 1, 1, 1)))], [1, 4, 5, 5], [1, 4, 5, 5]
+    )
+    assert fold_scalars_before_convolutions(model) == []

@@ -151,6 +151,14 @@ class HostSession(Session):
         if self.config.enable_fp16:
             proto = self._convert_fp16(proto, {n: a for n, (a, _) in arrays.items()})
             retyped = {init.name: init.data_type for init in proto.graph.initializer}
+        elif not self.config.is_training:
+            # Constant arithmetic around convolutions (BatchNorm, biases, scales) folded
+            # into them: one pass over memory less per operator (the fp16 pass folds
+            # the same way).  Weights kept in sync with the scope are never folded.
+            from paddle_ipu.compiler.conv_folds import fold_batch_norms
+
+            folds = fold_batch_norms(proto, excluded=params)
+            log.debug("folded %d constant operator(s) into convolutions", len(folds))
         for name, (array, is_view) in arrays.items():
             device_dtype = array.dtype
             # a weight read only by an op the pass keeps in float32 stays float32
