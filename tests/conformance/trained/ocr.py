@@ -145,7 +145,7 @@ class FixedShapeEngine:
         out = str(Path(self.workdir) / ("x".join(map(str, shape))) / "inference")
         fixed_shape_copy(self.prefix, shape, out)
         if self.host_options:
-            from paddle_ipu.serving.package import compile_model
+            from paddle_ipu.serving.saved_model import compile_model
 
             package, _ = compile_model(
                 out,

@@ -156,7 +156,7 @@ def test_fp16_report_of_the_detector(tmp_path: Any) -> None:
     compiled model: its three BatchNorms folded (the first one's variances reach 9.8e7),
     nothing left outside float16's range."""
     from paddle_ipu.compiler import fp16_pass
-    from paddle_ipu.serving.package import compile_model
+    from paddle_ipu.serving.saved_model import compile_model
 
     prefix = str(tmp_path / "det" / "inference")
     ocr.fixed_shape_copy(ocr.model_prefix("det"), [1, 3, 96, 288], prefix)
