@@ -69,8 +69,8 @@ STRUCTURAL_OPS = frozenset(
 _NMS = (
     "non-maximum suppression keeps a number of boxes that depends on the data, and the IPU "
     "compiles static shapes (running it on the host after the compiled graph is not built "
-    "yet): export the detector without it -- PaddleDetection: tools/export_model.py -o "
-    "exclude_nms=True -- and run NMS on the boxes and scores it then returns, after the "
+    "yet): export the detector without it -- PaddleDetection's exporter takes "
+    "-o exclude_nms=True -- and run NMS on the boxes and scores it then returns, after the "
     "predictor (on the CPU: paddle.vision.ops.nms, or Paddle's multiclass_nms3 kernel)"
 )
 
