@@ -251,14 +251,15 @@ class Fp16Report:
     def log(self) -> None:
         """One log line per kind: the folds (INFO), the float32 tensors (WARNING: the
         graph is not all float16, as asked)."""
-        if self.folded:
+        if self.folded_ops:
             shown = ", ".join(self.folded[:3])
             more = f" and {len(self.folded) - 3} more" if len(self.folded) > 3 else ""
             log.info(
-                "fp16: folded %d BatchNorm(s) into the convolution before them, in float32 (%s%s)",
+                "fp16: folded %d constant operator(s) into their convolution in float32 "
+                "before rounding, %d BatchNorm(s) among them%s",
+                self.folded_ops,
                 len(self.folded),
-                shown,
-                more,
+                f" ({shown}{more})" if shown else "",
             )
         if self.kept_float32:
             log.warning(
