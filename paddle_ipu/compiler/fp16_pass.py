@@ -223,14 +223,14 @@ class Float32Tensor:
     name: str
     #: the largest magnitude among its finite values
     largest: float
-    #: "overflow": a value above float16's 65504; "underflow": every nonzero value
+    #: "overflow": a value above float16's 65504; "underflow": a nonzero scalar that
     #: rounds to 0 in float16 (an epsilon, say)
     reason: str
 
     def describe(self) -> str:
         if self.reason == "overflow":
             return f"{self.name} (|value| up to {self.largest:.4g} > {FLOAT16_MAX:g})"
-        return f"{self.name} (nonzero values all below float16's {FLOAT16_TINY:.3g})"
+        return f"{self.name} ({self.largest:.3g}: float16 rounds it to 0)"
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ class Fp16Report:
 
 def out_of_range(name: str, array: np.ndarray) -> Float32Tensor | None:
     """A :class:`Float32Tensor` when float32 ``array`` does not fit float16: a finite
-    value above 65504, or nonzero values that all round to zero."""
+    value above 65504, or a nonzero scalar that rounds to zero."""
     if array.dtype != np.float32 or array.size == 0:
         return None
     magnitude = np.abs(array)
@@ -281,7 +281,9 @@ def out_of_range(name: str, array: np.ndarray) -> Float32Tensor | None:
     largest = float(finite.max())
     if largest > FLOAT16_MAX:
         return Float32Tensor(name, largest, "overflow")
-    if 0.0 < largest < FLOAT16_TINY:
+    if array.size == 1 and 0.0 < largest < FLOAT16_TINY:
+        # a scalar float16 rounds to zero: an epsilon, whose zero would divide by
+        # zero; in a larger tensor (a bias of rounding noise) that is plain rounding
         return Float32Tensor(name, largest, "underflow")
     return None
 

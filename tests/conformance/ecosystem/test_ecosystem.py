@@ -103,7 +103,9 @@ def test_compiles_matches_fp32_and_fp16_and_round_trips_the_cli(
     # the fp16 pass rounds the model's own weights (it folds constant arithmetic into
     # convolutions first, in float32: their rounded weights are the folded ones)
     report = fp16_pass.report_for(half.model)
-    assert report.kept_float32 == ()  # random weights all fit float16
+    # random weights fit float16; what stays float32 are the decoders' attention-mask
+    # fills (float32's lowest value), which float16 cannot hold
+    assert all(t.reason == "overflow" and t.largest > 3e38 for t in report.kept_float32)
     if report.folded_ops:
         return
     built.round_weights_to_fp16()
