@@ -232,6 +232,35 @@ def fixed_shape_pipeline(**options: Any) -> tuple[Any, dict[str, FixedShapeEngin
     return pipeline, engines
 
 
+class _Recorder:
+    """Wraps an engine, recording the shapes it is fed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __call__(self, image: np.ndarray) -> Any:
+        self.shapes.add(tuple(int(d) for d in image.shape))
+        return self.inner(image)
+
+
+def shapes_fed(images: Sequence[np.ndarray]) -> dict[str, set[tuple[int, ...]]]:
+    """The input shapes besides the batch that the package's pipeline feeds each model
+    for ``images`` (on the CPU: nothing is compiled)."""
+    pipeline = new_pipeline()
+    recorders = {
+        "det": _Recorder(pipeline.text_det.infer),
+        "cls": _Recorder(pipeline.text_cls.infer),
+        "rec": _Recorder(pipeline.text_rec.session),
+    }
+    pipeline.text_det.infer = recorders["det"]
+    pipeline.text_cls.infer = recorders["cls"]
+    pipeline.text_rec.session = recorders["rec"]
+    for image in images:
+        read(pipeline, image)
+    return {kind: {shape[1:] for shape in r.shapes} for kind, r in recorders.items()}
+
+
 def character_errors(reference: str, text: str) -> int:
     """The Levenshtein distance between two strings."""
     previous = list(range(len(text) + 1))
