@@ -101,7 +101,9 @@ def test_ported_pipeline_reads_the_cpu_text(
     compiled = len(compiles)
     shapes = ocr.shapes_fed([image.image for image in text_images])
     assert len(shapes["cls"]) == 1
-    assert compiled <= sum(len(s) for s in shapes.values()), (compiled, shapes)
+    # every detector size needs its own graph (padding changes a CNN's answer); no more
+    # than one graph per shape
+    assert len(shapes["det"]) <= compiled <= sum(len(s) for s in shapes.values()), compiled
     if fp16:
         # the engine's disable_glog_info() leaves out the predictor's INFO lines (the
         # folds: test_fp16_report_of_the_detector); a tensor kept float32 is a warning
