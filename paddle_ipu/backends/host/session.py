@@ -109,6 +109,8 @@ class HostSession(Session):
         self._ort: Any = None
         self._dirty = True
         self._trainer: Any = None
+        #: enable_fp16: what the fp16 pass folded and kept float32 (an Fp16Report)
+        self.fp16_report: Any = None
         self._seed: int | None = config.random_seed
         self._direct = False
         self._ort_run: Any = None
@@ -147,8 +149,16 @@ class HostSession(Session):
                     arrays[init.name] = (onnx.numpy_helper.to_array(init), False)
         retyped: dict[str, int] = {}
         if self.config.enable_fp16:
-            proto = self._convert_fp16(proto)
+            proto = self._convert_fp16(proto, {n: a for n, (a, _) in arrays.items()})
             retyped = {init.name: init.data_type for init in proto.graph.initializer}
+        elif not self.config.is_training:
+            # Constant arithmetic around convolutions (BatchNorm, biases, scales) folded
+            # into them: one pass over memory less per operator (the fp16 pass folds
+            # the same way).  Weights kept in sync with the scope are never folded.
+            from paddle_ipu.compiler.conv_folds import fold_batch_norms
+
+            folds = fold_batch_norms(proto, excluded=params)
+            log.debug("folded %d constant operator(s) into convolutions", len(folds))
         for name, (array, is_view) in arrays.items():
             device_dtype = array.dtype
             # a weight read only by an op the pass keeps in float32 stays float32
@@ -173,16 +183,20 @@ class HostSession(Session):
             self._trainer.write(self._weights)
         self._dirty = True
 
-    def _convert_fp16(self, proto: Any) -> Any:
+    def _convert_fp16(self, proto: Any, weights: Mapping[str, np.ndarray]) -> Any:
         # The same compiler pass every backend receives for enable_fp16, or (the
         # default, host_fp16_arithmetic="float32") its storage part only: ONNX
         # Runtime's CPU provider has few float16 kernels and casts around the rest,
-        # which makes float16 arithmetic slower than float32 here.
-        from paddle_ipu.compiler.fp16_pass import convert_proto, convert_storage
+        # which makes float16 arithmetic slower than float32 here.  First the rule for
+        # trained weights (BatchNorm folded, what does not fit float16 kept float32).
+        from paddle_ipu.compiler.fp16_pass import convert_proto, convert_storage, prepare
 
+        report = prepare(proto, weights, training=self.config.is_training)
+        report.log()
+        self.fp16_report = report
         if self.config.option("host_fp16_arithmetic") == "float16":
-            return convert_proto(proto)
-        return convert_storage(proto)
+            return convert_proto(proto, report.kept_names)
+        return convert_storage(proto, report.kept_names)
 
     def _make_trainer(self) -> _Training:
         if self.config.training_source is None or self.model.optimizer is None:
