@@ -46,6 +46,7 @@ import numpy as np
 from paddle.inference import Config as _PaddleConfig
 
 from paddle_ipu.errors import NotSupportedError, OptionError
+from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
 from paddle_ipu.frontends.predictor import Predictor, Tensor
 
 __all__ = ["DECISIONS", "Config", "Predictor", "Tensor", "create_predictor"]
@@ -111,6 +112,9 @@ class Config:
         self._glog_disabled = False
         self._noted: set[str] = set()
         self.seq_buckets: list[int] = []
+        #: input shapes compiled at create_predictor (a model with open dimensions)
+        self.input_shapes: list[dict[str, list[int]]] = []
+        self.max_specialisations = DEFAULT_MAX_SPECIALISATIONS
         self.pad_values: dict[str, float] = {}
         if model is not None:
             self.set_model(model, params)
@@ -258,6 +262,37 @@ class Config:
         from paddle_ipu.serving.saved_model import check_buckets
 
         self.seq_buckets, self.pad_values = check_buckets(buckets, pad_values)
+
+    def set_ipu_input_shapes(self, shapes: Any) -> None:
+        """The input shapes to compile at :func:`create_predictor`, for a model whose
+        feeds leave dimensions open besides the batch (an image model's height and
+        width): one dict of feed name -> shape per graph (a single dict is one graph;
+        the batch may be -1).  Shapes a run brings later are compiled then, each once;
+        these are compiled ahead (``paddle-ipu compile --input-shapes`` does the same
+        for a package)."""
+        items = [shapes] if isinstance(shapes, dict) else list(shapes)
+        parsed = []
+        for item in items:
+            if not isinstance(item, dict) or not item:
+                raise OptionError(
+                    f"set_ipu_input_shapes: expected dicts of feed name -> shape, got {item!r}"
+                )
+            entry = {}
+            for name, shape in item.items():
+                if not isinstance(shape, (list, tuple)) or not all(_is_int(d) for d in shape):
+                    raise OptionError(
+                        f"set_ipu_input_shapes: the shape of {name!r} must be a list of ints, "
+                        f"got {shape!r}"
+                    )
+                entry[str(name)] = [int(d) for d in shape]
+            parsed.append(entry)
+        self.input_shapes = parsed
+
+    def set_ipu_max_specialisations(self, count: int) -> None:
+        """How many input shapes the model may be compiled for (default
+        :data:`~paddle_ipu.executor.shapes.DEFAULT_MAX_SPECIALISATIONS`); a run of a
+        shape beyond it raises instead of compiling again."""
+        self.max_specialisations = _int_option("max_specialisations", count)
 
     def use_ipu(self) -> bool:
         return self._ipu

@@ -227,6 +227,16 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
         def load_ipu_config(self, config_path: str) -> None:
             self._ipu_settings().load_ipu_config(config_path)
 
+        # paddle-ipu's own IPU settings, on Paddle's Config too
+        def set_ipu_sequence_buckets(self, *args: Any, **kwargs: Any) -> None:
+            self._ipu_settings().set_ipu_sequence_buckets(*args, **kwargs)
+
+        def set_ipu_input_shapes(self, shapes: Any) -> None:
+            self._ipu_settings().set_ipu_input_shapes(shapes)
+
+        def set_ipu_max_specialisations(self, count: int) -> None:
+            self._ipu_settings().set_ipu_max_specialisations(count)
+
         def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
             self._ipu_settings().set_ipu_custom_info(*args, **kwargs)
 

@@ -7,17 +7,44 @@ float32 (``keep_io_types``), which is what the executor feeds and fetches.
 
 The rewrite is onnxconverter-common's ``convert_float_to_float16``; this module owns
 its failure modes (it raises plain exceptions) and the options it is called with.
+
+Trained weights (:func:`prepare`): values are rounded to float16 over its real range
+(largest finite value 65504; onnxconverter-common's default clamps at 1e4, and lifts
+tiny values to 1e-7), nothing is clamped.  First every inference BatchNorm whose
+tensors are constants is folded into the convolution before it, in float32
+(:mod:`paddle_ipu.compiler.conv_folds`, with the other constant per-channel
+operators around convolutions: this removes variances near 1e8); then any
+weight or constant still outside float16's range stays float32 and is reported
+(:class:`Fp16Report`, one log line naming the tensors).  Training folds nothing (its
+BatchNorms use batch statistics and its weights change) and refuses such a weight.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from paddle_ipu.errors import CompileError
+import numpy as np
+
+from paddle_ipu.errors import CompileError, NotSupportedError
+
+log = logging.getLogger("paddle_ipu")
+
+#: float16's largest finite value
+FLOAT16_MAX = 65504.0
+#: the smallest magnitude that does not round to zero in float16 (half the smallest
+#: subnormal, 2**-24, rounds to even: to zero)
+FLOAT16_TINY = 2.0**-25
 
 
-def convert_proto(proto: Any) -> Any:
+def convert_proto(proto: Any, keep: Collection[str] = ()) -> Any:
     """Return ``proto`` (an ``onnx.ModelProto``) converted to float16 compute.
+
+    ``keep``: tensors (initializers, Constant outputs) that stay float32
+    (:attr:`Fp16Report.kept_names`); the nodes reading them compute in float32.
+    Values are rounded to nearest over float16's whole range (no clamp).
 
     Raises:
         CompileError: the converter refused the graph (its message included).
@@ -25,9 +52,16 @@ def convert_proto(proto: Any) -> Any:
     from onnxconverter_common import float16
 
     _separate_consumed_outputs(proto)
+    blocked = _readers_of(proto.graph, keep)
     try:
         converted = float16.convert_float_to_float16(
-            proto, keep_io_types=True, disable_shape_infer=False
+            proto,
+            keep_io_types=True,
+            disable_shape_infer=False,
+            # float16's real range; values outside it are in ``keep`` (prepare)
+            min_positive_val=0.0,
+            max_finite_val=FLOAT16_MAX,
+            node_block_list=sorted(blocked),
         )
     except Exception as exc:  # the converter raises plain exceptions
         raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
@@ -91,7 +125,21 @@ def _separate_consumed_outputs(proto: Any) -> None:
         graph.node.append(helper.make_node("Identity", [inner], [name], name=f"{name}::out"))
 
 
-def convert_storage(proto: Any) -> Any:
+def _readers_of(graph: Any, keep: Collection[str]) -> set[str]:
+    """The names of the nodes that read a tensor of ``keep``, and of the Constant
+    nodes that make one: blocked from the float16 conversion."""
+    wanted = set(keep)
+    if not wanted:
+        return set()
+    return {
+        node.name
+        for node in graph.node
+        if any(name in wanted for name in node.input)
+        or (node.op_type == "Constant" and any(name in wanted for name in node.output))
+    }
+
+
+def convert_storage(proto: Any, keep: Collection[str] = ()) -> Any:
     """Return ``proto`` with its float32 constants held in float16 and its arithmetic
     left in float32.
 
@@ -102,9 +150,8 @@ def convert_storage(proto: Any) -> Any:
     graph's inputs and outputs keep their types, as with :func:`convert_proto`.  What
     is rounded is what the IPU holds in float16; the operators' results are not
     rounded, so the errors are those of the weights and constants alone.  Values are
-    rounded as :func:`convert_proto` rounds them (onnxconverter-common's clamping to
-    float16's range included)."""
-    import numpy as np
+    rounded to nearest over float16's whole range, as :func:`convert_proto` rounds
+    them; the tensors named in ``keep`` stay float32."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = proto.graph
@@ -112,8 +159,9 @@ def convert_storage(proto: Any) -> Any:
     taken |= {i.name for i in graph.initializer} | {i.name for i in graph.input}
     renamed: dict[str, str] = {}
     casts = []
+    kept = set(keep)
     for init in graph.initializer:
-        if init.data_type != TensorProto.FLOAT:
+        if init.data_type != TensorProto.FLOAT or init.name in kept:
             continue
         if init.raw_data or init.float_data:
             half = numpy_helper.from_array(_to_half(numpy_helper.to_array(init)))
@@ -134,7 +182,7 @@ def convert_storage(proto: Any) -> Any:
         for i, value in enumerate(node.input):
             if value in renamed:
                 node.input[i] = renamed[value]
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" and not kept.intersection(node.output):
             for attr in node.attribute:
                 if attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
                     rounded = _to_half(numpy_helper.to_array(attr.t))
@@ -148,19 +196,194 @@ def convert_storage(proto: Any) -> Any:
 
 
 def _to_half(array: Any) -> Any:
-    """float16 values as :func:`convert_proto` makes them (onnxconverter-common's
-    rounding, clamped to float16's range); it refuses 0-d arrays, so via 1-d."""
-    import numpy as np
-    from onnxconverter_common.float16 import convert_np_to_float16
-
-    return np.asarray(convert_np_to_float16(np.atleast_1d(array))).reshape(np.shape(array))
+    """float16 values as :func:`convert_proto` makes them: rounded to nearest even
+    (a value outside float16's range is kept float32 by :func:`prepare` instead)."""
+    return np.asarray(array, dtype=np.float32).astype(np.float16)
 
 
-def convert_model(onnx_bytes: bytes) -> bytes:
-    """:func:`convert_proto` on a serialized model; returns the serialized result."""
+def convert_model(onnx_bytes: bytes, synced: Collection[str] = ()) -> bytes:
+    """:func:`prepare` and :func:`convert_proto` on a serialized model (weights
+    included); returns the serialized result.  ``synced``: the weights the executor
+    keeps in sync with the Paddle scope (never folded)."""
     import onnx
 
-    return bytes(convert_proto(onnx.load_from_string(onnx_bytes)).SerializeToString())
+    proto = onnx.load_from_string(onnx_bytes)
+    report = prepare(proto, synced=synced)
+    report.log()
+    return bytes(convert_proto(proto, report.kept_names).SerializeToString())
 
 
-__all__ = ["convert_model", "convert_proto", "convert_storage"]
+# -- trained weights: float16's range, BatchNorm folded, what does not fit reported --
+
+
+@dataclass(frozen=True)
+class Float32Tensor:
+    """A weight or constant that stays float32 in an fp16 graph, and why."""
+
+    name: str
+    #: the largest magnitude among its finite values
+    largest: float
+    #: "overflow": a value above float16's 65504; "underflow": a nonzero scalar that
+    #: rounds to 0 in float16 (an epsilon, say)
+    reason: str
+
+    def describe(self) -> str:
+        if self.reason == "overflow":
+            return f"{self.name} (|value| up to {self.largest:.4g} > {FLOAT16_MAX:g})"
+        return f"{self.name} ({self.largest:.3g}: float16 rounds it to 0)"
+
+
+@dataclass(frozen=True)
+class Fp16Report:
+    """What the fp16 pass did to a graph's weights and constants beyond rounding them."""
+
+    #: the BatchNorms folded into their convolution, as "BN node into conv node"
+    folded: tuple[str, ...] = ()
+    #: every constant operator folded into a convolution (BatchNorms included)
+    folded_ops: int = 0
+    #: the weights and constants kept in float32
+    kept_float32: tuple[Float32Tensor, ...] = ()
+
+    @property
+    def kept_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.kept_float32)
+
+    def log(self) -> None:
+        """One log line per kind: the folds (INFO), the float32 tensors (WARNING: the
+        graph is not all float16, as asked)."""
+        if self.folded_ops:
+            shown = ", ".join(self.folded[:3])
+            more = f" and {len(self.folded) - 3} more" if len(self.folded) > 3 else ""
+            log.info(
+                "fp16: folded %d constant operator(s) into their convolution in float32 "
+                "before rounding, %d BatchNorm(s) among them%s",
+                self.folded_ops,
+                len(self.folded),
+                f" ({shown}{more})" if shown else "",
+            )
+        if self.kept_float32:
+            log.warning(
+                "fp16: %d weight(s)/constant(s) outside float16's range stay float32: %s",
+                len(self.kept_float32),
+                ", ".join(t.describe() for t in self.kept_float32),
+            )
+
+
+def out_of_range(name: str, array: np.ndarray) -> Float32Tensor | None:
+    """A :class:`Float32Tensor` when float32 ``array`` does not fit float16: a finite
+    value above 65504, or a nonzero scalar that rounds to zero."""
+    if array.dtype != np.float32 or array.size == 0:
+        return None
+    magnitude = np.abs(array)
+    finite = magnitude[np.isfinite(magnitude)]
+    if finite.size == 0:
+        return None
+    largest = float(finite.max())
+    if largest > FLOAT16_MAX:
+        return Float32Tensor(name, largest, "overflow")
+    if array.size == 1 and 0.0 < largest < FLOAT16_TINY:
+        # a scalar float16 rounds to zero: an epsilon, whose zero would divide by
+        # zero; in a larger tensor (a bias of rounding noise) that is plain rounding
+        return Float32Tensor(name, largest, "underflow")
+    return None
+
+
+def float32_tensors(
+    proto: Any, weights: Mapping[str, np.ndarray] | None = None
+) -> tuple[Float32Tensor, ...]:
+    """The float32 initializers (with data), Constant nodes and ``weights`` (the
+    values of initializers the graph holds without data) of ``proto`` that do not
+    fit float16."""
+    from onnx import TensorProto, numpy_helper
+
+    found: dict[str, Float32Tensor] = {}
+    graph = proto.graph
+    for init in graph.initializer:
+        if init.data_type != TensorProto.FLOAT or init.data_location == TensorProto.EXTERNAL:
+            continue
+        if not (init.raw_data or init.float_data):
+            continue
+        hit = out_of_range(init.name, numpy_helper.to_array(init))
+        if hit is not None:
+            found[init.name] = hit
+    for node in graph.node:
+        if node.op_type != "Constant" or len(node.output) != 1:
+            continue
+        attr = next((a for a in node.attribute if a.name == "value"), None)
+        if attr is None or attr.t.data_type != TensorProto.FLOAT:
+            continue
+        hit = out_of_range(node.output[0], numpy_helper.to_array(attr.t))
+        if hit is not None:
+            found[hit.name] = hit
+    for name, array in (weights or {}).items():
+        hit = out_of_range(name, np.asarray(array))
+        if hit is not None:
+            found[name] = hit
+    return tuple(found[name] for name in sorted(found))
+
+
+def prepare(
+    proto: Any,
+    weights: Mapping[str, np.ndarray] | None = None,
+    *,
+    synced: Collection[str] = (),
+    training: bool = False,
+) -> Fp16Report:
+    """Make ``proto`` ready for the float16 conversion, in place, and say what was done:
+    BatchNorms folded into their convolution in float32 (inference only), then the
+    weights and constants that still do not fit float16 found -- they stay float32
+    (pass :attr:`Fp16Report.kept_names` to :func:`convert_storage` or
+    :func:`convert_proto`; :meth:`Fp16Report.log` says it).
+
+    ``weights``: values of initializers the graph holds without data (the weights the
+    session supplies); ``synced``: weights the executor keeps in sync with the Paddle
+    scope, which are never folded (a later write would miss the folded copy).
+
+    Raises:
+        NotSupportedError: ``training`` and a weight does not fit float16.  A trained
+            weight cannot be folded (it changes every step, and BatchNorm uses batch
+            statistics), and keeping one float32 needs a per-weight dtype in the
+            training update, which the fp16 trainer does not have: the error names the
+            weights instead of letting them become infinite.
+    """
+    from paddle_ipu.compiler.conv_folds import fold_batch_norms
+
+    excluded = set(synced) | set(weights or {})
+    folds = [] if training else fold_batch_norms(proto, excluded)
+    report = Fp16Report(
+        folded=tuple(f"{bn} into {f.conv}" for f in folds for bn in f.batch_norms),
+        folded_ops=sum(len(f.nodes) for f in folds),
+        kept_float32=float32_tensors(proto, weights),
+    )
+    if training and report.kept_float32:
+        raise NotSupportedError(
+            "enable_fp16 in training: "
+            + "; ".join(t.describe() for t in report.kept_float32)
+            + ": float16 cannot hold these values (they would become infinite or zero), "
+            "and a trained weight cannot be folded away or kept float32 by the fp16 "
+            "trainer; train in float32 (enable_fp16=False); in inference such a tensor "
+            "stays float32 (and a BatchNorm of constants is folded into its convolution)"
+        )
+    return report
+
+
+def report_for(model: Any, *, training: bool = False) -> Fp16Report:
+    """The :class:`Fp16Report` the fp16 pass gives a CompiledModel (on a copy of its
+    graph: the model is not changed)."""
+    import onnx
+
+    proto = onnx.load_from_string(model.onnx)
+    return prepare(proto, synced=model.weights, training=training)
+
+
+__all__ = [
+    "FLOAT16_MAX",
+    "Float32Tensor",
+    "Fp16Report",
+    "convert_model",
+    "convert_proto",
+    "convert_storage",
+    "float32_tensors",
+    "prepare",
+    "report_for",
+]

@@ -66,6 +66,14 @@ STRUCTURAL_OPS = frozenset(
     {"builtin.parameter", "pd_op.data", "pd_op.feed", "pd_op.fetch", "cf.yield"}
 )
 
+_NMS = (
+    "non-maximum suppression keeps a number of boxes that depends on the data, and the IPU "
+    "compiles static shapes (running it on the host after the compiled graph is not built "
+    "yet): export the detector without it -- PaddleDetection's exporter takes "
+    "-o exclude_nms=True -- and run NMS on the boxes and scores it then returns, after the "
+    "predictor (on the CPU: paddle.vision.ops.nms, or Paddle's multiclass_nms3 kernel)"
+)
+
 # Operators paddle2onnx converts but that do not compile or do not match
 # Paddle's CPU kernel (found by tests/conformance); refused up front.
 DENIED: dict[str, str] = {
@@ -75,6 +83,8 @@ DENIED: dict[str, str] = {
     "repeat_interleave_with_tensor_index": (
         "its output size depends on the repeats tensor; the IPU needs static shapes"
     ),
+    # Detection's post-processing (the data-dependent tail of an exported detector)
+    **dict.fromkeys(("multiclass_nms3", "multiclass_nms", "matrix_nms", "nms"), _NMS),
 }
 
 # PIR operators the program rewrites (compiler.program_rewrites) replace before

@@ -370,7 +370,16 @@ def _holds_fp16(program: Any) -> bool:
     """Whether a legacy program computes in float16 (after Paddle's amp cast)."""
 
     fp16 = paddle_api.legacy_fp16_type()
-    return any(getattr(var, "dtype", None) == fp16 for var in program.global_block().vars.values())
+    return any(_var_dtype(var) == fp16 for var in program.global_block().vars.values())
+
+
+def _var_dtype(var: Any) -> Any:
+    """A legacy variable's dtype; None for one without a tensor (the feed and fetch
+    variables of a loaded inference model raise RuntimeError instead)."""
+    try:
+        return var.dtype
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _resolve_fetch_names(program: Any, fetch_list: list[Any]) -> list[Any]:

@@ -89,10 +89,14 @@ def test_the_package_reports_its_buckets(package: Any, tmp_path: Path) -> None:
     assert buckets["feeds"] == {"input_ids": [1]}
     assert list(buckets["outputs"].values()) == [[1]]
     assert buckets["pad_values"] == {"input_ids": 0.0}
-    assert [m["length"] for m in buckets["models"]] == BUCKETS
-    assert {"model.onnx", "buckets/4.onnx", "buckets/8.onnx"} <= names
+    graphs = [g for g in meta["graphs"] if g["kind"] == "bucket"]
+    assert [int(g["key"]) for g in graphs] == BUCKETS
+    assert {"model.onnx", "buckets/4.onnx", "buckets/8.onnx", "weights.safetensors"} <= names
     assert meta["options"]["seq_buckets"] == BUCKETS
-    assert [list(m["inputs"][0]["shape"]) for m in buckets["models"]] == [[2, n] for n in BUCKETS]
+    assert [list(g["inputs"][0]["shape"]) for g in graphs] == [[2, n] for n in BUCKETS]
+    # the weights once: every bucket's parameters are the same stored arrays
+    stored = [set(g["weights"].values()) for g in graphs]
+    assert stored[0] and all(s == stored[0] for s in stored)
 
 
 def test_request_shapes_leave_the_sequence_open(package: Any) -> None:

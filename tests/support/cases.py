@@ -748,7 +748,17 @@ add(
     {"x": "f:1x2x6x6", "w": "f:3x2x2x2"},
     lambda x, w: F.conv2d(x, w, padding="SAME", dilation=2),
 )
+add(
+    "refused.multiclass_nms3",
+    "multiclass_nms3",
+    {"boxes": "f:1x6x4", "scores": "f:1x2x6"},
+    # PaddleDetection's exported tail (ppdet/modeling/ops.py), as its exporter writes it
+    lambda boxes, scores: paddle._C_ops.multiclass_nms3(
+        boxes, scores, None, 0.1, 100, 5, 0.5, True, 1.0, -1, True
+    )[0],
+)
 REFUSED: dict[str, str] = {
+    "refused.multiclass_nms3": "exclude_nms=True",
     "refused.unique": "pd_op.unique",
     "refused.nonzero": "pd_op.nonzero",
     "refused.masked_select": "pd_op.masked_select",
@@ -810,7 +820,6 @@ NOT_COVERED: dict[str, str] = {
     "partial_concat": "no public API in Paddle 3.3 (incubate only under the legacy IR)",
     "partial_sum": "no public API in Paddle 3.3 (incubate only under the legacy IR)",
     "deformable_conv": "needs offset and mask inputs sized to the kernel; covered by no case yet",
-    "multiclass_nms3": "its output size depends on the data",
     "roi_align": "its boxes come as a variable-length tensor with a count",
     "yolo_box": "a detection post-processing op; covered by no case yet",
     "rnn": "needs weight lists and a dropout state the startup program leaves empty",

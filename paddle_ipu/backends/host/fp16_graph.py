@@ -211,11 +211,16 @@ def finish(model: onnx.ModelProto, arith: Fp16Arithmetic) -> onnx.ModelProto:
     return model
 
 
-def round_constants(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def round_constants(
+    arrays: Mapping[str, np.ndarray], keep: frozenset[str] = frozenset()
+) -> dict[str, np.ndarray]:
     """Float32 initializers as the IPU holds them: float16 values (the host's own
-    constants, named with :data:`MARK`, kept exact)."""
+    constants, named with :data:`MARK`, and those of ``keep``, which float16 cannot
+    hold, kept as they are)."""
     return {
-        name: round_fp16(a) if a.dtype == np.float32 and not name.startswith(MARK) else a
+        name: round_fp16(a)
+        if a.dtype == np.float32 and not name.startswith(MARK) and name not in keep
+        else a
         for name, a in arrays.items()
     }
 

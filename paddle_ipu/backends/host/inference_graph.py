@@ -78,6 +78,8 @@ class Plan:
     checked: fp_checks.Checked | None
     source: onnx.ModelProto = field(repr=False)
     stable_norm: bool = False
+    #: weights and constants float16 cannot hold: float32 (fp16_pass.prepare)
+    keep: frozenset[str] = frozenset()
 
     @property
     def lazy(self) -> bool:
@@ -88,7 +90,7 @@ class Plan:
         """The same graph clipping every rounded result (see the module docstring)."""
         assert self.arith is not None
         arith = dataclasses.replace(self.arith, lazy_saturation=False)
-        return _plan_fp16(self.source, arith, self.checked, self.stable_norm)
+        return _plan_fp16(self.source, arith, self.checked, self.stable_norm, self.keep)
 
     def build(
         self,
@@ -151,12 +153,14 @@ class Plan:
         assert self.arith is not None
         optimized, arrays = fp16_graph.optimize(self.proto, weights, threads)
         fp16_graph.finish(optimized, self.arith)
-        arrays = fp16_graph.round_constants(arrays)
+        arrays = fp16_graph.round_constants(arrays, self.keep)
         for init in optimized.graph.initializer:
             if init.name in arrays:
                 _mark_external(init)
-            elif init.data_type == onnx.TensorProto.FLOAT and not init.name.startswith(
-                "paddle_ipu::"
+            elif (
+                init.data_type == onnx.TensorProto.FLOAT
+                and not init.name.startswith("paddle_ipu::")
+                and init.name not in self.keep
             ):
                 value = numerics.round_fp16(onnx.numpy_helper.to_array(init))
                 init.CopyFrom(onnx.numpy_helper.from_array(value, init.name))
@@ -170,14 +174,15 @@ def _plan_fp16(
     arith: Fp16Arithmetic,
     checked: fp_checks.Checked | None,
     stable_norm: bool,
+    keep: frozenset[str] = frozenset(),
 ) -> Plan:
     from paddle_ipu.compiler.fp16_pass import convert_storage
 
-    proto = convert_storage(copy.deepcopy(source))
+    proto = convert_storage(copy.deepcopy(source), keep)
     if not arith.rounded:
         if checked is not None:
             fp_checks.add_flags(proto, checked)
-        return Plan(proto, arith, False, checked, source, stable_norm)
+        return Plan(proto, arith, False, checked, source, stable_norm, keep)
     # With the checks every operator of the compiled graph is rounded where it is,
     # so that a trap names it; else ONNX Runtime optimises first (fp16_graph).
     exact = checked is not None
@@ -185,12 +190,19 @@ def _plan_fp16(
     if exact:
         assert checked is not None
         fp_checks.add_flags(proto, checked)
-    return Plan(proto, arith, not exact, checked, source, stable_norm)
+    return Plan(proto, arith, not exact, checked, source, stable_norm, keep)
 
 
-def plan(source: onnx.ModelProto, config: SessionConfig, *, replica: int = 0) -> Plan:
+def plan(
+    source: onnx.ModelProto,
+    config: SessionConfig,
+    *,
+    replica: int = 0,
+    keep: frozenset[str] = frozenset(),
+) -> Plan:
     """The graph ``config`` asks for, from the compiled graph ``source`` (weightless;
-    not modified)."""
+    not modified); ``keep``: with enable_fp16, the weights and constants that stay
+    float32 (fp16_pass.prepare: float16 cannot hold them)."""
     checks = bool(config.option("enable_floating_point_checks"))
     checked = fp_checks.plan(source) if checks else None
     arith = numerics.from_config(config)
@@ -204,7 +216,7 @@ def plan(source: onnx.ModelProto, config: SessionConfig, *, replica: int = 0) ->
         replica_offset=arith.replica_offset + replica,
         lazy_saturation=arith.saturate and not arith.stochastic,
     )
-    return _plan_fp16(source, arith, checked, bool(config.option("enable_stable_norm")))
+    return _plan_fp16(source, arith, checked, bool(config.option("enable_stable_norm")), keep)
 
 
 def needs_saturation(built: Built, outputs: list[Any]) -> bool:

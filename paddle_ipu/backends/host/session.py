@@ -107,6 +107,9 @@ class HostSession(Session):
         # weights the graph holds as external data (their values come from _weights)
         self._external: set[str] = set()
         self._plan: Any = None
+        self._source: Any = None
+        # enable_fp16: the weights and constants float16 cannot hold (kept float32)
+        self._kept: frozenset[str] = frozenset()
         self._built: Any = None
         # the graph that clips every rounded result (lazy saturation), built when needed
         self._saturating: Any = None
@@ -117,6 +120,8 @@ class HostSession(Session):
         self._ort: Any = None
         self._dirty = True
         self._trainer: Any = None
+        #: enable_fp16: what the fp16 pass folded and kept float32 (an Fp16Report)
+        self.fp16_report: Any = None
         self._seed: int | None = config.random_seed
         self._direct = False
         self._ort_run: Any = None
@@ -155,10 +160,24 @@ class HostSession(Session):
                     arrays[init.name] = (view, True)
                 else:
                     arrays[init.name] = (onnx.numpy_helper.to_array(init), False)
+        kept: frozenset[str] = frozenset()
+        if self.config.enable_fp16:
+            # Trained weights first: BatchNorm folded, what float16 cannot hold kept
+            # float32 (compiler/fp16_pass.prepare; refused in training).
+            kept = self._prepare_fp16(proto, {n: a for n, (a, _) in arrays.items()})
+        elif not self.config.is_training:
+            # Constant arithmetic around convolutions (BatchNorm, biases, scales) folded
+            # into them: one pass over memory less per operator (the fp16 pass folds
+            # the same way).  Weights kept in sync with the scope are never folded.
+            from paddle_ipu.compiler.conv_folds import fold_batch_norms
+
+            folds = fold_batch_norms(proto, excluded=params)
+            log.debug("folded %d constant operator(s) into convolutions", len(folds))
         # The graph this configuration runs (float32, float16 storage, or the IPU's
         # float16 arithmetic; with the floating-point checks' flags): inference_graph.
         self._source = proto
-        self._plan = inference_graph.plan(proto, self.config)
+        self._kept = kept
+        self._plan = inference_graph.plan(proto, self.config, keep=kept)
         retyped = {init.name: init.data_type for init in self._plan.proto.graph.initializer}
         for name, (array, is_view) in arrays.items():
             device_dtype = array.dtype
@@ -198,6 +217,17 @@ class HostSession(Session):
             "enable_fp16": self.config.enable_fp16,
         }
         memory.check(memory.memory_report(self.model, options), mode)
+
+    def _prepare_fp16(self, proto: Any, weights: Mapping[str, np.ndarray]) -> frozenset[str]:
+        """The fp16 pass's rule for trained weights (BatchNorm folded in float32, the
+        weights and constants float16 cannot hold kept float32), logged and kept as
+        :attr:`fp16_report`; returns the names kept float32."""
+        from paddle_ipu.compiler.fp16_pass import prepare
+
+        report = prepare(proto, weights, training=self.config.is_training)
+        report.log()
+        self.fp16_report = report
+        return report.kept_names
 
     def _make_trainer(self) -> _Training:
         if self.config.training_source is None or self.model.optimizer is None:
@@ -432,7 +462,7 @@ class HostSession(Session):
             return self._built
         if replica not in self._replica_built:
             self._replica_built[replica] = self._build(
-                inference_graph.plan(self._source, self.config, replica=replica)
+                inference_graph.plan(self._source, self.config, replica=replica, keep=self._kept)
             )
         return self._replica_built[replica]
 

