@@ -1254,7 +1254,7 @@ std::string RepositoryIndexJson(const ModelPlan& m, bool ready) {
          (ready ? "READY" : "UNAVAILABLE") + "\",\"reason\":\"\"}]";
 }
 
-std::string StatisticsJson(const ModelPlan& m, Counters* c, const RunStats& s) {
+std::string StatisticsJson(const ModelPlan& m, Counters* c, const QueueStats& s) {
   int64_t success, success_ns, fail, fail_ns, rows, last;
   {
     std::lock_guard<std::mutex> lock(c->mu);
@@ -1288,7 +1288,7 @@ std::string StatisticsJson(const ModelPlan& m, Counters* c, const RunStats& s) {
   return out + "]}]}";
 }
 
-std::string Prometheus(const ModelPlan& m, Counters* c, const RunStats& s) {
+std::string Prometheus(const ModelPlan& m, Counters* c, const QueueStats& s) {
   std::vector<std::pair<int, int64_t>> by_status;
   int64_t rows, busy, timed_out, gone;
   double duration;

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/queue.h"
+
 namespace paddle_ipu {
 namespace serving {
 
@@ -155,26 +157,12 @@ struct Counters {
   void Done(int status, int64_t rows, std::chrono::steady_clock::duration took);
 };
 
-// The queue's counters, as the front ends report them.
-struct RunStats {
-  int64_t runs = 0;
-  int64_t requests = 0;
-  int64_t units = 0;
-  int64_t padded_units = 0;
-  int64_t failed_runs = 0;
-  double busy_seconds = 0;
-  double queue_seconds = 0;
-  std::vector<int64_t> fill_histogram;
-  std::vector<double> fill_seconds;
-  int64_t in_flight = 0;
-};
-
 std::string ServerMetadataJson(const ModelPlan& m);
 std::string ModelMetadataJson(const ModelPlan& m);
 std::string ModelConfigJson(const ModelPlan& m);
 std::string RepositoryIndexJson(const ModelPlan& m, bool ready);
-std::string StatisticsJson(const ModelPlan& m, Counters* c, const RunStats& s);
-std::string Prometheus(const ModelPlan& m, Counters* c, const RunStats& s);
+std::string StatisticsJson(const ModelPlan& m, Counters* c, const QueueStats& s);
+std::string Prometheus(const ModelPlan& m, Counters* c, const QueueStats& s);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -215,21 +215,7 @@ class FrontEnd {
   bool ready() const { return ready_.load() && !draining_.load() && !ClosedOf(queue_.get()); }
   void set_ready(bool ready) { ready_ = ready; }
 
-  RunStats Stats() {
-    const QueueStats q = StatsOf(queue_.get());
-    RunStats s;
-    s.runs = q.runs;
-    s.requests = q.requests;
-    s.units = q.units;
-    s.padded_units = q.padded_units;
-    s.failed_runs = q.failed_runs;
-    s.busy_seconds = q.busy_seconds;
-    s.queue_seconds = q.queue_seconds;
-    s.fill_histogram = q.fill_histogram;
-    s.fill_seconds = q.fill_seconds;
-    s.in_flight = InFlightOf(queue_.get());
-    return s;
-  }
+  QueueStats Stats() { return StatsOf(queue_.get()); }
 
   int StartHttp(const std::string& host, int port, int threads, bool reuse_port);
   void StopAccepting();
