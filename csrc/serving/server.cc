@@ -3,7 +3,7 @@
 // the gRPC server in paddle_ipu/serving/grpc_service.py), both feeding the model
 // runtime's ServingQueue (csrc/core/queue.h) without the GIL.
 //
-// A request is parsed, checked (kserve.h), and admitted to the queue on an IO
+// A request is parsed, checked (requests.h), and admitted to the queue on an IO
 // thread; its inputs are read by the queue straight from the request body, and its
 // outputs are written straight into the response body. The Python worker
 // (ModelRuntime._loop) takes the GIL once per run, not per request; a finished run's
@@ -34,7 +34,11 @@
 
 #include "../core/bindings.h"
 #include "../core/queue.h"
-#include "kserve.h"
+#include "answers.h"
+#include "metadata.h"
+#include "metrics.h"
+#include "requests.h"
+#include "text.h"
 
 namespace py = pybind11;
 namespace asio = boost::asio;
@@ -83,6 +87,20 @@ RequestPtr MakeRequest(const ModelPlan& m, const std::shared_ptr<Job>& job,
   r->sink = sink;
   r->owner = std::move(owner);
   return r;
+}
+
+// The gRPC status code of an HTTP status.
+int GrpcCode(int status) {
+  switch (status) {
+    case 200: return 0;     // OK
+    case 400: return 3;     // INVALID_ARGUMENT
+    case 413: return 3;
+    case 404: return 5;     // NOT_FOUND
+    case 503: return 14;    // UNAVAILABLE
+    case 504: return 4;     // DEADLINE_EXCEEDED
+    case 499: return 1;     // CANCELLED
+    default: return 13;     // INTERNAL
+  }
 }
 
 std::string ShortMs(double seconds) {
