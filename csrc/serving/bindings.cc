@@ -1,5 +1,6 @@
 // The Python side of the serving front ends: ServingFrontEnd (made from a
-// ServingQueue and the plan paddle_ipu/serving/http.py writes) and GrpcInferCall.
+// ServingQueue and the plan paddle_ipu/serving/http.py writes), GrpcInferCall, and
+// kserve_datatypes (the datatype table of dtypes.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -76,9 +77,22 @@ py::tuple ParsedTuple(const ModelPlan& m, const Error& e, const InferRequest& r)
   return py::make_tuple(0, std::string(), out);
 }
 
+py::tuple Datatypes() {
+  py::tuple rows(kDTypeCount);
+  for (int i = 0; i < kDTypeCount; ++i) {
+    const DTypeInfo& t = Info(static_cast<DType>(i));
+    rows[static_cast<size_t>(i)] = py::make_tuple(t.v2, t.numpy, t.size);
+  }
+  return rows;
+}
+
 }  // namespace
 
 void RegisterServing(py::module_& m) {
+  m.def("kserve_datatypes", &Datatypes,
+        "The KServe v2 datatypes a served model's tensors may have, one row each:\n"
+        "(v2 name, numpy dtype name, item size in bytes), e.g. ('FP32', 'float32', 4).");
+
   py::class_<GrpcCall, std::shared_ptr<GrpcCall>>(
       m, "GrpcInferCall", "A ModelInfer call in the serving queue (made by ServingFrontEnd.grpc_infer).")
       .def(

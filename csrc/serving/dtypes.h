@@ -1,6 +1,7 @@
-// The KServe v2 datatypes: the table of their names (the protocol's, numpy's,
-// Triton's model configuration's) and sizes, the casts a feed may take, and the
-// access to one element of a tensor.
+// The KServe v2 datatypes: the one table of their names (the protocol's, numpy's,
+// Triton's model configuration's) and sizes, which the Python side reads too
+// (paddle_ipu._core.kserve_datatypes), the casts a feed may take, and the access to
+// one element of a tensor.
 #pragma once
 
 #include <cstdint>
