@@ -145,9 +145,8 @@ void RegisterServing(py::module_& m) {
       .def("metadata_json", [](FrontEnd& f) { return f.metadata(); })
       .def("config_json", [](FrontEnd& f) { return f.config(); })
       .def("index_json", [](FrontEnd& f) { return RepositoryIndexJson(f.plan(), f.ready()); })
-      .def("stats_json",
-           [](FrontEnd& f) { return StatisticsJson(f.plan(), f.counters(), f.Stats()); })
-      .def("prometheus", [](FrontEnd& f) { return Prometheus(f.plan(), f.counters(), f.Stats()); })
+      .def("stats_json", &FrontEnd::StatisticsJson)
+      .def("prometheus", &FrontEnd::Prometheus)
       .def(
           "parse_http",
           [](FrontEnd& f, py::bytes head, py::bytes blob) {

@@ -154,7 +154,7 @@ void Connection::OnReadable(beast::error_code ec) {
   gone_ = true;
   Close();
   if (CancelNative(request_.get())) {
-    fe_->counters()->Add(&Counters::disconnected);
+    fe_->counters()->Add(&CounterValues::disconnected);
     Finished();
   }
   // Otherwise it has started: Answer() drops the result.
@@ -163,7 +163,7 @@ void Connection::OnReadable(beast::error_code ec) {
 void Connection::OnTimeout(beast::error_code ec) {
   if (ec || !request_) return;
   if (!CancelNative(request_.get())) return;  // under way: answered when it is done
-  fe_->counters()->Add(&Counters::timed_out);
+  fe_->counters()->Add(&CounterValues::timed_out);
   const double t = timeout_s_;
   Finished();
   Count(504, 0);

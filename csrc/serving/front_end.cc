@@ -54,6 +54,14 @@ bool FrontEnd::ready() const {
   return ready_.load() && !draining_.load() && !ClosedOf(queue_.get());
 }
 
+std::string FrontEnd::StatisticsJson() {
+  return serving::StatisticsJson(plan_, counters_.Copy(), StatsOf(queue_.get()));
+}
+
+std::string FrontEnd::Prometheus() {
+  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()));
+}
+
 Error FrontEnd::Admit(const RequestPtr& r) {
   int64_t in_flight = 0;
   switch (SubmitNative(queue_.get(), r, &in_flight)) {
@@ -61,7 +69,7 @@ Error FrontEnd::Admit(const RequestPtr& r) {
       active += 1;
       return {};
     case 1:
-      counters_.Add(&Counters::rejected_busy);
+      counters_.Add(&CounterValues::rejected_busy);
       return {503, "the server is busy: " + std::to_string(in_flight) + " of " +
                        std::to_string(plan_.limit) +
                        (plan_.auto_batch ? " rows" : " micro-batches") +

@@ -81,7 +81,10 @@ class FrontEnd {
   bool draining() const { return draining_.load(); }
   bool ready() const;
   void set_ready(bool ready) { ready_ = ready; }
-  QueueStats Stats() { return StatsOf(queue_.get()); }
+  // Triton's statistics JSON and the Prometheus text of /metrics, from one copy of
+  // the counters and one of the queue's.
+  std::string StatisticsJson();
+  std::string Prometheus();
 
   // Admits a request to the queue: no error when queued (then one more is active),
   // else its answer (503: busy, counted, or closed; 500: sizes wrong).

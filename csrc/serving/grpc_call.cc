@@ -61,7 +61,7 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
       lock.lock();
       if (cancelled && !done_) {
         Done(504, TimeoutMessage(timeout));
-        counters->Add(&Counters::timed_out);
+        counters->Add(&CounterValues::timed_out);
       }
     }
   }
@@ -102,7 +102,7 @@ bool GrpcCall::Cancel(Counters* counters) {
   if (!done_) {
     Done(499, "the client cancelled the call");
     cv_.notify_all();
-    counters->Add(&Counters::disconnected);
+    counters->Add(&CounterValues::disconnected);
   }
   return true;
 }

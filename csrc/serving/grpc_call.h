@@ -16,7 +16,7 @@ namespace paddle_ipu {
 namespace serving {
 
 class FrontEnd;
-struct Counters;
+class Counters;
 struct Job;
 
 // The gRPC status code of an HTTP status.

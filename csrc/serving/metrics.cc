@@ -26,52 +26,48 @@ std::string Seconds(double s) {
 
 void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duration took) {
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(mu_);
   if (status == 200) {
-    success += 1;
-    success_ns += ns;
-    success_rows += rows;
-    last_inference_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
+    v_.success += 1;
+    v_.success_ns += ns;
+    v_.success_rows += rows;
+    v_.last_inference_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
   } else {
-    fail += 1;
-    fail_ns += ns;
+    v_.fail += 1;
+    v_.fail_ns += ns;
   }
-  duration_s += static_cast<double>(ns) * 1e-9;
-  for (auto& p : by_status) {
+  v_.duration_s += static_cast<double>(ns) * 1e-9;
+  for (auto& p : v_.by_status) {
     if (p.first == status) {
       p.second += 1;
       return;
     }
   }
-  by_status.push_back({status, 1});
-  std::sort(by_status.begin(), by_status.end());
+  v_.by_status.push_back({status, 1});
+  std::sort(v_.by_status.begin(), v_.by_status.end());
 }
 
-void Counters::Add(int64_t Counters::*counter) {
-  std::lock_guard<std::mutex> lock(mu);
-  this->*counter += 1;
+void Counters::Add(int64_t CounterValues::*counter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v_.*counter += 1;
 }
 
-std::string StatisticsJson(const ModelPlan& m, Counters* c, const QueueStats& s) {
-  int64_t success, success_ns, fail, fail_ns, rows, last;
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    success = c->success;
-    success_ns = c->success_ns;
-    fail = c->fail;
-    fail_ns = c->fail_ns;
-    rows = c->success_rows;
-    last = c->last_inference_ms;
-  }
+CounterValues Counters::Copy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return v_;
+}
+
+std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s) {
   std::string out = "{\"model_stats\":[{\"name\":" + Quote(m.name) + ",\"version\":" +
-                    Quote(m.version) + ",\"last_inference\":" + std::to_string(last) +
-                    ",\"inference_count\":" + std::to_string(rows) +
+                    Quote(m.version) + ",\"last_inference\":" +
+                    std::to_string(c.last_inference_ms) +
+                    ",\"inference_count\":" + std::to_string(c.success_rows) +
                     ",\"execution_count\":" + std::to_string(s.runs) +
                     ",\"inference_stats\":{\"success\":" +
-                    Duration(success, static_cast<double>(success_ns) * 1e-9) +
-                    ",\"fail\":" + Duration(fail, static_cast<double>(fail_ns) * 1e-9) +
+                    Duration(c.success, static_cast<double>(c.success_ns) * 1e-9) +
+                    ",\"fail\":" + Duration(c.fail, static_cast<double>(c.fail_ns) * 1e-9) +
                     ",\"queue\":" + Duration(s.requests, s.queue_seconds) +
                     ",\"compute_input\":" + Duration(0, 0) +
                     ",\"compute_infer\":" + Duration(s.runs, s.busy_seconds) +
@@ -88,19 +84,8 @@ std::string StatisticsJson(const ModelPlan& m, Counters* c, const QueueStats& s)
   return out + "]}]}";
 }
 
-std::string Prometheus(const ModelPlan& m, Counters* c, const QueueStats& s) {
-  std::vector<std::pair<int, int64_t>> by_status;
-  int64_t rows, busy, timed_out, gone;
-  double duration;
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    by_status = c->by_status;
-    rows = c->success_rows;
-    duration = c->duration_s;
-    busy = c->rejected_busy;
-    timed_out = c->timed_out;
-    gone = c->disconnected;
-  }
+std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s) {
+  std::vector<std::pair<int, int64_t>> by_status = c.by_status;
   const std::string label = "model=" + Quote(m.name) + ",version=" + Quote(m.version);
   std::string o;
   auto metric = [&](const char* name, const char* type, const char* help) {
@@ -122,17 +107,17 @@ std::string Prometheus(const ModelPlan& m, Counters* c, const QueueStats& s) {
     total += p.second;
   }
   one("paddle_ipu_request_rows_total", "counter", "Rows of successful requests.",
-      std::to_string(rows));
+      std::to_string(c.success_rows));
   metric("paddle_ipu_request_duration_seconds", "summary", "Time in the server per request.");
-  o += "paddle_ipu_request_duration_seconds_sum{" + label + "} " + Seconds(duration) + "\n";
+  o += "paddle_ipu_request_duration_seconds_sum{" + label + "} " + Seconds(c.duration_s) + "\n";
   o += "paddle_ipu_request_duration_seconds_count{" + label + "} " + std::to_string(total) + "\n";
   one("paddle_ipu_rejected_total", "counter",
-      "Requests refused because the queue was full (503 / UNAVAILABLE).", std::to_string(busy));
+      "Requests refused because the queue was full (503 / UNAVAILABLE).", std::to_string(c.rejected_busy));
   one("paddle_ipu_timed_out_total", "counter",
       "Requests not started within their timeout (504 / DEADLINE_EXCEEDED).",
-      std::to_string(timed_out));
+      std::to_string(c.timed_out));
   one("paddle_ipu_disconnected_total", "counter",
-      "Requests dropped before they ran because the client went away.", std::to_string(gone));
+      "Requests dropped before they ran because the client went away.", std::to_string(c.disconnected));
   one("paddle_ipu_in_flight", "gauge", "Units (rows, or micro-batches) admitted, not answered.",
       std::to_string(s.in_flight));
   one("paddle_ipu_queue_seconds_total", "counter", "Time requests waited in the queue, summed.",

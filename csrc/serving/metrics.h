@@ -16,8 +16,8 @@
 namespace paddle_ipu {
 namespace serving {
 
-struct Counters {
-  std::mutex mu;
+// The values of the counters, as one copy.
+struct CounterValues {
   int64_t success = 0;
   int64_t success_ns = 0;
   int64_t success_rows = 0;
@@ -29,14 +29,24 @@ struct Counters {
   int64_t rejected_busy = 0;   // 503: the queue was full
   int64_t timed_out = 0;       // 504: not started within the request's timeout
   int64_t disconnected = 0;    // the client went away before its request ran
-  // A request answered with `status`.
-  void Done(int status, int64_t rows, std::chrono::steady_clock::duration took);
-  // Adds one to a refusal's counter (one of the three above).
-  void Add(int64_t Counters::*counter);
 };
 
-std::string StatisticsJson(const ModelPlan& m, Counters* c, const QueueStats& s);
-std::string Prometheus(const ModelPlan& m, Counters* c, const QueueStats& s);
+// The counters, updated by the IO threads and the gRPC server's threads.
+class Counters {
+ public:
+  // A request answered with `status`.
+  void Done(int status, int64_t rows, std::chrono::steady_clock::duration took);
+  // Adds one to a refusal's counter (rejected_busy, timed_out or disconnected).
+  void Add(int64_t CounterValues::*counter);
+  CounterValues Copy();
+
+ private:
+  std::mutex mu_;
+  CounterValues v_;
+};
+
+std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s);
+std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -51,7 +51,7 @@ void Connection::Route() {
   }
   if (target == "/metrics") {
     if (only(get, "GET")) {
-      Write(http::status::ok, Prometheus(m, fe_->counters(), fe_->Stats()),
+      Write(http::status::ok, fe_->Prometheus(),
             "text/plain; version=0.0.4; charset=utf-8");
     }
     return;
@@ -61,7 +61,7 @@ void Connection::Route() {
     return;
   }
   if (target == "/v2/models/stats") {
-    if (only(get, "GET")) json(StatisticsJson(m, fe_->counters(), fe_->Stats()));
+    if (only(get, "GET")) json(fe_->StatisticsJson());
     return;
   }
   constexpr std::string_view kModels = "/v2/models/";
@@ -103,7 +103,7 @@ void Connection::Route() {
     return;
   }
   if (rest == "/stats") {
-    if (only(get, "GET")) json(StatisticsJson(m, fe_->counters(), fe_->Stats()));
+    if (only(get, "GET")) json(fe_->StatisticsJson());
     return;
   }
   if (rest == "/infer") {
