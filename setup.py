@@ -2,7 +2,7 @@
 
 setup.py stays thin: it hands CMake the Python interpreter and the output folders,
 picks the PaddlePaddle to build against (the one installed in the environment being
-installed into, one of the series paddle_ipu/_infra/paddle_releases.py lists), and
+installed into, one of the series paddle_ipu/_util/paddle_releases.py lists), and
 requires the runtime PaddlePaddle to be of that series (the plugin's C ABI and the
 kernels' C++ depend on it).
 """
@@ -98,10 +98,10 @@ def editable_root(command: build_py | build_ext) -> Path | None:
 
 
 def _load_releases() -> dict[str, object]:
-    """paddle_ipu/_infra/paddle_releases.py, read without importing paddle_ipu."""
+    """paddle_ipu/_util/paddle_releases.py, read without importing paddle_ipu."""
     import runpy
 
-    return runpy.run_path(str(ROOT / "paddle_ipu" / "_infra" / "paddle_releases.py"))
+    return runpy.run_path(str(ROOT / "paddle_ipu" / "_util" / "paddle_releases.py"))
 
 
 _RELEASES = _load_releases()

@@ -3,7 +3,7 @@
     python bench/ecosystem.py [--models pplcnet_x0_25,llama,...] [--batches 1,8]
                               [--threads 1,all] [--repeat 20] [--small] [--json FILE]
 
-The models are the ecosystem tier's (tests/conformance/ecosystem/eco_models.py: built
+The models are the ecosystem tier's (tests/support/eco_models.py: built
 from PaddleFormers, PaddleX, PaddleClas and PaddleSeg code, random weights, saved with
 jit.save), at their released input sizes (``--small``: the tier's).  Text models run
 16 tokens (a bucket of 16 where the length is -1).  Each model runs in a fresh process;
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "conformance" / "ecosystem"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 SEQ = 16  # tokens per text request
 CORRECT = 1e-4  # Paddle Inference's answers within this of the dygraph forward count
@@ -130,9 +130,9 @@ def _time(engines: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float
 
 
 def measure(name: str, batches: list[int], threads: list[int], repeat: int, small: bool) -> dict:
-    import eco_models as E
+    from support import eco_models as E
 
-    from paddle_ipu.serving.package import compile_model
+    from paddle_ipu.serving.saved_model import compile_model
 
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {"model": name, "rows": rows, "versions": E.versions()}
@@ -205,7 +205,7 @@ def _fmt_err(v: Any) -> str:
 
 
 def main() -> None:
-    import eco_models as E
+    from support import eco_models as E
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(E.ARCHS))

@@ -23,7 +23,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 import numpy as np
 import paddle
 
-from paddle_ipu._infra import fp16
+from paddle_ipu._tensors import fp16
 
 _core: Any = importlib.import_module("paddle_ipu._core")
 

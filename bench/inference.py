@@ -73,7 +73,7 @@ def paddle_inference_predictor(built: object, threads: int) -> Callable[[np.ndar
 
 def cold_compile_seconds() -> float:
     code = (
-        "import time, paddle, paddle_ipu, models\n"
+        "import time, paddle, paddle_ipu\nfrom support import models\n"
         "b = models.build('cnn')\n"
         "s = paddle_ipu.IpuStrategy()\n"
         "s.set_graph_config(is_training=False, micro_batch_size=8)\n"
@@ -96,9 +96,9 @@ def cold_compile_seconds() -> float:
 
 def measure(kind: str, batch: int, args: argparse.Namespace) -> tuple[object, ...]:
     """One row: the five ways of running ``kind`` at ``batch``."""
-    import models
     import onnxruntime as ort
     import paddle
+    from support import models
 
     import paddle_ipu
 

@@ -7,7 +7,7 @@ each model in its own process, load from a compiled load generator in another on
 (ModelInfer) -- at 1, 8, 32 and 128 connections, closed loop, 1-row requests; batching
 on (micro-batch 16, ``--timeout-ms 2``) and off (micro-batch 1, ``--timeout-ms 0``).
 Models: ``double`` (x * 2: the server's own cost), ``mlp512`` (512-1024-1024-10, where
-batching pays on a CPU), and the transformer and CNN of tests/models.py.  Printed:
+batching pays on a CPU), and the transformer and CNN of tests/support/models.py.  Printed:
 requests/s, p50 and p99 per row, then the ratios the serving issue sets targets for;
 every answer of a probe request is checked against Paddle's CPU executor first, and
 the server's own count of 200s must cover what the load tool counted.  The load tools
@@ -263,11 +263,11 @@ def bench_model(
 ) -> tuple[list[Row], dict[str, Any]]:
     import onnxruntime as ort
     import paddle
-    from models import build
-    from serving_models import save
+    from support.models import build
+    from support.serving_models import save
 
     import paddle_ipu
-    from paddle_ipu.serving.package import compile_model
+    from paddle_ipu.serving.saved_model import compile_model
 
     paddle.enable_static()
     built = build(kind)
@@ -729,10 +729,10 @@ def load(
 
 def out_of_process(args: argparse.Namespace) -> list[Row]:
     import paddle
-    from models import build
-    from serving_models import save
+    from support.models import build
+    from support.serving_models import save
 
-    from paddle_ipu.serving.package import compile_model
+    from paddle_ipu.serving.saved_model import compile_model
 
     need_tools(args.protocols)
     rows: list[Row] = []

@@ -2,7 +2,7 @@
 
 For an MLP and a small CNN (with BatchNorm), and with ``--models`` Paddle's resnet18 on
 96x96 images (``resnet18``) or the zoo tier's TransformerEncoder classifier with an
-Embedding (``transformer``, tests/conformance/zoo/zoo_models.py), all trained with Adam, the median
+Embedding (``transformer``, tests/support/zoo_models.py), all trained with Adam, the median
 time of:
 
 - ``ipu exe.run``: Paddle's ``exe.run`` of the compiled program on the "ipu" place (one
@@ -62,8 +62,8 @@ def build(kind: str, batch: int = 16) -> tuple[Any, Any, Any, FeedSpec]:
     import paddle
 
     if kind == "transformer":
-        sys.path.insert(0, os.path.join(ROOT, "tests", "conformance", "zoo"))
-        import zoo_models as Z
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from support import zoo_models as Z
 
         model = Z.build(kind, batch=batch, train=True)
         inner = model.x_shape[1:]

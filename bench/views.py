@@ -21,7 +21,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 import numpy as np
 import paddle
 
-from paddle_ipu._infra.views import as_numpy, view
+from paddle_ipu._tensors.views import as_numpy, view
 
 SIZES = [("4 KiB", 4 << 10), ("64 MiB", 64 << 20)]
 

@@ -87,9 +87,9 @@ def _inference_ms(model: Any, feed: dict[str, Any], repeat: int) -> float:
 
 
 def measure(name: str, full: bool, repeat: int) -> dict[str, Any]:
-    sys.path.insert(0, os.path.join(ROOT, "tests", "conformance", "zoo"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     import paddle
-    import zoo_models as Z
+    from support import zoo_models as Z
 
     size = Z.VISION[name][2] if full and name in Z.VISION else None
     model = Z.build(name, size=size, batch=1)

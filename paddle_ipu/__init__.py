@@ -14,9 +14,9 @@ import importlib.util
 import sys as _sys
 from typing import Any
 
-from paddle_ipu._infra.env import env_flag
-from paddle_ipu._infra.versions import check_paddle_version
 from paddle_ipu._internals import paddle_logs as _paddle_logs
+from paddle_ipu._util.env import env_flag
+from paddle_ipu._util.versions import check_paddle_version
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
     BackendError,
@@ -64,9 +64,9 @@ _paddle = importlib.import_module("paddle")
 if _BY_USER:
     _paddle_logs.quiet_paddle()
 
-# The compiled core (a module mypy cannot see into) records the Paddle it was built with.
+# The compiled core records the Paddle it was built with.
 try:
-    _core = importlib.import_module("paddle_ipu._core")
+    from paddle_ipu import _core
 except ImportError as _exc:
     import os as _os
 
@@ -88,8 +88,8 @@ if not env_flag("PADDLE_IPU_DEFAULT_DEVICE", False):
     _paddle_process.hide_ipu_from_launcher()
 
 # exe.run of compiled programs, and of plain programs on the ipu place (see
-# paddle_ipu._internals.run_hook; uninstall_hooks() undoes it).
-_patch = importlib.import_module("paddle_ipu._internals.run_hook")
+# paddle_ipu.frontends.run_hook; uninstall_hooks() undoes it).
+_patch = importlib.import_module("paddle_ipu.frontends.run_hook")
 _patch.install()
 
 
@@ -109,8 +109,8 @@ def install_hooks() -> None:
 # paddle_ipu.compat; paddle_ipu.compat.disable() restores Paddle's own).
 if env_flag("PADDLE_IPU_COMPAT", True):
     importlib.import_module("paddle_ipu.compat").install()
-# The dygraph front door installs IpuStrategy.register_patch's hook.
-importlib.import_module("paddle_ipu.frontends.dygraph")
+# Paddle 2.x's dy2static front door attaches IpuStrategy.register_patch / release_patch.
+importlib.import_module("paddle_ipu.frontends.dy2static")
 
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.

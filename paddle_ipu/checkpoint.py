@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra import dtypes as _dtypes
-from paddle_ipu._infra.files import write_atomically
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._util import dtypes as _dtypes
+from paddle_ipu._util.files import write_atomically
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import CheckpointError
 

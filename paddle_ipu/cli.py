@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DESCRIPTION = (
@@ -20,10 +21,9 @@ def collect_info() -> dict[str, Any]:
     import paddle
 
     import paddle_ipu
-    from paddle_ipu import device
+    from paddle_ipu import _core, device
     from paddle_ipu.backends import available_backends
 
-    _core = paddle_ipu._core
     plugin = device.plugin_path()
     return {
         "paddle_ipu": paddle_ipu.__version__,
@@ -59,6 +59,27 @@ def _print_info(info: dict[str, Any]) -> None:
         print(f"  {name:<8} {state}{detail}")
 
 
+def progress_printer(stream: Any = None, width: int = 24) -> Callable[[int, int, str], None]:
+    """The compile's progress (``paddle-ipu compile``, ``run``, ``serve``): a bar redrawn
+    in place on a terminal; one log line per stage otherwise."""
+    out = stream if stream is not None else sys.stderr
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    start = time.perf_counter()
+
+    def show(step: int, total: int, what: str) -> None:
+        elapsed = time.perf_counter() - start
+        if tty:
+            filled = width * step // total
+            bar = "#" * filled + "-" * (width - filled)
+            end = "\n" if step == total else ""
+            out.write(f"\r[{bar}] {step}/{total} {what:<28} {elapsed:6.2f} s{end}")
+        else:
+            out.write(f"paddle-ipu compile: [{step}/{total}] {what} ({elapsed:.2f} s)\n")
+        out.flush()
+
+    return show
+
+
 def _load_or_compile(
     model: str,
     micro_batch: int,
@@ -70,7 +91,8 @@ def _load_or_compile(
     from pathlib import Path
 
     from paddle_ipu.errors import OptionError
-    from paddle_ipu.serving.package import compile_model, load_package, progress_printer
+    from paddle_ipu.serving.package import load_package
+    from paddle_ipu.serving.saved_model import compile_model
 
     if Path(model).is_file():
         if seq_buckets or pad_values:
@@ -120,9 +142,8 @@ def _pad_values(items: Sequence[str]) -> dict[str, float]:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    import time
 
-    from paddle_ipu.serving.package import compile_model, progress_printer
+    from paddle_ipu.serving.saved_model import compile_model
 
     t0 = time.perf_counter()
     package, cached = compile_model(
@@ -163,7 +184,7 @@ def _parse_inputs(items: Sequence[str]) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from paddle_ipu.serving.model_runtime import runtime_for
+    from paddle_ipu.serving.bucketed_runtime import runtime_for
     from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
@@ -187,11 +208,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import threading
-    import time
 
     import numpy as np
 
-    from paddle_ipu.serving.model_runtime import runtime_for
+    from paddle_ipu.serving.bucketed_runtime import runtime_for
     from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
@@ -263,8 +283,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from paddle_ipu.errors import OptionError
+    from paddle_ipu.serving.bucketed_runtime import runtime_for
     from paddle_ipu.serving.http import InferenceServer
-    from paddle_ipu.serving.model_runtime import runtime_for
 
     if args.workers < 1:
         raise OptionError(f"--workers must be >= 1, got {args.workers}")
@@ -380,9 +400,8 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    import time
 
-    from paddle_ipu.serving.package import cache_clear, cache_dir, cache_entries
+    from paddle_ipu.serving.cache import cache_clear, cache_dir, cache_entries
 
     if args.action == "clear":
         print(f"removed {cache_clear()} entries from {cache_dir()}")

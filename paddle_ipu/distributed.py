@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra.job import PADDLE, POPRUN, Job
-from paddle_ipu._infra.job import current as job
+from paddle_ipu._util.job import PADDLE, POPRUN, Job
+from paddle_ipu._util.job import current as job
 from paddle_ipu.errors import FeedError, NotSupportedError
 
 __all__ = ["PADDLE", "POPRUN", "Job", "barrier", "check_same", "job", "shard"]

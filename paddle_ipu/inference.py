@@ -253,9 +253,9 @@ class Config:
         """Compile one graph per sequence length in ``buckets`` (the model's feeds have
         a ``-1`` dimension besides the batch); ``pad_values`` gives the padding of a
         feed that masks it (an attention mask: 0), the others pad with 0."""
-        from paddle_ipu.serving.package import _check_buckets
+        from paddle_ipu.serving.saved_model import check_buckets
 
-        self.seq_buckets, self.pad_values = _check_buckets(buckets, pad_values)
+        self.seq_buckets, self.pad_values = check_buckets(buckets, pad_values)
 
     def use_ipu(self) -> bool:
         return self._ipu

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy as _copy
 import importlib.util
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -45,11 +45,6 @@ _PATTERNS_OFF_BY_DEFAULT = frozenset(
 
 # Keys whose change does not require recompiling (as in Paddle 2.x).
 _NO_RECOMPILE = frozenset({"lr"})
-
-#: Paddle 2.x's dy2static switch behind register_patch / release_patch, installed by
-#: the dygraph front door (paddle_ipu.frontends.dygraph) when it is imported (``import
-#: paddle_ipu`` does), so that the configuration does not depend on a front door.
-DY2STATIC: dict[str, Callable[..., None]] = {}
 
 
 class _OptionView:
@@ -78,15 +73,6 @@ class _OptionView:
         return self._owner.is_pattern_enabled(pattern)
 
 
-def _dy2static(name: str) -> Callable[..., None]:
-    hook = DY2STATIC.get(name)
-    if hook is None:
-        raise NotSupportedError(
-            f"IpuStrategy.{name}() needs paddle_ipu's dygraph front door: import paddle_ipu"
-        )
-    return hook
-
-
 class IpuStrategy:
     """How a Paddle program is compiled for, and run on, the IPU.
 
@@ -102,19 +88,17 @@ class IpuStrategy:
     Every option is listed in :data:`OPTIONS` (and in docs/strategy.md).
 
     As in Paddle 2.x, a strategy created in dynamic (dygraph) mode registers the
-    dy2static patch (:meth:`register_patch`): from then on a Layer method under
+    dy2static patch (``register_patch()``): from then on a Layer method under
     ``paddle.jit.to_static`` runs on the IPU, trained by :meth:`set_optimizer`'s
-    optimizer when ``is_training``, until :meth:`release_patch`.  The strategies
-    paddle_ipu makes for itself (:meth:`unpatched`) register nothing.
+    optimizer when ``is_training``, until ``release_patch()``.  Both methods, and that
+    registration, are the dygraph front door's: :mod:`paddle_ipu.frontends.dygraph`
+    attaches them to this class when it is imported (``import paddle_ipu`` does).  The
+    strategies paddle_ipu makes for itself (:meth:`unpatched`) register nothing.
     """
 
     def __init__(self) -> None:
         paddle_logs.quiet_paddle()  # the user asked for the IPU
         self._init_values()
-        import paddle
-
-        if paddle.in_dynamic_mode():
-            self.register_patch()
 
     @classmethod
     def unpatched(cls) -> IpuStrategy:
@@ -333,15 +317,6 @@ class IpuStrategy:
             f"LRScheduler learning rate, received {type(optimizer).__name__} "
             f"(learning rate {lr!r})"
         )
-
-    def register_patch(self) -> None:
-        """Paddle 2.x's switch that made ``paddle.jit.to_static`` Layers compile for
-        the IPU (see :mod:`paddle_ipu.frontends.dygraph`); :meth:`release_patch` undoes it."""
-        _dy2static("register_patch")(self)
-
-    def release_patch(self) -> None:
-        """Undo :meth:`register_patch`."""
-        _dy2static("release_patch")()
 
     def add_custom_op(
         self,

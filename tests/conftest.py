@@ -37,7 +37,7 @@ def _no_dy2static_patch_left() -> Iterator[None]:
     """An IpuStrategy made in dygraph mode registers Paddle 2.x's dy2static patch (as
     in 2.x); no test hands it on to the next."""
     yield
-    from paddle_ipu.frontends import dygraph
+    from paddle_ipu.frontends import dy2static as dygraph
 
     if dygraph.patch_registered():
         dygraph.release_patch()

@@ -137,10 +137,10 @@ def _call_text(fn: Any, inputs: list[str]) -> str:
 
 def _conformance() -> tuple[list[str], dict[str, str]]:
     """Run the table; return the markdown lines and op -> outcome."""
-    sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+    sys.path.insert(0, str(ROOT / "tests"))
     import paddle
-    from cases import CASES, FP16_HOST_FAILS, NOT_COVERED, REFUSED
-    from runner import FP16_TOL, FP32_TOL, build, run_case
+    from support.cases import CASES, FP16_HOST_FAILS, NOT_COVERED, REFUSED
+    from support.runner import FP16_TOL, FP32_TOL, build, run_case
 
     from paddle_ipu.compiler import compile_program
     from paddle_ipu.errors import UnsupportedOpError
@@ -153,7 +153,7 @@ def _conformance() -> tuple[list[str], dict[str, str]]:
         "its public Paddle API, fetches), runs it on Paddle's CPU executor and, compiled by",
         "`compile_program`, on the host backend, and compares every output: fp32 at",
         f"rtol = atol = {FP32_TOL:g}, fp16 (`enable_fp16=True`) at rtol = atol = {FP16_TOL:g}.",
-        "The table is `tests/conformance/cases.py`; `pytest tests/conformance` checks it.",
+        "The table is `tests/support/cases.py`; `pytest tests/conformance` checks it.",
         "",
         "| operator | case | call | fp32 | fp16 |",
         "|---|---|---|---|---|",

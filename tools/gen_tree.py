@@ -17,7 +17,7 @@ DOC = ROOT / "docs" / "architecture.md"
 START, END = "<!-- tree -->", "<!-- /tree -->"
 #: what the tree shows: (folder, the file suffixes listed)
 SOURCES = (
-    ("paddle_ipu", (".py",)),
+    ("paddle_ipu", (".py", ".pyi")),
     ("toplevel", (".py", ".pth")),
     ("csrc", (".cc", ".h", ".map")),
     ("cmake", (".cmake",)),

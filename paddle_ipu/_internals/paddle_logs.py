@@ -25,8 +25,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from paddle_ipu._infra.env import env_flag
 from paddle_ipu._internals import interface
+from paddle_ipu._util.env import env_flag
 
 CHECKED_ON = "3.3.1"
 _DEP = "paddlepaddle"

@@ -1,4 +1,5 @@
-"""The step layout of IPU buffers (PopART's documented one).
+"""The buffers of the Session protocol: PopART's step layout, and the check of a buffer
+a session is handed.
 
 One run moves ``bps`` (batches per step) steps; each step is ``af`` (accumulation
 factor) micro-batches on each of ``rf`` (replication factor) replicas.
@@ -11,8 +12,13 @@ factor) micro-batches on each of ``rf`` (replication factor) replicas.
 Size-1 factors are removed.  Paddle 2.x built output shapes as ``[rf, af, bps]``,
 which agrees only when at most one factor exceeds 1; this module follows PopART.
 
-Callers of Paddle 2.x's API also fed the steps flattened into the batch dimension
-(``[bps * af * rf * micro_batch, ...]``); :func:`to_step_buffer` accepts both forms.
+The executor checks every feed (:mod:`paddle_ipu.executor.feeds`, which also takes
+the steps flattened into the batch as Paddle 2.x fed them) and hands a session buffers
+of these shapes.  A session only views them in the full layout (:meth:`StepLayout.full_view`);
+the Session protocol's own argument checks -- a buffer of another shape, an output
+buffer or a weight that does not fit, called on a session directly -- raise here
+(:func:`check_output_buffer`, :func:`check_weight_size`, :func:`buffer_error`), the one
+place a backend words them.
 """
 
 from __future__ import annotations
@@ -59,13 +65,18 @@ class StepLayout:
         return (self.batches_per_step, self.accumulation_factor, self.replication_factor)
 
     def full_view(self, name: str, array: Any, shape: tuple[int, ...]) -> np.ndarray:
-        """``array``, an input the executor checked (:meth:`to_step_buffer` is the one
-        feed check), viewed as ``[bps, af, rf, *shape]``.  A backend's session called
-        directly with a wrong buffer gets that check's FeedError."""
+        """``array``, an input the executor checked, viewed as ``[bps, af, rf, *shape]``
+        (it comes with the size-1 factors removed, or all kept).  A session called
+        directly with a buffer of another shape gets a FeedError naming it."""
         full = (*self.factors(), *shape)
-        if isinstance(array, np.ndarray) and array.shape in (full, self.input_shape(shape)):
-            return array.reshape(full)
-        return self.to_step_buffer(name, np.asarray(array), shape)
+        got = tuple(np.shape(array))
+        if got not in (full, self.input_shape(shape)):
+            raise FeedError(
+                f"feed {name!r}: the session takes shape {list(self.input_shape(shape))} "
+                f"(or {list(full)}), received {list(got)}; the executor's feed check "
+                "(paddle_ipu.executor.feeds) accepts other forms"
+            )
+        return np.asarray(array).reshape(full)
 
     def input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The buffer shape of an input whose one micro-batch has ``shape``."""
@@ -87,43 +98,32 @@ class StepLayout:
             raise OptionError(f"unknown anchor return type {kind!r}")
         return _squeeze(lead) + tuple(shape)
 
-    def to_step_buffer(self, name: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """View ``array`` (a feed) as ``[bps, af, rf, *shape]`` without copying.
 
-        Accepts the step layout (size-1 factors removed, or all kept) and the
-        flattened form (``bps * af * rf * batch`` rows).  Anything else raises a
-        FeedError naming the feed, the dimension, the expected and the received
-        value.
-        """
-        full = (*self.factors(), *shape)
-        got = tuple(array.shape)
-        if got == self.input_shape(shape) or got == full:
-            return array.reshape(full)
-        n = self.micro_batches
-        if shape and n > 1 and got[1:] == tuple(shape[1:]) and got and got[0] == n * shape[0]:
-            return array.reshape(full)
-        expected = self.input_shape(shape)
-        flat = (n * shape[0], *shape[1:]) if shape and n > 1 else None
-        if len(got) != len(expected) and flat is not None and len(got) == len(flat):
-            # The flattened form: compare with it, it is what the caller meant.
-            expected = flat
-        if len(got) != len(expected):
-            alt = f" or {list(flat)}" if flat is not None else ""
-            raise FeedError(
-                f"feed {name!r}: expected rank {len(expected)} with shape {list(expected)}"
-                f"{alt}, received rank {len(got)} with shape {list(got)}"
-            )
-        for dim, (want, have) in enumerate(zip(expected, got)):
-            if want != have:
-                raise FeedError(
-                    f"feed {name!r}: dimension {dim} must be {want}, received {have} "
-                    f"(expected shape {list(expected)}, received {list(got)}; "
-                    f"batches_per_step={self.batches_per_step}, "
-                    f"accumulation_factor={self.accumulation_factor}, "
-                    f"replication_factor={self.replication_factor}, "
-                    f"micro-batch shape {list(shape)})"
-                )
-        raise FeedError(f"feed {name!r}: shape {list(got)} does not match {list(expected)}")
+def check_output_buffer(
+    name: str, buf: Any, shape: tuple[int, ...], dtype: np.dtype, kind: str
+) -> np.ndarray:
+    """The caller's buffer for the anchor ``name`` (of return type ``kind``): an ndarray of
+    the anchor's ``shape`` and ``dtype``, C-contiguous and writable."""
+    if not isinstance(buf, np.ndarray) or buf.shape != shape or buf.dtype != dtype:
+        got = f"{buf.dtype}{list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
+        raise FeedError(
+            f"output buffer {name!r} is {got}; the {kind} anchor needs {dtype}{list(shape)}"
+        )
+    if not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise FeedError(f"output buffer {name!r} must be C-contiguous and writable")
+    return buf
+
+
+def check_weight_size(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+    """A weight written to a session holds as many elements as the session's ``shape``."""
+    if array.size != int(np.prod(shape, dtype=np.int64)):
+        raise FeedError(f"weight {name!r} has shape {array.shape}; the session holds {shape}")
+
+
+def buffer_error(message: str) -> FeedError:
+    """The error of any other buffer a session cannot take (a missing input, a PopEF
+    input of another shape, an optimizer state out of range), for the caller to raise."""
+    return FeedError(message)
 
 
 def _squeeze(lead: tuple[int, ...]) -> tuple[int, ...]:

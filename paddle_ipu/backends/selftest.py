@@ -142,13 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import os
 
-    import paddle_ipu
     from paddle_ipu import backends
+    from paddle_ipu._version import __version__
 
     name = backends.resolve(args.backend)
     ok, description = backends.availability(name)
     print("paddle-ipu selftest")
-    print(f"  paddle-ipu {paddle_ipu.__version__}, python {platform.python_version()}, "
+    print(f"  paddle-ipu {__version__}, python {platform.python_version()}, "
           f"{platform.machine()}")  # fmt: skip
     print(f"  backend: {name} ({description})")
     for var in ("POPLAR_IPUMODEL", "IPU_COMPILE_ONLY", "IPU_CACHE_PATH"):

@@ -173,7 +173,7 @@ def _weight_arrays(weights: Mapping[str, str], scope: Any) -> dict[str, np.ndarr
     """ONNX initializer name -> the parameter's value in the scope, without a copy."""
     import paddle
 
-    from paddle_ipu._infra.views import as_numpy
+    from paddle_ipu._tensors.views import as_numpy
 
     scope = scope if scope is not None else paddle.static.global_scope()
     arrays: dict[str, np.ndarray] = {}

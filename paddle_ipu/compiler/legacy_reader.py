@@ -31,7 +31,7 @@ from typing import Any
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.pir_reader import PirForwardGraph
 from paddle_ipu.compiler.pir_values import IPU_INDEX_ATTR, IPU_STAGE_ATTR, is_dense
-from paddle_ipu.errors import CompileError, FeedError
+from paddle_ipu.errors import CompileError
 
 # op_role of the op that seeds the backward with d(loss) = 1 (Backward | Loss).
 _LOSS_SEED_ROLE = 0x0001 | 0x0100
@@ -299,7 +299,7 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
     for item in feed_list:
         name = _var_name(item, "feed_list")
         if not block.has_var(name):
-            raise FeedError(f"feed {name!r} is not a variable of the program")
+            raise CompileError(f"feed {name!r} is not a variable of the program")
         feeds.append(name)
     fetches: list[Any] = []
     fetch_names: list[str] = []

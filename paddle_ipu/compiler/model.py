@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra import dtypes
+from paddle_ipu._util import dtypes
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from paddle_ipu._infra import dtypes
+from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.model import ShardSpec, TensorSpec
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
 from paddle_ipu.errors import CompileError

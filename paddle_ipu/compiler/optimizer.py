@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from paddle_ipu._infra import dtypes
+from paddle_ipu._util import dtypes
 from paddle_ipu.errors import CompileError, NotSupportedError
 
 #: Optimizer types, as :attr:`OptimizerConfig.type` spells them.

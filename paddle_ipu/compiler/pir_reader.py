@@ -32,7 +32,7 @@ from paddle_ipu.compiler.pir_values import (
 )
 from paddle_ipu.compiler.program_rewrites import rewrite_for_converter
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
-from paddle_ipu.errors import CompileError, FeedError
+from paddle_ipu.errors import CompileError
 
 _DATA_OPS = ("pd_op.data", "pd_op.feed")
 
@@ -150,7 +150,7 @@ class PirReader:
         feed_values = [_resolve_feed(block, f) for f in feed_list]
         feed_names = [str(v.get_defining_op().attrs()["name"]) for v in feed_values]
         if len(set(feed_names)) != len(feed_names):
-            raise FeedError(f"feed_list names a feed twice: {feed_names}")
+            raise CompileError(f"feed_list names a feed twice: {feed_names}")
         fetch_values, fetch_names = zip(*(resolve_fetch(block, f) for f in fetch_list))
         own_ops = {op.id() for op in block.ops}
         for value, given in zip(fetch_values, fetch_list):
@@ -176,7 +176,7 @@ class PirReader:
             if op.name() in _DATA_OPS and op.id() not in feed_op_ids
         ]
         if stray:
-            raise FeedError(
+            raise CompileError(
                 f"the fetches depend on data that is not in feed_list: {', '.join(stray)}"
             )
 
@@ -238,7 +238,7 @@ def _resolve_feed(block: Any, feed: Any) -> Any:
     if isinstance(feed, str):
         op = _data_ops(block).get(feed)
         if op is None:
-            raise FeedError(
+            raise CompileError(
                 f"feed {feed!r} is not a data op of the program "
                 f"(data ops: {', '.join(sorted(_data_ops(block))) or 'none'})"
             )
@@ -246,9 +246,9 @@ def _resolve_feed(block: Any, feed: Any) -> Any:
     if isinstance(feed, paddle.pir.Value):
         op = feed.get_defining_op()
         if op is None or op.name() not in _DATA_OPS:
-            raise FeedError("a feed must be the output of paddle.static.data")
+            raise CompileError("a feed must be the output of paddle.static.data")
         return feed
-    raise FeedError(f"feed_list holds {type(feed).__name__}; expected str or pir.Value")
+    raise CompileError(f"feed_list holds {type(feed).__name__}; expected str or pir.Value")
 
 
 def resolve_fetch(block: Any, fetch: Any) -> tuple[Any, str]:

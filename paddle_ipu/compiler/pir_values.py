@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddle_ipu._infra import dtypes
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._util import dtypes
 
 PIR_OPS: Any = paddle_api.pir_ops()
 

@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from paddle_ipu._infra import dtypes
+from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.model import IndexRange, TensorSpec
 
 # Ops whose first operand reaches their first result with the same values (only

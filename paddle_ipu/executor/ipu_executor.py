@@ -1,42 +1,45 @@
 """The IPU executor: prepare, run, weight sync and reset over a backend Session.
 
 This is Paddle 2.x's ``ipu_executor.cc`` in Python.  It owns the IPU semantics --
-the step layout, feed validation, weight and optimizer-state sync with the Paddle
-scope (under Paddle's names), fp16 <-> fp32 conversion of weights, lr updates and
-eval mode -- and leaves running the graph to the backend.
+the step layout, the feed check (:mod:`paddle_ipu.executor.feeds`), weight and
+optimizer-state sync with the Paddle scope (under Paddle's names), fp16 <-> fp32
+conversion of weights, lr updates and eval mode -- and leaves running the graph to the
+backend.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
-from paddle_ipu._infra.env import env_flag
-from paddle_ipu._infra.files import write_atomically
-from paddle_ipu._infra.views import as_numpy
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._tensors.views import as_numpy
+from paddle_ipu._util.env import env_flag
+from paddle_ipu._util.files import write_atomically
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.backends.layout import StepLayout
-from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
-from paddle_ipu.errors import BackendError, FeedError, IpuError, RuntimeClosedError
+from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.errors import BackendError, IpuError, RuntimeClosedError
+from paddle_ipu.executor.feeds import FeedPlan
 
 log = logging.getLogger("paddle_ipu")
 
 #: where IPU_COMPILE_ONLY=1 writes the offline executable (Paddle 2.x's path)
 OFFLINE_CACHE = "./offline_cache.popart"
 
-# Casts a feed may take silently: the graph's dtype from the fed dtype.
-_SAFE_CASTS = {
-    ("int64", "int32"),  # IPUs compute in int32; values are range-checked
-    ("int32", "int64"),
-    ("bool", "int32"),
-    ("float64", "float32"),
-    ("float16", "float32"),  # exact; Paddle 2.x's fp16 flow feeds float16
-}
+
+class Server(Protocol):
+    """What the executor asks of a model runtime that serves it (it sets
+    ``IpuExecutor.serving``): once the runtime is closed, direct runs are refused."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def is_worker_thread(self) -> bool: ...
 
 
 class IpuExecutor:
@@ -84,26 +87,15 @@ class IpuExecutor:
         #: True after reset(): the device is released until prepare() runs again
         self.released = False
         #: the model runtime serving this executor, when one was started over it
-        self.serving: Any = None
+        self.serving: Server | None = None
         bps = int(strategy.batches_per_step)
         af = int(strategy.accumulation_factor) if strategy.is_training else 1
         rf = int(strategy.replication_factor)
         self.layout = StepLayout(bps, af, rf)
         self._training = bool(strategy.is_training)
         self._output_names = [spec.name for spec in model.outputs]
-        # Feeds that need no cast and already have the step layout's shape are
-        # passed through as they are (the common case, checked first); index
-        # feeds are range-checked on this path too.
-        self._feed_plan = [
-            (
-                spec.paddle_name or spec.name,
-                spec.name,
-                spec.numpy_dtype,
-                self.layout.input_shape(spec.shape),
-                spec.ranges,
-            )
-            for spec in model.inputs
-        ]
+        #: the feed check (the one in paddle_ipu.executor.feeds)
+        self.feeds = FeedPlan(model.inputs, self.layout)
 
     # -- properties -----------------------------------------------------------
     @property
@@ -206,7 +198,7 @@ class IpuExecutor:
         if self.compile_only:
             log.info("IPU_COMPILE_ONLY is set: skipping the run")
             return [np.empty((0,), spec.numpy_dtype) for spec in self.model.outputs]
-        inputs = self.check_feed(feed)
+        inputs = self.feeds.check(feed)
         with self._lock:
             session = self._require_session()  # a reset may have come in between
             if not self._training:
@@ -273,80 +265,14 @@ class IpuExecutor:
         return float(optimizer.lr)
 
     def check_feed(self, feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Validate feeds against the compiled inputs: names, dtypes and shapes.
-
-        Returns ONNX input name -> array in the step layout (no copy unless a
-        dtype cast is needed).
-        """
-        if len(feed) == len(self._feed_plan):
-            fast: dict[str, np.ndarray] = {}
-            for feed_name, onnx_name, dtype, shape, ranges in self._feed_plan:
-                value = feed.get(feed_name)
-                if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
-                    break
-                if ranges:
-                    check_ranges(feed_name, value, ranges)
-                fast[onnx_name] = value
-            else:
-                return fast
-        expected = self.check_feed_names(feed)
-        out: dict[str, np.ndarray] = {}
-        for name, spec in expected.items():
-            # Dtype and shape are checked before anything is cast or copied: a
-            # wrong-shaped feed (a huge broadcast view, say) is refused as it is.
-            array = _as_array(name, feed[name])
-            cast = self.feed_cast(name, array, spec)
-            view = self.layout.to_step_buffer(name, array, spec.shape)
-            if spec.ranges:
-                if spec.numpy_dtype == np.int32:
-                    _check_int32(name, view)  # the overflow first: it says more
-                check_ranges(name, view, spec.ranges)
-            out[spec.name] = cast(view)
-        return out
+        """Validate feeds against the compiled inputs (:class:`FeedPlan`, the one feed
+        check): ONNX input name -> array in the step layout (no copy unless a dtype cast
+        is needed)."""
+        return self.feeds.check(feed)
 
     def check_feed_names(self, feed: Mapping[str, Any]) -> dict[str, TensorSpec]:
         """Raise FeedError for unknown or missing feeds; return name -> spec."""
-        expected = {spec.paddle_name or spec.name: spec for spec in self.model.inputs}
-        unknown = [name for name in feed if name not in expected]
-        if unknown:
-            raise FeedError(
-                f"unknown feed {', '.join(repr(n) for n in unknown)}: the compiled program "
-                f"takes {sorted(expected)}"
-            )
-        missing = [name for name in expected if name not in feed]
-        if missing:
-            raise FeedError(
-                f"missing feed {', '.join(repr(n) for n in missing)}: the compiled program "
-                f"takes {sorted(expected)}"
-            )
-        return expected
-
-    @staticmethod
-    def feed_cast(
-        name: str, array: np.ndarray, spec: TensorSpec
-    ) -> Callable[[np.ndarray], np.ndarray]:
-        """Check that ``array``'s dtype can be fed as the graph's; return the cast
-        to apply (after the shape check): none, a byte swap of a non-native byte
-        order, or a safe cast (int64 -> int32 range-checked).  FeedError names both
-        dtypes otherwise."""
-        want = spec.numpy_dtype
-        have = array.dtype
-        if have == want:
-            return _identity
-        native = have.newbyteorder("=") if have.byteorder not in ("=", "|") else have
-        pair = (native.name, want.name)
-        if native != want and pair not in _SAFE_CASTS:
-            order = "" if native is have else f" ({_byte_order(have)})"
-            raise FeedError(
-                f"feed {name!r}: expected dtype {want.name}, received {native.name}{order}"
-            )
-
-        def cast(value: np.ndarray) -> np.ndarray:
-            if pair == ("int64", "int32"):
-                _check_int32(name, value)
-            return value.astype(want)  # also brings a big-endian feed to native order
-
-        return cast
+        return self.feeds.check_names(feed)
 
     # -- weights --------------------------------------------------------------
     def weight_pairs(self) -> list[tuple[str, str]]:
@@ -420,67 +346,29 @@ class IpuExecutor:
             session.model_to_host(path)
 
 
-def _identity(value: np.ndarray) -> np.ndarray:
-    return value
-
-
-def _check_int32(name: str, value: np.ndarray) -> None:
-    """FeedError when integer values do not fit the graph's int32."""
-    if not value.size or value.dtype.itemsize <= 4:
-        return
-    lo, hi = int(value.min()), int(value.max())
-    info = np.iinfo(np.int32)
-    if lo < info.min or hi > info.max:
-        raise FeedError(
-            f"feed {name!r}: {value.dtype.name} values in [{lo}, {hi}] do not fit the graph's int32"
-        )
-
-
-def _byte_order(dtype: np.dtype) -> str:
-    return "big-endian" if dtype.byteorder == ">" else "little-endian"
-
-
-def _as_array(name: str, value: Any) -> np.ndarray:
-    """A feed as an ndarray, without copying one."""
-    if isinstance(value, np.ndarray):
-        return value
-    try:
-        return np.asarray(value)
-    except Exception as exc:
-        raise FeedError(
-            f"feed {name!r}: cannot read a {type(value).__name__} as an array: {exc}"
-        ) from exc
-
-
-def check_ranges(name: str, array: np.ndarray, ranges: Sequence[IndexRange]) -> None:
-    """FeedError when a value of the index feed ``name`` is outside one of its
-    ranges (see :mod:`paddle_ipu.compiler.ranges`): name, value, position and the
-    valid range."""
-    if not ranges or array.size == 0:
-        return
-    lo, hi = array.min(), array.max()
-    for bound in ranges:
-        if lo >= bound.low and hi < bound.high:
-            continue
-        part = array
-        if bound.column is not None:
-            if array.ndim == 0 or array.shape[-1] <= bound.column:
-                continue  # the shape check reports a feed without that column
-            part = array[..., bound.column]
-        bad = (part < bound.low) | (part >= bound.high)
-        if bound.allowed:
-            bad &= ~np.isin(part, bound.allowed)
-        count = int(np.count_nonzero(bad))
-        if not count:
-            continue
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        value = int(part[where])
-        if bound.column is not None:
-            where = (*where, bound.column)
-        raise FeedError(
-            f"feed {name!r}: value {value} at index {list(where)} is out of range; valid "
-            f"values are {bound.describe()}; {count} value(s) of the feed are outside it"
-        )
+def executor_for(
+    model: CompiledModel,
+    strategy: Any,
+    scope: Any = None,
+    *,
+    backend: str | None = None,
+    lr_scheduler: Any = None,
+    training_source: Any = None,
+    prepare: bool = True,
+) -> IpuExecutor:
+    """An executor over ``model`` on its backend session (prepared unless asked not
+    to): the step every front door ends in, a package's load included."""
+    executor = IpuExecutor(
+        model,
+        strategy,
+        scope,
+        backend=backend,
+        lr_scheduler=lr_scheduler,
+        training_source=training_source,
+    )
+    if prepare:
+        executor.prepare()
+    return executor
 
 
 def _place_of(tensor: Any, paddle_name: str) -> Any:
@@ -510,7 +398,7 @@ def _convert(value: np.ndarray, dtype: np.dtype, device_name: str, paddle_name: 
             f"weight {paddle_name!r} (device {device_name!r}): cannot convert "
             f"{value.dtype.name} to {np.dtype(dtype).name}; only float16 and float32 convert"
         )
-    from paddle_ipu._infra import fp16
+    from paddle_ipu._tensors import fp16
 
     if np.dtype(dtype) == np.float16:
         return fp16.to_fp16(np.ascontiguousarray(value))

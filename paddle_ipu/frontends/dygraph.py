@@ -1,5 +1,4 @@
-"""Dygraph Layers on the IPU: ``inference_model`` / ``training_model`` (PopTorch style)
-and Paddle 2.x's dy2static flow (``IpuStrategy`` + ``paddle.jit.to_static``).
+"""Dygraph Layers on the IPU: ``inference_model`` / ``training_model`` (PopTorch style).
 
 ``paddle_ipu.inference_model(layer, strategy)`` and ``paddle_ipu.training_model(layer,
 optimizer, strategy)`` return an :class:`IpuModel`: calling it runs the Layer as one
@@ -44,14 +43,8 @@ parameters and buffers and the optimizer's accumulators (so ``paddle.save`` of t
 device (so does :meth:`IpuModel.copy_weights_to_device`).  ``detach()`` copies the
 weights back and releases the device; the next call compiles again.
 
-Paddle 2.x's flow: an ``IpuStrategy`` made in dynamic mode, or
-``IpuStrategy.register_patch()``, makes every ``paddle.jit.to_static`` Layer method
-(a ``@paddle.jit.to_static`` forward, or ``paddle.jit.to_static(layer)``) run as an
-IpuModel of that Layer: trained by ``set_optimizer``'s optimizer when ``is_training``
-and the Layer is in train mode, for inference otherwise.  ``IpuBackend.get_instance()
-.weights_to_host()`` copies back the weights of the model that ran last;
-``release_patch()`` copies back every patched model's weights, releases their devices
-and gives ``paddle.jit.to_static`` functions their own behaviour again.
+Paddle 2.x's flow (an ``IpuStrategy`` made in dynamic mode and ``paddle.jit.to_static``)
+runs its Layers as IpuModels too: see :mod:`paddle_ipu.frontends.dy2static`.
 """
 
 from __future__ import annotations
@@ -67,27 +60,20 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu import strategy as strategy_module
 from paddle_ipu._internals import paddle_api, paddle_jit
 from paddle_ipu.compiler.legacy_reader import pir_mode
 from paddle_ipu.compiler.pir_values import dtype_name
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
+from paddle_ipu.executor.feeds import as_array
 from paddle_ipu.frontends.dygraph_training import (
     find_loss,
     one_element,
     static_optimizer,
     take_identity_losses,
 )
+from paddle_ipu.strategy import IpuStrategy
 
 log = logging.getLogger("paddle_ipu")
-
-
-def _as_array(value: Any) -> np.ndarray:
-    import paddle
-
-    if isinstance(value, paddle.Tensor):
-        return np.asarray(value.numpy())
-    return np.asarray(value)
 
 
 def _is_tensor_like(value: Any) -> bool:
@@ -147,7 +133,7 @@ def _watch(obj: Any, model: IpuModel) -> None:
 
 
 @dataclass
-class _Entry:
+class _LayerGraph:
     """One compiled graph of a model: training or forward only, at one signature."""
 
     training: bool
@@ -196,8 +182,6 @@ class IpuModel:
     ) -> None:
         import paddle
 
-        IpuStrategy = strategy_module.IpuStrategy
-
         if not isinstance(layer, paddle.nn.Layer):
             raise OptionError(f"expected a paddle.nn.Layer, received {type(layer).__name__}")
         if strategy is None:
@@ -227,10 +211,10 @@ class IpuModel:
         self.optimizer = optimizer
         self.training = training
         self._strategy = strategy.copy()
-        self._entries: dict[bool, _Entry] = {}
+        self._entries: dict[bool, _LayerGraph] = {}
         #: the entry whose device weights are newer than the host's (None: the host)
-        self._owner: _Entry | None = None
-        self._last: _Entry | None = None
+        self._owner: _LayerGraph | None = None
+        self._last: _LayerGraph | None = None
         self._lock = threading.RLock()
         for sub in layer.sublayers(include_self=True):  # a sublayer's load counts too
             _watch(sub, self)
@@ -253,7 +237,7 @@ class IpuModel:
 
         def convert(value: Any) -> Any:
             if _is_tensor_like(value):
-                return _as_array(value)
+                return as_array(value)
             return _Argument(value)
 
         if bound is None:
@@ -284,10 +268,10 @@ class IpuModel:
         return (shape[0] // n, *shape[1:])
 
     # -- compile -------------------------------------------------------------------
-    def _compile(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _Entry:
+    def _compile(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _LayerGraph:
         import paddle
 
-        from paddle_ipu.frontends.program import IpuBackend, IpuCompiledProgram
+        from paddle_ipu.frontends.program import IpuCompiledProgram, set_last_compiled
 
         arrays: list[tuple[str, np.ndarray]] = []
 
@@ -382,7 +366,7 @@ class IpuModel:
             for op in main.global_block().ops
             if op.name() == "builtin.parameter"
         }
-        entry = _Entry(
+        entry = _LayerGraph(
             training=training,
             signature=(),
             compiled=None,
@@ -399,11 +383,11 @@ class IpuModel:
         entry.compiled = compiled
         entry.fetch_index = _fetch_positions(fetches)
         entry.half = half
-        IpuBackend.set_current(self)
+        set_last_compiled(self)
         return entry
 
     # -- weights -----------------------------------------------------------------
-    def _state_pairs(self, entry: _Entry) -> list[tuple[Any, str]]:
+    def _state_pairs(self, entry: _LayerGraph) -> list[tuple[Any, str]]:
         """(dygraph tensor, scope variable name) for every parameter and buffer the
         graph reads and, for a training graph, every optimizer accumulator."""
         pairs = [(t, t.name) for t in self._params + self._buffers if t.name in entry.state_names]
@@ -428,7 +412,7 @@ class IpuModel:
                         pairs.append((tensor, found[0]))
         return pairs
 
-    def _write_scope(self, entry: _Entry) -> None:
+    def _write_scope(self, entry: _LayerGraph) -> None:
         import paddle
 
         for tensor, name in self._state_pairs(entry):
@@ -450,7 +434,7 @@ class IpuModel:
         block = paddle.static.default_main_program().global_block()
         paddle_api.create_accumulators(opt, block, [p for p in self._params if not p.stop_gradient])
 
-    def _to_host(self, entry: _Entry) -> None:
+    def _to_host(self, entry: _LayerGraph) -> None:
         entry.compiled.weights_to_host()
         if entry.training:
             self._ensure_accumulators()
@@ -461,7 +445,7 @@ class IpuModel:
             value = np.asarray(var.get_tensor())
             tensor.set_value(value.astype(tensor.numpy().dtype, copy=False))
 
-    def _to_device(self, entry: _Entry) -> None:
+    def _to_device(self, entry: _LayerGraph) -> None:
         self._write_scope(entry)
         entry.compiled.weights_from_host()
         entry.stale = False
@@ -522,7 +506,7 @@ class IpuModel:
         return self._last.compiled.executor if self._last is not None else None
 
     # -- run -------------------------------------------------------------------------
-    def _entry_for(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _Entry:
+    def _entry_for(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _LayerGraph:
         signature = self._signature(pos, kw)
         entry = self._entries.get(training)
         if entry is not None and entry.signature == signature:
@@ -662,110 +646,3 @@ def training_model(layer: Any, optimizer: Any = None, strategy: Any = None) -> I
     if optimizer is None:
         optimizer = paddle.optimizer.SGD(learning_rate=0.01, parameters=layer.parameters())
     return IpuModel(layer, strategy, optimizer=optimizer, training=True)
-
-
-# ----------------------------------------------------------------------------------
-# Paddle 2.x: IpuStrategy.register_patch / release_patch
-# ----------------------------------------------------------------------------------
-
-
-class _PatchState:
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.strategy: Any = None
-        self.original_call: Callable[..., Any] | None = None
-        # Layer -> {(method name, strategy id, optimizer id, training): IpuModel}
-        self.models: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], IpuModel]] = (
-            weakref.WeakKeyDictionary()
-        )
-
-
-_patch = _PatchState()
-
-
-def _patched_model(layer: Any, function: Any, strategy: Any) -> IpuModel:
-    optimizer = strategy.optimizer
-    training = bool(strategy.is_training)
-    if training and optimizer is None:
-        raise OptionError(
-            "IpuStrategy is_training=True: call ipu_strategy.set_optimizer(optimizer) before "
-            f"calling {type(layer).__name__} (or set_graph_config(is_training=False) for "
-            "inference)"
-        )
-    name = getattr(paddle_jit.static_function_source(function), "__name__", "forward")
-    key = (name, id(strategy), id(optimizer) if training else None, training)
-    models = _patch.models.setdefault(layer, {})
-    model = models.get(key)
-    if model is None:
-        for other in models.values():  # one device copy of a Layer's weights at a time
-            other.detach()
-        models.clear()
-        model = IpuModel(
-            layer,
-            strategy,
-            optimizer=optimizer if training else None,
-            training=training,
-            function=function,
-        )
-        models[key] = model
-    return model
-
-
-def _intercept(original: Callable[..., Any]) -> Callable[..., Any]:
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        import paddle
-
-        strategy = _patch.strategy
-        if strategy is None or not paddle.in_dynamic_mode():
-            return original(self, *args, **kwargs)
-        layer = paddle_jit.static_function_layer(self)
-        if not isinstance(layer, paddle.nn.Layer):
-            return original(self, *args, **kwargs)
-        with _patch.lock:
-            model = _patched_model(layer, self, strategy)
-        return model(*args, **kwargs)
-
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
-    return __call__
-
-
-def register_patch(strategy: Any) -> None:
-    """Make ``paddle.jit.to_static`` Layer methods run on the IPU, as Paddle 2.x's
-    IpuDynamicPatcher did (see the module docstring): the last strategy registered
-    is the one used."""
-    cls = paddle_jit.static_function_type()
-    with _patch.lock:
-        if _patch.original_call is None:
-            _patch.original_call = cls.__dict__["__call__"]
-            cls.__call__ = _intercept(_patch.original_call)
-        if _patch.strategy is not strategy:
-            log.info(
-                "paddle.jit.to_static Layers now run on the IPU (Paddle 2.x's dy2static "
-                "patch); IpuStrategy.release_patch() undoes it"
-            )
-        _patch.strategy = strategy
-
-
-def release_patch() -> None:
-    """Undo :func:`register_patch`: every patched model's weights (and optimizer
-    state) go back to its Layer (and optimizer) and its device is released."""
-    cls = paddle_jit.static_function_type()
-    with _patch.lock:
-        for models in list(_patch.models.values()):
-            for model in models.values():
-                model.detach()
-        _patch.models.clear()
-        _patch.strategy = None
-        if _patch.original_call is not None:
-            cls.__call__ = _patch.original_call
-            _patch.original_call = None
-
-
-def patch_registered() -> bool:
-    """Whether the dy2static patch is on."""
-    return _patch.strategy is not None
-
-
-# IpuStrategy.register_patch / release_patch reach the two functions above through this
-# (the configuration does not import a front door).
-strategy_module.DY2STATIC.update(register_patch=register_patch, release_patch=release_patch)

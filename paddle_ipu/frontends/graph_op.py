@@ -122,7 +122,7 @@ def _build_shell_program(
 ) -> Any:
     """Before Paddle 3.3 (no PIR Python op): a program with the compiled program's data
     ops and names only.  The Executor.run hook runs it directly whatever the options
-    (paddle_ipu._internals.run_hook); Paddle's own executor, with the hooks uninstalled,
+    (paddle_ipu.frontends.run_hook); Paddle's own executor, with the hooks uninstalled,
     finds no fetch in it and says so."""
     import paddle
 
@@ -149,7 +149,7 @@ def _host_array(tensor: Any) -> np.ndarray:
     (where ``Tensor.numpy()`` costs a device copy), else ``numpy()``, which is
     the cheapest for small CPU tensors."""
     if tensor.place.is_custom_place():
-        from paddle_ipu._infra.views import as_numpy
+        from paddle_ipu._tensors.views import as_numpy
 
         return as_numpy(tensor, readonly=True)
     return np.asarray(tensor.numpy())

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra.arrays import same_bytes
-from paddle_ipu._infra.env import env_flag
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._util.arrays import same_bytes
+from paddle_ipu._util.env import env_flag
 from paddle_ipu.errors import NotSupportedError, UnsupportedOpError
+from paddle_ipu.executor.feeds import as_array
 
 log = logging.getLogger("paddle_ipu")
 
@@ -293,7 +294,7 @@ def _entry(
     scope: Any,
     training: bool,
     version: tuple[int, int] | None = None,
-) -> _Entry:
+) -> _ImplicitCompile:
     key = (
         version or _program_version(program),
         _feed_signature(feed),
@@ -301,7 +302,7 @@ def _entry(
         id(scope),
     )
     with _lock:
-        cache: OrderedDict[Any, _Entry] | None = getattr(program, _CACHE_ATTR, None)
+        cache: OrderedDict[Any, _ImplicitCompile] | None = getattr(program, _CACHE_ATTR, None)
         if cache is None:
             cache = OrderedDict()
             setattr(program, _CACHE_ATTR, cache)
@@ -309,7 +310,7 @@ def _entry(
         if entry is not None and entry.scope is scope:
             cache.move_to_end(key)
             return entry
-        entry = _Entry.compile(program, feed, fetches, scope, training)
+        entry = _ImplicitCompile.compile(program, feed, fetches, scope, training)
         cache[key] = entry
         while len(cache) > MAX_VARIANTS:
             _, old = cache.popitem(last=False)
@@ -332,7 +333,7 @@ def _micro_batch(program: Any, feed: dict[str, Any]) -> int:
     return 1
 
 
-class _Entry:
+class _ImplicitCompile:
     """One compiled variant and the scope state it was last synced with.
 
     After a training step the scope tensors are pointed at the session's own new
@@ -360,9 +361,9 @@ class _Entry:
     @classmethod
     def compile(
         cls, program: Any, feed: dict[str, Any], fetches: list[Any], scope: Any, training: bool
-    ) -> _Entry:
+    ) -> _ImplicitCompile:
         from paddle_ipu.compiler.training import find_loss
-        from paddle_ipu.frontends.pipeline import compile_executor
+        from paddle_ipu.pipeline import compile_executor
         from paddle_ipu.strategy import IpuStrategy
 
         strategy = IpuStrategy.unpatched()
@@ -401,7 +402,7 @@ class _Entry:
             and tuple(cached[1].shape) == tuple(tensor.shape())
         ):
             return cached[1]
-        from paddle_ipu._infra.views import as_numpy
+        from paddle_ipu._tensors.views import as_numpy
 
         array = as_numpy(tensor)
         self._views[name] = (ptr, array)
@@ -483,7 +484,7 @@ class _Entry:
 
     def run(self, feed: dict[str, Any]) -> list[np.ndarray]:
         executor = self.executor
-        arrays = {name: _as_array(value) for name, value in feed.items()}
+        arrays = {name: as_array(value, name) for name, value in feed.items()}
         with self.lock:
             if self._scope_changed():
                 executor.weights_from_host()
@@ -492,12 +493,3 @@ class _Entry:
             if executor.strategy.is_training:
                 self._write_back()
         return list(outs[: self.fetch_count])
-
-
-def _as_array(value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    numpy = getattr(value, "numpy", None)
-    if callable(numpy):
-        return np.asarray(numpy())
-    return np.asarray(value)

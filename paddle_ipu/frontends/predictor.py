@@ -78,7 +78,7 @@ class _Shared:
         self.sequence = self.package.sequence
         self.runtime: Any = None
         if config.enable_model_runtime_executor:
-            from paddle_ipu.serving.model_runtime import runtime_for
+            from paddle_ipu.serving.bucketed_runtime import runtime_for
 
             self.runtime = runtime_for(
                 self.package, executor_options=options, timeout_ms=config.timeout_ms
@@ -88,7 +88,7 @@ class _Shared:
             self.executor = self._executors(config.micro_batch_size, self.package)[0]
 
     def _compile(self, micro_batch_size: int) -> Any:
-        from paddle_ipu.serving.package import compile_model
+        from paddle_ipu.serving.saved_model import compile_model
 
         config = self.config
         package, _ = compile_model(

@@ -20,9 +20,9 @@ from paddle_ipu._internals import paddle_api
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClosedError
 from paddle_ipu.executor.ipu_executor import IpuExecutor
-from paddle_ipu.frontends import names
+from paddle_ipu.frontends import fetch_names
 from paddle_ipu.frontends.graph_op import build_graph_program
-from paddle_ipu.frontends.pipeline import compile_executor, compile_lock, progress_reporter
+from paddle_ipu.pipeline import compile_executor, compile_lock, progress_reporter
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.model_runtime import ModelRuntime
@@ -33,83 +33,20 @@ if TYPE_CHECKING:
 FP16_ATTR = "_paddle_ipu_fp16"
 
 
-class IpuBackend:
-    """Paddle 2.x's ``core.IpuBackend``: the process's one IPU backend.
+_last_compiled: dict[str, weakref.ReferenceType[Any] | None] = {"target": None}
 
-    In 2.x there was one backend per process, holding the program compiled last;
-    here each compiled program has its own executor, and this object acts on the
-    one compiled (or trained through :mod:`paddle_ipu.frontends.dygraph`) most recently.
-    """
 
-    _instance: IpuBackend | None = None
-    _instance_lock = threading.Lock()
+def set_last_compiled(target: Any) -> None:
+    """Record ``target`` (a compiled program or a dygraph model) as the one compiled
+    last in this process: Paddle 2.x's ``IpuBackend.get_instance()`` acts on it
+    (:mod:`paddle_ipu.compat.ipu_backend`)."""
+    _last_compiled["target"] = weakref.ref(target)
 
-    def __init__(self, target: Any = None) -> None:
-        self._scope: Any = None
-        # A backend handle of one compiled program (IpuCompiledProgram._backend).
-        self._bound = weakref.ref(target) if target is not None else None
 
-    @classmethod
-    def get_instance(cls) -> IpuBackend:
-        with cls._instance_lock:
-            if cls._instance is None:
-                cls._instance = cls()
-            return cls._instance
-
-    # The object compiled last: an IpuCompiledProgram, or a dygraph model.
-    _current: weakref.ReferenceType[Any] | None = None
-
-    @classmethod
-    def set_current(cls, target: Any) -> None:
-        """Make ``target`` (a compiled program or dygraph model) what
-        ``IpuBackend.get_instance()`` acts on."""
-        cls._current = weakref.ref(target)
-
-    def _get(self) -> Any:
-        ref = self._bound if self._bound is not None else self._current
-        return ref() if ref is not None else None
-
-    def _target(self, what: str) -> Any:
-        target = self._get()
-        if target is None:
-            raise CompileError(
-                f"IpuBackend.{what}(): nothing is compiled in this process (compile an "
-                "IpuCompiledProgram, or run a Layer through paddle_ipu, first)"
-            )
-        return target
-
-    def weights_to_host(self) -> None:
-        """Copy the weights (and optimizer state) of the program compiled last to the host."""
-        target = self._get()
-        if target is not None:
-            target.weights_to_host()
-
-    def weights_from_host(self) -> None:
-        self._target("weights_from_host").weights_from_host()
-
-    def reset(self) -> None:
-        """Release the device of the program compiled last (nothing when none)."""
-        target = self._get()
-        if target is not None:
-            target.reset()
-
-    def detach(self) -> None:
-        """Release the device (2.x detached it; it attached again on the next run,
-        here the next run raises until compile() is called again)."""
-        self.reset()
-
-    def set_scope(self, scope: Any) -> None:
-        """2.x told its backend which scope holds the weights; each compiled program
-        here keeps the scope it was compiled with (``IpuCompiledProgram(scope=...)``),
-        so this only records it."""
-        self._scope = scope
-
-    def save_model_proto(self, path: str) -> None:
-        self._target("save_model_proto").save_model_proto(path)
-
-    def is_compiled(self) -> bool:
-        target = self._get()
-        return target is not None and getattr(target, "executor", None) is not None
+def last_compiled() -> Any:
+    """The compiled program or dygraph model compiled last (None when none lives)."""
+    ref = _last_compiled["target"]
+    return ref() if ref is not None else None
 
 
 class IpuCompiledProgram:
@@ -222,7 +159,7 @@ class IpuCompiledProgram:
         if not isinstance(fetch_list, Sequence) or isinstance(fetch_list, (str, bytes)):
             fetch_list = [fetch_list]
         # Strings 2.x code takes from ``var.name`` of intermediate values (names
-        # made up by paddle_ipu.frontends.names), and names of data ops and parameters,
+        # made up by paddle_ipu.frontends.fetch_names), and names of data ops and parameters,
         # become the program's Values; the string stays a way to fetch them.
         given = list(fetch_list)
         fetch_list = _resolve_fetch_names(self._program, given)
@@ -256,16 +193,9 @@ class IpuCompiledProgram:
             # ``program.lr_sheduler``: paddle_ipu.compat spells it so too); the
             # executor reads it each run.
             setattr(prog, "lr_scheduler", scheduler)  # noqa: B010
-        IpuBackend.set_current(self)
+        set_last_compiled(self)
         progress(100)
         return prog
-
-    @property
-    def _backend(self) -> Any:
-        """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
-        weights_from_host, reset, detach, save_model_proto of this program."""
-
-        return IpuBackend(self)
 
     # -- Paddle 2.x's backend calls --------------------------------------------
     def require_executor(self) -> IpuExecutor:
@@ -444,12 +374,12 @@ def _holds_fp16(program: Any) -> bool:
 
 
 def _resolve_fetch_names(program: Any, fetch_list: list[Any]) -> list[Any]:
-    return list(names.resolve_fetches(program, fetch_list))
+    return list(fetch_names.resolve_fetches(program, fetch_list))
 
 
 def _made_up_key(name: str) -> Any:
-    """The value id a name made up by paddle_ipu.frontends.names stands for."""
-    return names.made_up_key(name)
+    """The value id a name made up by paddle_ipu.frontends.fetch_names stands for."""
+    return fetch_names.made_up_key(name)
 
 
 def _describe_value(value: Any) -> str:

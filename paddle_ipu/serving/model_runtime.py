@@ -52,18 +52,18 @@ import numpy as np
 from paddle_ipu import _core
 from paddle_ipu.errors import (
     BackendError,
-    FeedError,
     IpuError,
     NotSupportedError,
     OptionError,
     RuntimeBusyError,
     RuntimeClosedError,
 )
-from paddle_ipu.executor.ipu_executor import IpuExecutor, check_ranges
+from paddle_ipu.executor.feeds import CheckedFeed, RequestChecks
+from paddle_ipu.executor.ipu_executor import IpuExecutor
 
 log = logging.getLogger("paddle_ipu")
 
-__all__ = ["MAX_REQUEST_RUNS", "BucketedRuntime", "ModelRuntime", "RuntimeStats", "runtime_for"]
+__all__ = ["MAX_REQUEST_RUNS", "ModelRuntime", "RuntimeStats"]
 
 #: the default cap of one request, in runs: ``max_request_rows`` defaults to this many
 #: runs of ``batches_per_step x micro_batch_size`` rows
@@ -180,17 +180,13 @@ class ModelRuntime:
         else:
             self._in_units = [tuple(s.shape) for s in self._inputs]
             self._out_units = [tuple(s.shape) for s in self._outputs]
-        self._feed_shapes = [executor.layout.input_shape(s.shape) for s in self._inputs]
-        self._feed_names = [s.paddle_name or s.name for s in self._inputs]
-        # The common request, checked first: native arrays of the graph's dtype, C
-        # order, the trailing shape, no index ranges to check (see _fast_request).
-        self._fast_plan = (
-            [
-                (name, s.numpy_dtype, len(s.shape), tuple(s.shape[1:]))
-                for name, s in zip(self._feed_names, self._inputs)
-            ]
-            if self.auto_batch and not any(s.ranges for s in self._inputs)
-            else None
+        feed_shapes = [executor.layout.input_shape(s.shape) for s in self._inputs]
+        #: the check of a request (the feed contract's: paddle_ipu.executor.feeds)
+        self._checks = RequestChecks(
+            self._inputs,
+            auto_batch=self.auto_batch,
+            micro_batch_size=mbs,
+            max_request_rows=max_rows,
         )
         self._timeout_s = timeout / 1000.0
         # The step buffers the queue packs into, zeroed (padding), and the feed of a
@@ -199,10 +195,12 @@ class ModelRuntime:
             np.zeros((self._capacity, *u), s.numpy_dtype)
             for u, s in zip(self._in_units, self._inputs)
         ]
-        self._run_feed = {
-            name: step.reshape(shape)
-            for name, step, shape in zip(self._feed_names, self._steps, self._feed_shapes)
-        }
+        # Packed from checked requests (by the C++ request path, or by _checks): the
+        # executor runs them without checking them again.
+        self._run_feed = CheckedFeed(
+            (spec.name, step.reshape(shape))
+            for spec, step, shape in zip(self._inputs, self._steps, feed_shapes)
+        )
         out_unit_bytes = [
             int(np.prod(u, dtype=np.int64)) * s.numpy_dtype.itemsize
             for u, s in zip(self._out_units, self._outputs)
@@ -405,98 +403,10 @@ class ModelRuntime:
         return value
 
     # -- validation -------------------------------------------------------------
-    def _fast_request(self, feed: Any) -> tuple[list[np.ndarray], int] | None:
-        """The arrays and rows of a request that needs no cast, copy or range check;
-        None sends it through the full check (which also words the errors)."""
-        plan = self._fast_plan
-        if plan is None or type(feed) is not dict or len(feed) != len(plan):
-            return None
-        arrays = []
-        units = -1
-        for name, dtype, ndim, trailing in plan:
-            a = feed.get(name)
-            if (
-                type(a) is not np.ndarray
-                or a.dtype != dtype
-                or a.ndim != ndim
-                or a.shape[1:] != trailing
-                or not a.flags.c_contiguous
-            ):
-                return None
-            rows = a.shape[0]
-            if units < 0:
-                units = rows
-            elif rows != units:
-                return None
-            arrays.append(a)
-        if not 0 < units <= self.max_request_rows:
-            return None
-        return arrays, units
-
     def _check_request(self, feed: Mapping[str, Any], copy: bool) -> tuple[list[np.ndarray], int]:
         if self._queue.closed:
             raise RuntimeClosedError(self._closed_message())
-        fast = self._fast_request(feed)
-        if fast is not None:
-            if copy:  # the caller may reuse its arrays
-                return [a.copy() for a in fast[0]], fast[1]
-            return fast
-        if not isinstance(feed, Mapping):
-            raise FeedError(f"a feed must be a dict of name -> array, got {type(feed).__name__}")
-        self.executor.check_feed_names(feed)
-        arrays: list[np.ndarray] = []
-        units = -1
-        first = ""
-        for name, spec in zip(self._feed_names, self._inputs):
-            # Dtype and shape first, then the size cap; only then cast or copy.
-            array = np.asarray(feed[name])
-            cast = IpuExecutor.feed_cast(name, array, spec)
-            if self.auto_batch:
-                trailing = tuple(spec.shape[1:])
-                if array.ndim != len(spec.shape) or tuple(array.shape[1:]) != trailing:
-                    raise FeedError(
-                        f"feed {name!r}: expected shape [rows, {', '.join(map(str, trailing))}]"
-                        f" (any number of rows; auto-batching packs them into micro-batches of "
-                        f"{self.micro_batch_size}), received {list(array.shape)}"
-                    )
-                rows = int(array.shape[0])
-                if rows > self.max_request_rows:
-                    raise FeedError(
-                        f"feed {name!r}: a request may have at most {self.max_request_rows} "
-                        f"rows (max_request_rows), received {rows}; split it into smaller "
-                        f"requests"
-                    )
-                if units < 0:
-                    units, first = rows, name
-                elif rows != units:
-                    raise FeedError(
-                        f"feeds {first!r} and {name!r} have {units} and {rows} rows: every "
-                        f"feed of a request must have the same number of rows"
-                    )
-            else:
-                if tuple(array.shape) != tuple(spec.shape):
-                    if array.ndim == len(spec.shape) and array.shape[1:] == spec.shape[1:]:
-                        raise FeedError(
-                            f"feed {name!r}: without auto-batching (timeout_ms=0) a request is "
-                            f"exactly one micro-batch: expected {spec.shape[0]} rows, received "
-                            f"{array.shape[0]} (shape {list(array.shape)}); set timeout_ms > 0 "
-                            f"to auto-batch requests of any size"
-                        )
-                    raise FeedError(
-                        f"feed {name!r}: expected shape {list(spec.shape)} (one micro-batch), "
-                        f"received {list(array.shape)}"
-                    )
-                array = array.reshape((1, *spec.shape))
-                units = 1
-            if spec.ranges:
-                check_ranges(name, array, spec.ranges)
-            cast_array = cast(array)
-            if copy and cast_array is array:  # the caller may reuse its arrays
-                cast_array = np.array(array, copy=True, order="C")
-            elif not cast_array.flags.c_contiguous:  # the queue reads rows with memcpy
-                cast_array = np.ascontiguousarray(cast_array)
-            arrays.append(cast_array)
-        return arrays, max(units, 0)
+        return self._checks.check(feed, copy)
 
     def _unit_name(self) -> str:
         return "rows" if self.auto_batch else "micro-batches"
@@ -556,164 +466,3 @@ class ModelRuntime:
 def _set_exception(future: Future[Any], exc: BaseException) -> None:
     if not future.done() and future.set_running_or_notify_cancel():
         future.set_exception(exc)
-
-
-class BucketedRuntime:
-    """:class:`ModelRuntime`'s interface over a package of sequence buckets.
-
-    One model runtime per compiled sequence length; a request of length ``L`` is padded
-    to the shortest bucket ``>= L``, queued on that bucket's runtime (and batched with
-    the other requests of that bucket), and its outputs are cut back to ``L`` (see
-    :class:`~paddle_ipu.serving.buckets.SequenceBuckets`).  ``executor`` is the longest
-    bucket's (its model names the inputs and outputs); :meth:`request_shapes` shows
-    ``-1`` on the sequence axes.  Keyword arguments are :class:`ModelRuntime`'s."""
-
-    def __init__(
-        self,
-        package: Any,
-        backend: str | None = None,
-        *,
-        executor_options: Mapping[str, Any] | None = None,
-        **runtime_options: Any,
-    ) -> None:
-        sequence = package.sequence
-        if sequence is None:
-            raise NotSupportedError("the package has no buckets of sequence lengths")
-        self.sequence = sequence
-        executors = package.executors(backend, **dict(executor_options or {}))
-        self.runtimes: dict[int, ModelRuntime] = {}
-        try:
-            for length, executor in executors.items():
-                self.runtimes[length] = ModelRuntime(executor, **runtime_options)
-        except BaseException:
-            for runtime in self.runtimes.values():
-                runtime.close(cancel=True)
-            raise
-        longest = self.runtimes[sequence.lengths[-1]]
-        self.executor = longest.executor
-        self.micro_batch_size = longest.micro_batch_size
-        self.timeout_ms = longest.timeout_ms
-        self.num_buffers = longest.num_buffers
-        self.auto_batch = longest.auto_batch
-        self.max_request_rows = longest.max_request_rows
-        model = longest.executor.model
-        self._feed_names = [s.paddle_name or s.name for s in model.inputs]
-        self._out_names = [s.paddle_name or s.name for s in model.outputs]
-
-    def request_shapes(self) -> tuple[list[list[int]], list[list[int]]]:
-        """As :meth:`ModelRuntime.request_shapes`, with ``-1`` on the sequence axes."""
-        feeds, outs = self.runtimes[self.sequence.lengths[-1]].request_shapes()
-        for names, shapes, axes in (
-            (self._feed_names, feeds, self.sequence.feeds),
-            (self._out_names, outs, self.sequence.outputs),
-        ):
-            for name, shape in zip(names, shapes):
-                for axis in axes.get(name, ()):
-                    shape[axis] = -1
-        return feeds, outs
-
-    def _route(self, feed: Mapping[str, Any]) -> tuple[int, ModelRuntime, dict[str, Any]]:
-        length = self.sequence.length_of(feed)
-        bucket = self.sequence.bucket_for(length)
-        return length, self.runtimes[bucket], self.sequence.pad(feed, bucket)
-
-    def run(self, feed: Mapping[str, Any], timeout: float | None = None) -> list[np.ndarray]:
-        """Run one request of any compiled length; its outputs are cut to its length."""
-        length, runtime, padded = self._route(feed)
-        return self.sequence.unpad(self._out_names, runtime.run(padded, timeout), length)
-
-    def submit(
-        self, feed: Mapping[str, Any], timeout: float | None = None
-    ) -> Future[list[np.ndarray]]:
-        """Queue one request of any compiled length (see :meth:`ModelRuntime.submit`)."""
-        length, runtime, padded = self._route(feed)
-        inner = runtime.submit(padded, timeout)
-        outer: Future[list[np.ndarray]] = _ChainedFuture(inner)
-
-        def done(f: Future[list[np.ndarray]]) -> None:
-            if f.cancelled():
-                outer.cancel()
-                return
-            if not outer.set_running_or_notify_cancel():
-                return
-            error = f.exception()
-            if error is not None:
-                outer.set_exception(error)
-            else:
-                outer.set_result(self.sequence.unpad(self._out_names, f.result(), length))
-
-        inner.add_done_callback(done)
-        return outer
-
-    @property
-    def in_flight(self) -> int:
-        return sum(r.in_flight for r in self.runtimes.values())
-
-    @property
-    def closed(self) -> bool:
-        return all(r.closed for r in self.runtimes.values())
-
-    def is_worker_thread(self) -> bool:
-        return any(r.is_worker_thread() for r in self.runtimes.values())
-
-    def start(self) -> None:
-        for runtime in self.runtimes.values():
-            runtime.start()
-
-    def close(self, cancel: bool = False, timeout: float | None = None) -> None:
-        """Close every bucket's runtime (see :meth:`ModelRuntime.close`)."""
-        for runtime in self.runtimes.values():
-            runtime.close(cancel, timeout)
-
-    def __enter__(self) -> BucketedRuntime:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def stats(self) -> RuntimeStats:
-        """The buckets' counters, summed."""
-        total = RuntimeStats()
-        for runtime in self.runtimes.values():
-            s = runtime.stats()
-            for name in ("runs", "requests", "units", "padded_units", "failed_runs"):
-                setattr(total, name, getattr(total, name) + getattr(s, name))
-            total.busy_seconds += s.busy_seconds
-            total.queue_seconds += s.queue_seconds
-            hist = total.fill_histogram
-            hist.extend([0] * (len(s.fill_histogram) - len(hist)))
-            for k, n in enumerate(s.fill_histogram):
-                hist[k] += n
-        return total
-
-
-class _ChainedFuture(Future):
-    """The future of a bucketed request: cancelling it cancels the bucket's request."""
-
-    def __init__(self, inner: Future[Any]) -> None:
-        super().__init__()
-        self._inner = inner
-
-    def cancel(self) -> bool:
-        if not self._inner.cancel() and not self._inner.cancelled():
-            return False
-        return super().cancel()
-
-
-def runtime_for(
-    package: Any,
-    backend: str | None = None,
-    *,
-    executor_options: Mapping[str, Any] | None = None,
-    **runtime_options: Any,
-) -> ModelRuntime | BucketedRuntime:
-    """The model runtime of a package: a :class:`ModelRuntime` over its executor, or
-    a :class:`BucketedRuntime` when it holds buckets of sequence lengths.
-    ``executor_options`` are strategy options of the executors; the keyword arguments
-    are :class:`ModelRuntime`'s."""
-    if getattr(package, "sequence", None) is not None:
-        return BucketedRuntime(
-            package, backend, executor_options=executor_options, **runtime_options
-        )
-    executor = package.executor(backend, **dict(executor_options or {}))
-    return ModelRuntime(executor, **runtime_options)

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serving_models import TinyDecoder, decoder_reference, save_decoder
+from support.serving_models import TinyDecoder, decoder_reference, save_decoder
 
 from paddle_ipu import inference
 from paddle_ipu.errors import CompileError, FeedError, NotSupportedError, OptionError
 from paddle_ipu.serving import BucketedRuntime, ModelRuntime, runtime_for
-from paddle_ipu.serving.package import compile_model, load_package
+from paddle_ipu.serving.package import load_package
+from paddle_ipu.serving.saved_model import compile_model
 
 BUCKETS = [4, 8, 16]
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -181,8 +182,8 @@ def test_bad_bucket_options(decoder: tuple[str, TinyDecoder], tmp_path: Path) ->
 
 
 def test_buckets_on_a_model_without_a_sequence_axis_are_refused(tmp_path: Path) -> None:
-    from models import build
-    from serving_models import save
+    from support.models import build
+    from support.serving_models import save
 
     prefix = save(build("mlp"), tmp_path)
     with pytest.raises(OptionError, match="no feed has a -1 dimension besides the batch"):
@@ -190,8 +191,8 @@ def test_buckets_on_a_model_without_a_sequence_axis_are_refused(tmp_path: Path) 
 
 
 def test_a_plain_package_still_gets_a_plain_runtime(tmp_path: Path) -> None:
-    from models import build
-    from serving_models import save
+    from support.models import build
+    from support.serving_models import save
 
     built, _ = compile_model(save(build("mlp"), tmp_path), cache=False)
     with runtime_for(built, timeout_ms=1.0) as runtime:

@@ -19,7 +19,7 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 import paddle.nn.functional as F  # noqa: E402
-from helpers import run_python  # noqa: E402
+from support.helpers import run_python  # noqa: E402
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import (  # noqa: E402
@@ -607,7 +607,7 @@ def test_an_unwritable_or_deleted_directory_is_an_ipu_error(
     with pytest.raises(IpuError, match=r"gone|offline_cache\.popart"):
         net.compile(training=False)
 
-    from paddle_ipu._infra.files import write_atomically
+    from paddle_ipu._util.files import write_atomically
 
     with pytest.raises(IpuError, match=re.escape("/proc/offline_cache.popart")) as info:
         write_atomically("/proc/offline_cache.popart", lambda p: Path(p).write_bytes(b"x"))

@@ -13,7 +13,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from helpers import fresh_programs  # noqa: E402
+from support.helpers import fresh_programs  # noqa: E402
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import FetchError, IpuError  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from helpers import run_python  # noqa: E402
+from support.helpers import run_python  # noqa: E402
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import NotSupportedError  # noqa: E402
@@ -228,13 +228,13 @@ def test_scope_changes_between_runs_reach_the_device() -> None:
 def test_inference_program_matches_cpu_and_caches_per_shape(monkeypatch) -> None:
     main, startup, loss, logits = build_classifier(None)
     compiles: list[int] = []
-    original = implicit._Entry.compile.__func__
+    original = implicit._ImplicitCompile.compile.__func__
 
     def counting(cls: Any, *args: Any, **kwargs: Any) -> Any:
         compiles.append(1)
         return original(cls, *args, **kwargs)
 
-    monkeypatch.setattr(implicit._Entry, "compile", classmethod(counting))
+    monkeypatch.setattr(implicit._ImplicitCompile, "compile", classmethod(counting))
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         exe = paddle.static.Executor(IPU)
@@ -328,7 +328,7 @@ def test_program_changed_after_first_run_recompiles() -> None:
 
 
 def test_patch_is_reversible() -> None:
-    from paddle_ipu._internals import run_hook as _patch
+    from paddle_ipu.frontends import run_hook as _patch
 
     patched = paddle.static.Executor.run
     assert _patch.installed()
@@ -632,7 +632,9 @@ def _adam_trained_twice(feeds: list) -> tuple[Any, ...]:
         exe.run(startup)
         exe.run(main, feed=feeds[0], fetch_list=[loss])
         exe.run(main, feed=feeds[1], fetch_list=[loss])
-    entry = next(o for o in gc.get_objects() if isinstance(o, implicit._Entry) and o.scope is scope)
+    entry = next(
+        o for o in gc.get_objects() if isinstance(o, implicit._ImplicitCompile) and o.scope is scope
+    )
     return main, loss, scope, exe, entry.executor.session._trainer.trainer
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from models import Built, build
+from support.models import Built, build
 
 import paddle_ipu
 from paddle_ipu.errors import (
@@ -415,3 +415,38 @@ def test_a_request_larger_than_the_bound_is_admitted_alone(plain: Any, mlp: Buil
     with ModelRuntime(plain.executor, micro_batch_size=8, timeout_ms=1.0, num_buffers=1) as rt:
         feed = mlp.random_feed(20, np.random.default_rng(0))
         check_rows(mlp, feed, rt.submit(feed, timeout=WAIT).result(WAIT)[0])
+
+
+def test_a_requests_index_ranges_are_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request is checked where it enters (here ModelRuntime.run; the C++ parser for a
+    served one), not again over the whole step buffer when the worker runs it: the
+    runtime hands the executor a CheckedFeed."""
+    from support.helpers import fresh_programs
+
+    from paddle_ipu.executor import feeds
+
+    with fresh_programs(11) as (main, startup, scope):
+        ids = paddle.static.data("ids", [-1, 4], "int64")
+        out = paddle.mean(paddle.nn.Embedding(10, 8)(ids), axis=1)
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+    built = Built(main, startup, scope, ["ids"], [out], {"ids": (4,)}, {"ids": "int64"})
+    cp, _ = compile_model(built, mbs=4, serving=False)
+    assert cp.executor.model.inputs[0].ranges  # the embedding's ids are range-checked
+    calls: list[tuple[int, ...]] = []
+    check = feeds.check_ranges
+
+    def counting(name: str, array: np.ndarray, ranges: Any) -> None:
+        calls.append(array.shape)
+        check(name, array, ranges)
+
+    monkeypatch.setattr(feeds, "check_ranges", counting)
+    try:
+        with ModelRuntime(cp.executor, micro_batch_size=4, timeout_ms=1.0) as rt:
+            (got,) = rt.run({"ids": np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64)})
+            assert calls == [(2, 4)]  # the request's two rows, once
+            with pytest.raises(FeedError, match=r"feed 'ids': value 12 at index \[0, 1\]"):
+                rt.run({"ids": np.array([[1, 12, 3, 4]], np.int64)})
+        want = built.run_cpu({"ids": np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int64)})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    finally:
+        cp.reset()

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from cases import CASES, FP16_HOST_FAILS, NOT_COVERED, REFUSED
-from runner import FP32_TOL, Case, build, compare, run_compiled, run_paddle
+from support.cases import CASES, FP16_HOST_FAILS, NOT_COVERED, REFUSED
+from support.runner import FP32_TOL, Case, build, compare, run_compiled, run_paddle
 
 from paddle_ipu.compiler import compile_program, supported_ops
 from paddle_ipu.compiler.ops import converter_name

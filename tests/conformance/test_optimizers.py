@@ -16,7 +16,7 @@ import pytest
 paddle = pytest.importorskip("paddle")
 ort = pytest.importorskip("onnxruntime")
 
-from models import build  # noqa: E402
+from support.models import build  # noqa: E402
 from test_training import (  # noqa: E402
     MBS,
     P,

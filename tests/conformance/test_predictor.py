@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from models import Built, build
+from support.models import Built, build
 
 import paddle_ipu
 from paddle_ipu.errors import FeedError, NotSupportedError, OptionError, UnsupportedOpError
@@ -396,7 +396,7 @@ def test_weights_copied_at_prepare(models: dict[str, Built]) -> None:
 def test_paddle_inference_still_works_after_compile() -> None:
     """Paddle 3.3.1 aborts creating its first predictor after a Python op exists;
     compile() guards against it."""
-    from helpers import run_python
+    from support.helpers import run_python
 
     code = (
         "import os, tempfile, numpy as np, paddle, paddle_ipu, paddle.inference as pi\n"

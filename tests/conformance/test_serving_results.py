@@ -10,8 +10,8 @@ import numpy as np
 import paddle
 import paddle.inference as paddle_inference
 import pytest
-from models import Built, build
-from serving_models import save
+from support.models import Built, build
+from support.serving_models import save
 
 from paddle_ipu import inference
 from paddle_ipu.errors import FeedError, FetchError, NotSupportedError, OptionError

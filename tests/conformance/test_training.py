@@ -15,7 +15,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from helpers import run_python  # noqa: E402
+from support.helpers import run_python  # noqa: E402
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import CompileError, NotSupportedError  # noqa: E402

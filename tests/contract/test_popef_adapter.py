@@ -161,7 +161,7 @@ def _serve(built: Any, backend: str) -> Any:
 
 @pytest.mark.slow
 def test_model_runtime_on_the_popef_path_matches_host(model_runtime: ModuleType) -> None:
-    from models import build
+    from support.models import build
 
     built = build("mlp")
     rng = np.random.default_rng(5)

@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support.helpers import fresh_programs
 
 from paddle_ipu import backends
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
@@ -220,14 +221,7 @@ def trainable(kind: str) -> Trainable:
     from paddle_ipu.compiler import compile_program
     from paddle_ipu.compiler.training import attach_training
 
-    paddle.enable_static()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs() as (main, startup, scope):
         x = paddle.static.data("x", [MB, IN], "float32")
         t = paddle.static.data("t", [MB, OUT], "float32")
         layer = paddle.nn.Linear(IN, OUT)
@@ -612,14 +606,7 @@ def _index_model() -> tuple[Trainable, str]:
     from paddle_ipu.compiler import compile_program
     from paddle_ipu.compiler.training import attach_training
 
-    paddle.enable_static()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs() as (main, startup, scope):
         x = paddle.static.data("x", [MB, IN], "float32")
         ids = paddle.static.data("ids", [MB], "int64")
         layer = paddle.nn.Linear(IN, OUT)

@@ -16,13 +16,16 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
-from helpers import run_python
-from models import Built, build
-from serving_models import reference, save
+from support.helpers import run_python
+from support.models import Built, build
+from support.serving_models import reference, save
 
 from paddle_ipu import cli
+from paddle_ipu.cli import progress_printer
 from paddle_ipu.errors import PackageError
-from paddle_ipu.serving import package as pkg
+from paddle_ipu.serving.cache import cache_entries
+from paddle_ipu.serving.package import load_package
+from paddle_ipu.serving.saved_model import STAGES, compile_model
 
 
 def test_info_json(capsys) -> None:  # type: ignore[no-untyped-def]
@@ -80,7 +83,7 @@ def test_compile_run_and_the_cache(cnn, cache_dir: Path, tmp_path: Path, capsys)
     assert "compiled in" in text.out
     # not a terminal: one log line per stage
     assert "[1/3] reading the saved model" in text.err and "[3/3]" in text.err
-    assert out.is_file() and len(pkg.cache_entries()) == 1
+    assert out.is_file() and len(cache_entries()) == 1
     t0 = time.perf_counter()
     assert (
         cli.main(["compile", prefix, "-o", str(tmp_path / "again.pdipu"), "--micro-batch", "4"])
@@ -93,7 +96,7 @@ def test_compile_run_and_the_cache(cnn, cache_dir: Path, tmp_path: Path, capsys)
     assert (
         cli.main(["compile", prefix, "-o", str(tmp_path / "mb2.pdipu"), "--micro-batch", "2"]) == 0
     )
-    assert len(pkg.cache_entries()) == 2
+    assert len(cache_entries()) == 2
     capsys.readouterr()
     assert cli.main(["cache", "ls"]) == 0
     listing = capsys.readouterr().out
@@ -121,14 +124,14 @@ def test_compile_run_and_the_cache(cnn, cache_dir: Path, tmp_path: Path, capsys)
     assert cli.main(["run", str(out), "--input", f"y={tmp_path / 'x.npy'}"]) == 1
     assert "unknown feed 'y'" in capsys.readouterr().err
     assert cli.main(["cache", "clear"]) == 0
-    assert pkg.cache_entries() == []
+    assert cache_entries() == []
 
 
 def test_bench_prints_a_table(cnn, cache_dir: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     _, prefix = cnn
     out = tmp_path / "cnn.pdipu"
     assert cli.main(["compile", prefix, "-o", str(out), "--micro-batch", "4", "--no-cache"]) == 0
-    assert pkg.cache_entries() == []
+    assert cache_entries() == []
     capsys.readouterr()
     assert cli.main(["bench", str(out), "--clients", "1", "4", "--seconds", "0.3"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -139,9 +142,9 @@ def test_bench_prints_a_table(cnn, cache_dir: Path, tmp_path: Path, capsys) -> N
 
 def test_damaged_packages_and_cache_entries(cnn, cache_dir: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     _built, prefix = cnn
-    _package, cached = pkg.compile_model(prefix, micro_batch_size=2)
+    _package, cached = compile_model(prefix, micro_batch_size=2)
     assert not cached
-    (entry,) = pkg.cache_entries()
+    (entry,) = cache_entries()
     # flip one byte of the ONNX inside the zip: the checksum catches it
     with zipfile.ZipFile(entry.path) as zf:
         meta, onnx = zf.read("meta.json"), bytearray(zf.read("model.onnx"))
@@ -150,28 +153,28 @@ def test_damaged_packages_and_cache_entries(cnn, cache_dir: Path, tmp_path: Path
         zf.writestr("meta.json", meta)
         zf.writestr("model.onnx", bytes(onnx))
     with pytest.raises(PackageError, match="SHA-256"):
-        pkg.load_package(entry.path)
-    _again, cached = pkg.compile_model(prefix, micro_batch_size=2)
+        load_package(entry.path)
+    _again, cached = compile_model(prefix, micro_batch_size=2)
     assert not cached  # the damaged entry was dropped and compiled again
-    pkg.load_package(pkg.cache_entries()[0].path)
+    load_package(cache_entries()[0].path)
     (tmp_path / "junk.pdipu").write_bytes(b"not a zip")
     with pytest.raises(PackageError, match="not a paddle-ipu package"):
-        pkg.load_package(tmp_path / "junk.pdipu")
+        load_package(tmp_path / "junk.pdipu")
     with pytest.raises(PackageError, match="no package"):
-        pkg.load_package(tmp_path / "missing.pdipu")
+        load_package(tmp_path / "missing.pdipu")
 
 
 def test_cache_is_a_size_bounded_lru(cnn, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     _, prefix = cnn
-    pkg.compile_model(prefix, micro_batch_size=1)
-    (one,) = pkg.cache_entries()
+    compile_model(prefix, micro_batch_size=1)
+    (one,) = cache_entries()
     # room for two entries: the least recently used goes
     monkeypatch.setenv("PADDLE_IPU_CACHE_MAX_MB", str(2.5 * one.size / (1 << 20)))
-    pkg.compile_model(prefix, micro_batch_size=2)
+    compile_model(prefix, micro_batch_size=2)
     time.sleep(0.01)
-    assert pkg.compile_model(prefix, micro_batch_size=1)[1]  # a hit: now the newest
-    pkg.compile_model(prefix, micro_batch_size=3)
-    kept = {pkg.load_package(e.path).options["micro_batch_size"] for e in pkg.cache_entries()}
+    assert compile_model(prefix, micro_batch_size=1)[1]  # a hit: now the newest
+    compile_model(prefix, micro_batch_size=3)
+    kept = {load_package(e.path).options["micro_batch_size"] for e in cache_entries()}
     assert kept == {1, 3}
 
 
@@ -181,9 +184,9 @@ def test_progress_bar_on_a_terminal() -> None:
             return True
 
     stream = Tty()
-    show = pkg.progress_printer(stream)
-    for i, stage in enumerate(pkg.STAGES, 1):
-        show(i, len(pkg.STAGES), stage)
+    show = progress_printer(stream)
+    for i, stage in enumerate(STAGES, 1):
+        show(i, len(STAGES), stage)
     text = stream.getvalue()
     assert text.count("\r") == 3 and "[" + "#" * 24 + "] 3/3" in text and text.endswith("\n")
 
@@ -263,9 +266,9 @@ def test_a_package_loads_on_the_popart_backend(cnn, tmp_path: Path, monkeypatch)
     from contract.conftest import load_popart_double
 
     _, prefix = cnn
-    package, _ = pkg.compile_model(prefix, micro_batch_size=2, cache=False)
+    package, _ = compile_model(prefix, micro_batch_size=2, cache=False)
     package.save(tmp_path / "cnn.pdipu")
-    loaded = pkg.load_package(tmp_path / "cnn.pdipu")
+    loaded = load_package(tmp_path / "cnn.pdipu")
     x = np.random.default_rng(3).standard_normal((2, 1, 8, 8)).astype(np.float32)
     host = loaded.executor(backend="host")
     (want,) = host.run({"x": x})

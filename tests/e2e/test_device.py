@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from helpers import run_python
+from support.helpers import run_python
 
 import paddle_ipu
 from paddle_ipu import device
@@ -116,7 +116,7 @@ MISMATCHED = {"sgd_sparse_param_sparse_grad"}
 
 
 def test_every_ipu_kernel_is_registered_unless_this_release_lacks_it() -> None:
-    from paddle_ipu._infra.paddle_releases import series
+    from paddle_ipu._util.paddle_releases import series
 
     release = series(paddle.__version__)
     skipped = dict(line.split(": ", 1) for line in device.kernels_not_registered())
@@ -134,7 +134,7 @@ def test_version_and_build_info() -> None:
 
 
 def test_version_mismatch_is_refused() -> None:
-    from paddle_ipu._infra.versions import check_paddle_version
+    from paddle_ipu._util.versions import check_paddle_version
 
     check_paddle_version("3.3.1", "3.3.1")
     check_paddle_version("3.3.0", "3.3.1")  # one series, one C ABI
@@ -170,7 +170,7 @@ def test_import_refuses_other_paddle_version() -> None:
     )
     assert "PaddleVersionError" in proc.stdout
     assert "9.9.9" in proc.stdout
-    from paddle_ipu._infra.paddle_releases import RANGE, describe
+    from paddle_ipu._util.paddle_releases import RANGE, describe
 
     assert f"supports PaddlePaddle {describe()} ({RANGE})" in proc.stdout
 

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import run_python
+from support.helpers import run_python
 
 PLUGIN_OFF = {"CUSTOM_DEVICE_ROOT": ""}
 # The variables this file is about, unset unless a test sets them.

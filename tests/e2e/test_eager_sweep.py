@@ -87,6 +87,6 @@ def test_every_swept_op_equals_the_cpu(tmp_path: Path) -> None:
 def _release() -> tuple[int, int]:
     import paddle
 
-    from paddle_ipu._infra.paddle_releases import series
+    from paddle_ipu._util.paddle_releases import series
 
     return series(paddle.__version__)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import run_python
+from support.helpers import run_python
 
 SAVE = """
 import numpy as np, paddle

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serving_models import ServerProcess, decoder_reference, raw, save_decoder
+from support.serving_models import ServerProcess, decoder_reference, raw, save_decoder
 
 pytest.importorskip("aiohttp")
 

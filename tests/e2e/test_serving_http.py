@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from models import Built, build
-from serving_models import raw, reference, save
+from support.models import Built, build
+from support.serving_models import raw, reference, save
 
 httpclient = pytest.importorskip("tritonclient.http")
 
 from paddle_ipu.serving.http import InferenceServer  # noqa: E402
 from paddle_ipu.serving.model_runtime import ModelRuntime  # noqa: E402
-from paddle_ipu.serving.package import compile_model  # noqa: E402
+from paddle_ipu.serving.saved_model import compile_model  # noqa: E402
 
 WAIT = 60.0
 

@@ -20,8 +20,8 @@ import paddle
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from models import Built, build
-from serving_models import ServerProcess, raw, reference, save
+from support.models import Built, build
+from support.serving_models import ServerProcess, raw, reference, save
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -29,7 +29,7 @@ grpc = pytest.importorskip("grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from paddle_ipu.serving.package import compile_model  # noqa: E402
+from paddle_ipu.serving.saved_model import compile_model  # noqa: E402
 
 WAIT = 60.0
 MBS = 8

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_python
+from support.helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,11 @@
-"""paddle_ipu._infra.arrays.same_bytes: bitwise equality, at every size and word width."""
+"""paddle_ipu._util.arrays.same_bytes: bitwise equality, at every size and word width."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from paddle_ipu._infra.arrays import same_bytes
+from paddle_ipu._util.arrays import same_bytes
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 1023, 1024, 1025, 4097, 100_001])
@@ -34,7 +34,7 @@ def test_same_bytes_is_bitwise_not_by_value() -> None:
 def test_sized_scalar_is_0d_and_reads_as_a_1_element_array() -> None:
     """A 0-d result for Paddle 3 code (float(), shape ()) that Paddle 2.x code can also
     index and measure as the [1]-shaped scalar 2.x's IPU backend returned."""
-    from paddle_ipu._infra.arrays import sized_scalar
+    from paddle_ipu._util.arrays import sized_scalar
 
     x = sized_scalar(np.array(2.5, np.float32))
     assert x.shape == () and float(x) == 2.5 and float(x + 1) == 3.5

@@ -1,4 +1,5 @@
-"""paddle_ipu._infra.fp16 and the _core kernels behind it: bit-exact against numpy, every kernel."""
+"""paddle_ipu._tensors.fp16 and the _core kernels behind it: bit-exact against numpy, every
+kernel."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from paddle_ipu._infra import fp16
-from paddle_ipu._infra.views import as_numpy
+from paddle_ipu._tensors import fp16
+from paddle_ipu._tensors.views import as_numpy
 from paddle_ipu.errors import ConversionError, IpuError, TensorViewError
 
 _core = importlib.import_module("paddle_ipu._core")

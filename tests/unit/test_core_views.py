@@ -1,4 +1,4 @@
-"""paddle_ipu._infra.views: zero-copy views of dygraph and scope tensors."""
+"""paddle_ipu._tensors.views: zero-copy views of dygraph and scope tensors."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from paddle_ipu._infra.views import DenseTensor, as_numpy, view
 from paddle_ipu._internals.paddle_api import probe_mode
+from paddle_ipu._tensors.views import DenseTensor, as_numpy, view
 from paddle_ipu.errors import TensorViewError
 
 _core = importlib.import_module("paddle_ipu._core")

@@ -15,7 +15,7 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 import paddle_ipu.distributed as ipu_dist  # noqa: E402
-from paddle_ipu._infra import job as jobs  # noqa: E402
+from paddle_ipu._util import job as jobs  # noqa: E402
 from paddle_ipu.backends import support  # noqa: E402
 from paddle_ipu.backends.base import SessionConfig  # noqa: E402
 from paddle_ipu.backends.host import replica_group as rg  # noqa: E402

@@ -7,6 +7,7 @@ import pytest
 
 from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.errors import FeedError, IpuError, OptionError
+from paddle_ipu.executor.feeds import to_step_buffer
 from paddle_ipu.executor.ipu_executor import _convert
 
 
@@ -42,10 +43,10 @@ def test_layout_shapes_follow_popart_order() -> None:
 def test_step_buffer_is_a_view_in_both_forms() -> None:
     layout = StepLayout(2, 3, 1)
     flat = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(24, 5)
-    stepped = layout.to_step_buffer("x", flat, (4, 5))
+    stepped = to_step_buffer(layout, "x", flat, (4, 5))
     assert stepped.shape == (2, 3, 1, 4, 5)
     assert np.shares_memory(stepped, flat)
     # micro-batch (b=1, a=2) holds rows 20..23 of the flattened feed
     np.testing.assert_array_equal(stepped[1, 2, 0], flat[20:24])
     with pytest.raises(FeedError, match=r"feed 'x': dimension 1 must be 5, received 6"):
-        layout.to_step_buffer("x", np.zeros((24, 6), np.float32), (4, 5))
+        to_step_buffer(layout, "x", np.zeros((24, 6), np.float32), (4, 5))

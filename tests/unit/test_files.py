@@ -17,8 +17,8 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from helpers import run_python  # noqa: E402
-from models import build  # noqa: E402
+from support.helpers import run_python  # noqa: E402
+from support.models import build  # noqa: E402
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.compiler import compile as compile_module  # noqa: E402
@@ -157,7 +157,7 @@ def test_killed_compile_leaves_no_weights_and_next_compile_cleans_up() -> None:
     # The next compile, in any process, removes what the killed one left.
     code = (
         f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
-        "import models, paddle_ipu\nb = models.build('mlp')\n"
+        "import paddle_ipu\nfrom support import models\nb = models.build('mlp')\n"
         "paddle_ipu.compile_program(b.main, ['x'], b.fetches, scope=b.scope)\nprint('ok')\n"
     )
     proc = run_python(code)
@@ -230,7 +230,8 @@ def test_deleted_working_directory_is_a_clear_error(tmp_path: Path) -> None:
     code = f"""
 import os, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-import models, paddle_ipu
+import paddle_ipu
+from support import models
 from paddle_ipu.errors import WorkDirError
 b = models.build("mlp")
 os.makedirs({str(gone)!r}); os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})

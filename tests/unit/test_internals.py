@@ -172,7 +172,7 @@ def test_the_dtype_table_agrees_with_onnx_numpy_and_paddle() -> None:
     import onnx
     import paddle
 
-    from paddle_ipu._infra import dtypes
+    from paddle_ipu._util import dtypes
 
     for name, entry in dtypes.TABLE.items():
         assert entry.onnx == getattr(

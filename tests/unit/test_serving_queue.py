@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from models import build
+from support.models import build
 
 import paddle_ipu
 from paddle_ipu import _core

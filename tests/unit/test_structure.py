@@ -1,5 +1,6 @@
-"""The package's shape as docs/architecture.md states it: no import cycle (imports inside
-functions and importlib.import_module calls included), no module over 800 lines, and the
+"""The package's shape as docs/architecture.md states it: every import runs down the layers
+(or to the compiled core), no import cycle (imports inside functions and
+importlib.import_module calls included), no Python or C++ file over 800 lines, and the
 tree with line counts in docs/architecture.md is the code's."""
 
 from __future__ import annotations
@@ -14,6 +15,25 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "paddle_ipu"
 #: compiled modules (built by CMake, absent from a source tree)
 COMPILED = ("paddle_ipu._core",)
+
+#: The layers, top to bottom, as docs/architecture.md draws them: a module may import
+#: modules of its own layer and of the layers below, and the compiled core.  A module
+#: belongs to the layer of the longest prefix that names it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("entry", ("paddle_ipu", "paddle_ipu.__main__", "paddle_ipu.cli")),
+    ("Paddle 2.x names", ("paddle_ipu.compat",)),
+    ("front doors", ("paddle_ipu.frontends", "paddle_ipu.inference")),
+    ("serving", ("paddle_ipu.serving",)),
+    ("pipeline entry", ("paddle_ipu.pipeline", "paddle_ipu.checkpoint", "paddle_ipu.distributed")),
+    ("options", ("paddle_ipu.strategy",)),
+    ("executor", ("paddle_ipu.executor",)),
+    ("backends", ("paddle_ipu.backends",)),
+    ("compiler", ("paddle_ipu.compiler",)),
+    ("option table", ("paddle_ipu.options",)),
+    ("tensors", ("paddle_ipu._tensors",)),
+    ("seams and device", ("paddle_ipu._internals", "paddle_ipu.device")),
+    ("utilities", ("paddle_ipu._util", "paddle_ipu.errors", "paddle_ipu._version")),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -91,6 +111,37 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _layer(module: str) -> int:
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            inside = module.startswith(prefix + ".") and prefix != "paddle_ipu"
+            if (module == prefix or inside) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    assert best is not None, f"{module} is in no layer: add it to LAYERS (and to the doc)"
+    return best[0]
+
+
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+        for a, targets in edges.items()
+        for b in targets
+        if b not in COMPILED and _layer(b) < _layer(a)
+    )
+
+
+def test_the_layer_checker_finds_an_upward_import() -> None:
+    assert _upward({"paddle_ipu.executor.feeds": {"paddle_ipu.frontends.program"}})
+    assert not _upward({"paddle_ipu.frontends.program": {"paddle_ipu.executor.feeds"}})
+    assert not _upward({"paddle_ipu._util.env": {"paddle_ipu._core"}})
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    upward = _upward(_graph())
+    assert not upward, "\n".join(upward)
+
+
 def test_the_checker_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
@@ -98,7 +149,7 @@ def test_the_checker_finds_a_cycle() -> None:
 
 def test_the_graph_sees_lazy_and_importlib_imports() -> None:
     edges = _graph()
-    assert "paddle_ipu.frontends.pipeline" in edges["paddle_ipu.frontends.implicit"]  # lazy
+    assert "paddle_ipu.pipeline" in edges["paddle_ipu.frontends.implicit"]  # lazy
     assert "paddle_ipu.compat" in edges["paddle_ipu"]  # importlib.import_module
 
 
@@ -108,9 +159,14 @@ def test_no_import_cycle() -> None:
 
 
 def test_no_module_over_800_lines() -> None:
+    sources = [
+        *PACKAGE.rglob("*.py"),
+        *(ROOT / "csrc").rglob("*.cc"),
+        *(ROOT / "csrc").rglob("*.h"),
+    ]
     long = {
         str(path.relative_to(ROOT)): n
-        for path in PACKAGE.rglob("*.py")
+        for path in sources
         if (n := len(path.read_text().splitlines())) > 800
     }
     assert not long, long
@@ -122,3 +178,30 @@ def test_the_tree_in_the_architecture_doc_is_current() -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+#: where a FeedError may be made: the feed contract, the Session protocol's checks of the
+#: buffers a session is handed, and the front doors' checks of their own arguments
+FEED_ERROR_MODULES = {
+    "paddle_ipu.executor.feeds",
+    "paddle_ipu.backends.layout",
+    "paddle_ipu.frontends.predictor",  # Tensor handles: reshape / copy_from_cpu misuse
+    "paddle_ipu.cli",  # --input NAME=file.npy
+    "paddle_ipu.distributed",  # shard(name, array) of a script's feed
+}
+
+
+def test_feed_errors_are_made_in_the_feed_contract_and_the_front_doors_only() -> None:
+    made = set()
+    for name, path in _modules().items():
+        if name in COMPILED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "FeedError"
+            ):
+                made.add(name)
+    assert made <= FEED_ERROR_MODULES, sorted(made - FEED_ERROR_MODULES)
+    assert "paddle_ipu.executor.feeds" in made  # the checker sees them

@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from paddle_ipu._infra import dtypes
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.optimizer import OptimizerConfig, extract_optimizer
 from paddle_ipu.compiler.training import TrainingSource
 from paddle_ipu.errors import CompileError

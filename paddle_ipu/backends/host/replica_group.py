@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from paddle_ipu._infra import job as jobs
 from paddle_ipu._internals import paddle_dist
+from paddle_ipu._util import job as jobs
 from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.errors import DistributedError, NotSupportedError, OptionError
 

@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra import dtypes
-from paddle_ipu._infra.arrays import same_bytes
 from paddle_ipu._internals import ort_api
+from paddle_ipu._util import dtypes
+from paddle_ipu._util.arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
-from paddle_ipu.backends.layout import StepLayout
+from paddle_ipu.backends.layout import StepLayout, check_output_buffer
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
-from paddle_ipu.errors import BackendError, FeedError, NotSupportedError
+from paddle_ipu.errors import BackendError, NotSupportedError
 
 log = logging.getLogger("paddle_ipu.host")
 
@@ -58,7 +58,7 @@ def _strip_device_attributes(proto: Any) -> None:
 
 
 def _to_fp16(array: np.ndarray) -> np.ndarray:
-    from paddle_ipu._infra import fp16
+    from paddle_ipu._tensors import fp16
 
     return fp16.to_fp16(np.ascontiguousarray(array, dtype=np.float32))
 
@@ -344,7 +344,7 @@ class HostSession(Session):
             self._check_output_buffers(outputs)
         layout = self.layout
         bps, af, rf = layout.factors()
-        # The executor checked the inputs (IpuExecutor.check_feed, the one feed check).
+        # The executor checked the inputs (paddle_ipu.executor.feeds, the one feed check).
         steps = {
             spec.name: layout.full_view(spec.name, inputs[spec.name], spec.shape)
             for spec in self.model.inputs
@@ -365,15 +365,7 @@ class HostSession(Session):
                 continue  # returned as a new array
             art = self._anchors[spec.name]
             shape = self.layout.anchor_shape(spec.shape, art.kind, art.period)
-            dtype = spec.numpy_dtype
-            if not isinstance(buf, np.ndarray) or buf.shape != shape or buf.dtype != dtype:
-                got = f"{buf.dtype}{list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-                raise FeedError(
-                    f"output buffer {spec.name!r} is {got}; the {art.kind} anchor needs "
-                    f"{dtype}{list(shape)}"
-                )
-            if not buf.flags.c_contiguous or not buf.flags.writeable:
-                raise FeedError(f"output buffer {spec.name!r} must be C-contiguous and writable")
+            check_output_buffer(spec.name, buf, shape, spec.numpy_dtype, art.kind)
 
     def _run_direct(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """One micro-batch, every anchor's shape is the tensor's: no layout work.
@@ -459,7 +451,7 @@ class HostSession(Session):
         for init in proto.graph.initializer:
             if init.name in current:
                 init.CopyFrom(onnx.numpy_helper.from_array(current[init.name], init.name))
-        from paddle_ipu._infra.files import write_atomically
+        from paddle_ipu._util.files import write_atomically
 
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu import _core
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.backends.host.gradients import GradientProgram, empty_parameters
 from paddle_ipu.backends.host.update_rules import (
@@ -30,15 +31,15 @@ from paddle_ipu.backends.host.update_rules import (
     adam_update_many,
     apply_update,
     clip_by_global_norm,
-    core,
     f32,
     immutable,
     initial_state,
     regularised,
     round_fp16,
 )
+from paddle_ipu.backends.layout import buffer_error
 from paddle_ipu.compiler.optimizer import STATE_PREFIXES, OptimizerConfig, ParamSlot, state_names
-from paddle_ipu.errors import BackendError, FeedError, OptionError
+from paddle_ipu.errors import BackendError, OptionError
 
 #: The address alignment a weight array needs to be shared with Paddle's scope.
 _KERNEL_ALIGNMENT = 16
@@ -144,7 +145,7 @@ class HostTrainer:
                 scope.erase(scope.local_var_names())
         # the freed Adam outputs the core keeps for the next step's update
         with contextlib.suppress(Exception):
-            core.adam_release_memory()
+            _core.adam_release_memory()
 
     # ------------------------------------------------------------------ names and I/O
     @property
@@ -415,7 +416,7 @@ class HostTrainer:
         outputs (loss first, then the user's fetches).  With replicas in other
         processes the gradients are reduced over theirs too (``across_processes``:
         every process must take part)."""
-        # The executor checked every feed (IpuExecutor.check_feed): [af, rf, *shape].
+        # The executor checked every feed (paddle_ipu.executor.feeds): [af, rf, *shape].
         arrays = {name: np.asarray(feeds[name]) for name in self.artifact.feed_names}
         gp = self.artifact
         n_out = 1 + len(gp.fetches)
@@ -473,7 +474,7 @@ class HostTrainer:
     def _read_grads(self, fetched: Sequence[Any]) -> list[np.ndarray]:
         """The last run's gradients: read-only views of the scope's tensors, and the
         ``fetched`` ones (GradientProgram.output_list) in their places."""
-        from paddle_ipu._infra.views import as_numpy
+        from paddle_ipu._tensors.views import as_numpy
 
         grads = []
         rest = iter(fetched)
@@ -531,8 +532,12 @@ class HostTrainer:
         """The core's Adam loop over ``batch``: (slot, :func:`adam_inputs`) pairs."""
         b1, b2 = f32(self.optimizer.beta1), f32(self.optimizer.beta2)
         columns = list(zip(*(inputs for _, inputs in batch)))
+        weights, grads, moment1s, moment2s = (list(c) for c in columns[:4])
         results = adam_update_many(
-            *(list(c) for c in columns[:4]),
+            weights,
+            grads,
+            moment1s,
+            moment2s,
             b1,
             ONE - b1,
             b2,
@@ -578,7 +583,7 @@ def stack_micro_batches(
 ) -> dict[str, np.ndarray]:
     """``af * rf`` per-micro-batch feed dicts, in [a][r] order, as step feeds."""
     if len(batches) != af * rf:
-        raise FeedError(f"expected {af * rf} micro-batches, got {len(batches)}")
+        raise buffer_error(f"expected {af * rf} micro-batches, got {len(batches)}")
     names = batches[0].keys()
     return {
         n: np.stack([np.asarray(b[n]) for b in batches]).reshape(

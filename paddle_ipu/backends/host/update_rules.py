@@ -12,12 +12,12 @@ the numpy formulas here (tests/unit/test_core_optim.py).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from paddle_ipu import _core
 from paddle_ipu.compiler.optimizer import OptimizerConfig, ParamSlot, state_names
 from paddle_ipu.errors import NotSupportedError
 
@@ -26,9 +26,8 @@ F16 = np.float16
 ONE = F32(1.0)
 # Adam's update in one pass (csrc/core/optim.cc), bitwise equal to apply_update's
 # numpy formulas; adam_update_many does every parameter of a step in one call.
-core: Any = importlib.import_module("paddle_ipu._core")
-adam_update: Any = core.adam_update
-adam_update_many: Any = core.adam_update_many
+adam_update = _core.adam_update
+adam_update_many = _core.adam_update_many
 
 
 def immutable(value: np.ndarray) -> bool:

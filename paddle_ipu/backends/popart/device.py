@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from paddle_ipu._infra.env import env_flag
+from paddle_ipu._util.env import env_flag
 from paddle_ipu.backends.base import SessionConfig
 from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.errors import BackendError, BackendUnavailableError, OptionError

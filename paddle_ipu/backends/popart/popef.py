@@ -44,12 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra.env import env_flag
+from paddle_ipu._util.env import env_flag
 from paddle_ipu.backends.base import SessionConfig
+from paddle_ipu.backends.layout import buffer_error
 from paddle_ipu.errors import (
     BackendError,
     BackendUnavailableError,
-    FeedError,
     IpuError,
     NotSupportedError,
     OptionError,
@@ -190,7 +190,7 @@ class PopefRunner:
             for desc in self.inputs:
                 array = np.ascontiguousarray(feeds[desc.name], dtype=desc.dtype)
                 if array.shape != desc.shape:
-                    raise FeedError(
+                    raise buffer_error(
                         f"input {desc.name!r} is {list(array.shape)}; the PopEF executable "
                         f"takes {list(desc.shape)}"
                     )

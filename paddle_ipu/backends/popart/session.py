@@ -68,9 +68,14 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._infra.env import env_flag
+from paddle_ipu._util.env import env_flag
 from paddle_ipu.backends.base import AnchorReturnType, OptionSupport, Session, SessionConfig
-from paddle_ipu.backends.layout import StepLayout
+from paddle_ipu.backends.layout import (
+    StepLayout,
+    buffer_error,
+    check_output_buffer,
+    check_weight_size,
+)
 from paddle_ipu.backends.popart.device import (
     DEFAULT_DEVICE_WAIT_S,
     DeviceRequest,
@@ -90,7 +95,6 @@ from paddle_ipu.compiler.optimizer import STATE_PREFIXES, OptimizerConfig
 from paddle_ipu.errors import (
     BackendError,
     BackendUnavailableError,
-    FeedError,
     IpuError,
     NotSupportedError,
     OptionError,
@@ -382,8 +386,7 @@ class PopartSession(Session):
         for name, array in weights.items():
             shape, dtype = self._info(name)
             arr = self._steps.to_device(name, np.asarray(array))
-            if arr.size != int(np.prod(shape, dtype=np.int64)):
-                raise FeedError(f"weight {name!r} has shape {arr.shape}; the session holds {shape}")
+            check_weight_size(name, arr, shape)
             # The exact shape (a 0-d Step___ stays 0-d: np.ascontiguousarray would
             # make it (1,)), the device dtype (fp16 for enable_fp16), C order.
             buffers[name] = np.array(arr.reshape(shape), dtype=dtype, order="C", copy=True)
@@ -517,9 +520,9 @@ class PopartSession(Session):
         feeds: dict[str, np.ndarray] = {}
         for spec in self.model.inputs:
             if spec.name not in inputs:
-                raise FeedError(f"input {spec.name!r} is missing from the run's inputs")
+                raise buffer_error(f"input {spec.name!r} is missing from the run's inputs")
             shape, dtype = self._info(spec.name)
-            # The executor checked the feeds (StepLayout.to_step_buffer, the one check).
+            # The executor checked the feeds (paddle_ipu.executor.feeds, the one check).
             buf = layout.full_view(spec.name, inputs[spec.name], shape)
             # PopART wants the size-1 factors removed.  Only a dtype change (int64 ->
             # int32, fp32 -> fp16) or a non-contiguous buffer makes a copy.
@@ -534,18 +537,10 @@ class PopartSession(Session):
         anchors = {}
         for name, art in self._anchors.items():
             if name not in outputs:
-                raise FeedError(f"output buffer for anchor {name!r} is missing")
+                raise buffer_error(f"output buffer for anchor {name!r} is missing")
             shape, dtype = self._info(name)
             expected = layout.anchor_shape(shape, art.kind, art.period)
-            buf = outputs[name]
-            if buf.shape != expected or buf.dtype != dtype:
-                raise FeedError(
-                    f"output buffer {name!r} is {buf.dtype}{list(buf.shape)}; "
-                    f"the {art.kind} anchor needs {dtype}{list(expected)}"
-                )
-            if not buf.flags.c_contiguous or not buf.flags.writeable:
-                raise FeedError(f"output buffer {name!r} must be C-contiguous and writable")
-            anchors[name] = buf
+            anchors[name] = check_output_buffer(name, outputs[name], expected, dtype, art.kind)
         return anchors
 
     # -- the PopEF path (enable_model_runtime_executor) ------------------------------

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from paddle_ipu.backends.layout import buffer_error
 from paddle_ipu.compiler.optimizer import OptimizerConfig
-from paddle_ipu.errors import FeedError
 
 #: The optimizers whose PopART form keeps a ``Step___`` count (adam.hpp: AdamMode Adam,
 #: Lamb and AdaMax; the no-bias modes keep none and have no such tensor).
@@ -38,7 +38,7 @@ def beta1_pow_to_step(name: str, value: np.ndarray, beta1: float) -> np.ndarray:
     if not 0.0 < beta1 < 1.0:
         return np.zeros((), np.float64)  # bias correction is 1 - beta1**t = 1 - 0 / 0
     if not 0.0 < pow_ <= 1.0:
-        raise FeedError(f"optimizer state {name!r}: beta1_pow must be in (0, 1], got {pow_!r}")
+        raise buffer_error(f"optimizer state {name!r}: beta1_pow must be in (0, 1], got {pow_!r}")
     return np.asarray(math.log(pow_) / math.log(beta1) - 1.0, dtype=np.float64)
 
 

@@ -17,13 +17,14 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import eco_models as E
 import numpy as np
 import pytest
+from support import eco_models as E
 
 from paddle_ipu import cli
 from paddle_ipu.serving import runtime_for
-from paddle_ipu.serving.package import compile_model, load_package
+from paddle_ipu.serving.package import load_package
+from paddle_ipu.serving.saved_model import compile_model
 
 #: max |out - ref| / max |ref| against the dygraph forward
 FP32_BOUND = 2e-4

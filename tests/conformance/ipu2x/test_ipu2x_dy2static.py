@@ -34,7 +34,7 @@ def _eager_on_cpu() -> Iterator[None]:
     paddle.disable_static()
     paddle.set_device("cpu")
     yield
-    paddle_ipu.frontends.dygraph.release_patch()
+    paddle_ipu.frontends.dy2static.release_patch()
     paddle.set_device("cpu")
     paddle.enable_static()
 
@@ -391,7 +391,7 @@ def test_2x_release_patch_restores_everything() -> None:
     assert StaticFunction.__call__ is old_call
     assert ProgramCache.__getitem__ is old_getter
     assert LRScheduler.step is old_step
-    assert not paddle_ipu.frontends.dygraph.patch_registered()
+    assert not paddle_ipu.frontends.dy2static.patch_registered()
     _assert_weights(model, reference)
     paddle.set_device("cpu")
     x = paddle.to_tensor(batches[0][0])
@@ -403,10 +403,10 @@ def test_2x_release_patch_restores_everything() -> None:
 def test_strategy_made_in_static_mode_registers_nothing() -> None:
     paddle.enable_static()
     paddle.static.IpuStrategy()
-    assert not paddle_ipu.frontends.dygraph.patch_registered()
+    assert not paddle_ipu.frontends.dy2static.patch_registered()
     paddle.disable_static()
     paddle.static.IpuStrategy()
-    assert paddle_ipu.frontends.dygraph.patch_registered()
+    assert paddle_ipu.frontends.dy2static.patch_registered()
 
 
 class TwoLosses(EagerLayer):

@@ -1,4 +1,5 @@
-"""Fetch by the names 2.x code reads off ``var.name`` (paddle_ipu.frontends.names)."""
+"""Fetch by the names 2.x code reads off ``var.name`` (paddle_ipu.frontends.fetch_names and
+paddle_ipu.compat.names)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from ipu2x_base import check, run_mode, run_modes, static_graph
+from support.ipu2x_base import check, run_mode, run_modes, static_graph
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("FLAGS_enable_pir_api") != "0",  # noqa: SIM112 (Paddle's spelling)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from ipu2x_base import static_graph
+from support.ipu2x_base import static_graph
 
 import paddle_ipu  # noqa: F401
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_python
+from support.helpers import run_python
 
 # Every name the compat layer replaces, probed the way a 2.x script uses it.
 _PROBE = r"""

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
-from ipu2x_base import check, run_modes
+from support.ipu2x_base import check, run_modes
 
 paddle.enable_static()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-import zoo_models as Z
+from support import zoo_models as Z
 
 FP32_REL = 1e-4
 FP16_REL = 3e-2  # mobilenet_v3 (hardswish chains) reaches 9e-3

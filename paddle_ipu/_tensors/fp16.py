@@ -5,7 +5,7 @@ subnormals, overflow to inf and NaN payloads as numpy gives them), at memory spe
 the core picks AVX-512, F16C or scalar code for the running CPU, releases the GIL,
 and splits very large buffers across threads.
 
-Sources and outputs are C-contiguous buffers: numpy arrays, :mod:`paddle_ipu._infra.views`
+Sources and outputs are C-contiguous buffers: numpy arrays, :mod:`paddle_ipu._tensors.views`
 views, ``paddle.Tensor`` and scope tensors (viewed in place, never copied), or any other
 buffer-protocol object.  Nothing is converted implicitly: a float64 source or a strided
 array is an error, not a hidden copy.
@@ -21,16 +21,14 @@ an int pins the count.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Union
 
 import numpy as np
 import paddle
 
-from paddle_ipu._infra import views as tensor_view
+from paddle_ipu import _core
+from paddle_ipu._tensors import views as tensor_view
 from paddle_ipu.errors import ConversionError, TensorViewError
-
-_core: Any = importlib.import_module("paddle_ipu._core")
 
 # Anything exporting a C-contiguous buffer is accepted too; these are the usual ones.
 Buffer = Union[np.ndarray, tensor_view.TensorView, paddle.Tensor, "tensor_view.DenseTensor"]

@@ -1,7 +1,7 @@
 """The PaddlePaddle releases paddle-ipu supports, by (major, minor) series.
 
 A plain module with no imports: setup.py reads it without importing paddle_ipu (whose
-``__init__`` imports paddle), and :mod:`paddle_ipu._infra.versions` checks against it.
+``__init__`` imports paddle), and :mod:`paddle_ipu._util.versions` checks against it.
 
 The device plugin's C ABI (``C_DeviceInterface`` in paddle/phi/backends/device_ext.h)
 differs between every two minor releases (920, 976, 1032 and 1128 bytes for 3.0 to 3.3)

@@ -23,18 +23,16 @@ contiguous, which the static-graph kernels that produce scope tensors guarantee.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Protocol, Union
 
 import numpy as np
 import paddle
 from paddle.base import core
 
-from paddle_ipu._infra import dtypes
+from paddle_ipu import _core
 from paddle_ipu._internals import paddle_api
+from paddle_ipu._util import dtypes
 from paddle_ipu.errors import TensorViewError
-
-_core: Any = importlib.import_module("paddle_ipu._core")
 
 # Custom devices whose "device" memory is ordinary host memory (csrc/device allocates
 # it with aligned_alloc), so a pointer into it is safe to hand to numpy.

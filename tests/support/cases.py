@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from runner import Case
+
+from support.runner import Case
 
 X = {"x": "f:3x4"}
 X3 = {"x": "f:2x3x4"}

@@ -1,24 +1,26 @@
-"""The one pipeline entry: every front door reaches a running executor through here.
+"""The one pipeline entry: every compile of a Paddle program goes through here.
 
 ``compile_executor(program, scope, strategy, feeds, fetches)`` turns a Paddle program
 into a prepared :class:`~paddle_ipu.executor.IpuExecutor`: the legacy IR translated to
 PIR, the compile (:func:`paddle_ipu.compiler.compile_program`), the training part
 (loss, optimizer, the program the host backend builds its gradients from), then the
-executor over a backend session.  :func:`executor_for` is the last step alone, for a
-model compiled earlier (a package).  Compiles are serialised process-wide (Paddle's
-static-graph state is not thread-safe) and report progress as a percentage.
+executor over a backend session (:func:`paddle_ipu.executor.executor_for`, which a
+model compiled earlier -- a package -- reaches directly).  :func:`compile_model` is the
+compile alone, for a saved inference model that is packaged rather than run.  Compiles
+are serialised process-wide by :data:`compile_lock` (Paddle's static-graph state is not
+thread-safe) and report progress as a percentage.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from paddle_ipu._internals import paddle_logs
 from paddle_ipu.compiler.model import CompiledModel
-from paddle_ipu.executor.ipu_executor import IpuExecutor
+from paddle_ipu.executor.ipu_executor import IpuExecutor, executor_for
 
 #: serialises compiles process-wide (Paddle's static-graph state is not thread-safe)
 compile_lock = threading.RLock()
@@ -112,29 +114,16 @@ def _compile_executor(
         return executor
 
 
-def executor_for(
-    model: CompiledModel,
-    strategy: Any,
-    scope: Any = None,
-    *,
-    backend: str | None = None,
-    lr_scheduler: Any = None,
-    training_source: Any = None,
-    prepare: bool = True,
-) -> IpuExecutor:
-    """An executor over ``model`` on its backend session (prepared unless asked not
-    to): the step every front door ends in, a package's load included."""
-    executor = IpuExecutor(
-        model,
-        strategy,
-        scope,
-        backend=backend,
-        lr_scheduler=lr_scheduler,
-        training_source=training_source,
-    )
-    if prepare:
-        executor.prepare()
-    return executor
+def compile_model(
+    program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any], **options: Any
+) -> CompiledModel:
+    """:func:`paddle_ipu.compiler.compile_program` under the compile lock (the compile
+    of a saved inference model into a package: no executor)."""
+    from paddle_ipu.compiler import compile_program
+
+    paddle_logs.quiet_paddle()
+    with compile_lock:
+        return compile_program(program, list(feed_list), list(fetch_list), **options)
 
 
 def progress_reporter(logger: Any, total: int) -> Any:

@@ -1,5 +1,5 @@
 """Saved inference models and compiled packages for the serving, CLI and predictor
-tests (tests/models.py programs saved with paddle.static.save_inference_model)."""
+tests (tests/support/models.py programs saved with paddle.static.save_inference_model)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 import paddle
-from models import Built
+
+from support.models import Built
 
 
 def save(built: Built, directory: Path, name: str = "model") -> str:

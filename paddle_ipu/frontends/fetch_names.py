@@ -1,23 +1,19 @@
-"""Names for PIR values, so that Paddle 2.x's ``fetch_list=[out.name]`` works.
+"""Fetches given by name under PIR: the names Paddle 2.x code uses for values.
 
-In Paddle 2.x every variable had a name, and scripts fetched intermediate values
-by it (``exe.run(prog, fetch_list=[out.name])``, ``compile(feeds, [out.name])``).
-In PIR only values of data and parameter ops have one: ``Value.name`` raises for
-the rest, and ``exe.run`` takes a string only when the program already holds a
-fetch op of that name.
+In PIR only values of data and parameter ops have a name, and ``exe.run`` takes a
+string only when the program already holds a fetch op of that name.  This module
+resolves the other names 2.x code fetches by -- data ops, parameters, and the names
+made up for intermediate values (``<op>_<n>.tmp_<result>`` as 2.x named them) -- back
+into the program's values:
 
-The mechanism here, and its limits:
-
-- Reading ``value.name`` of an unnamed value from user code (not from Paddle's or
-  paddle_ipu's own modules, whose code relies on the error) returns a name made up once per
-  value, ``<op>_<n>.tmp_<result>`` as 2.x named them (``relu_0.tmp_0``), unique in
-  the process.  The program is not changed; the name is recorded here against the
-  value's id (``value.has_name`` stays False, and ``value.name = ...`` still raises).
-- :func:`resolve_fetches` turns such names -- and names of data ops and
-  parameters, which Paddle 3.3's executor refuses as fetch strings too -- back into
-  the values of the program being run, by walking its global block.  The Paddle
-  executor hook (``exe.run`` of a plain program) and ``IpuCompiledProgram.compile``
-  call it; a name of a fetch op already in the program is left to Paddle.
+- :func:`made_up` gives an unnamed value its name, once per value, unique in the
+  process (the ``pir.Value.name`` reading of :mod:`paddle_ipu.compat.names` calls it);
+  the program is not changed;
+- :func:`resolve_fetches` turns such names, and names of data ops and parameters,
+  into the values of the program being run, by walking its global block.
+  ``IpuCompiledProgram.compile`` always calls it; the ``exe.run`` hook calls it for
+  plain programs only while 2.x's names are on (:func:`resolve_on_run`, set by
+  :mod:`paddle_ipu.compat.names`), so that with them off ``exe.run`` stays Paddle's.
 - A made-up name belongs to the program the value was read from: it does not
   resolve in a clone of that program (clones have new values), nor in another
   program; such a name is passed on and Paddle's own error follows.
@@ -28,9 +24,7 @@ The mechanism here, and its limits:
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +33,20 @@ _lock = threading.Lock()
 _by_id: dict[str, str] = {}
 _by_name: dict[str, str] = {}
 _counters: dict[str, Any] = {}
-_original: Any = None
+
+_on_run = {"resolve": False}
 
 
-def _made_up(value: Any) -> str:
+def resolve_on_run(on: bool | None = None) -> bool:
+    """Whether the ``exe.run`` hook resolves the fetch names of plain programs (while
+    Paddle 2.x's names are on); ``on`` sets it.  Returns the setting."""
+    if on is not None:
+        _on_run["resolve"] = bool(on)
+    return _on_run["resolve"]
+
+
+def made_up(value: Any) -> str:
+    """The made-up name of an unnamed value (given on first call, then kept)."""
     key = str(value.id)
     with _lock:
         name = _by_id.get(key)
@@ -57,54 +61,6 @@ def _made_up(value: Any) -> str:
         _by_id[key] = name
         _by_name[name] = key
         return name
-
-
-def _from_paddle(depth: int = 2) -> bool:
-    """Whether the caller reading ``.name`` is Paddle's or paddle_ipu's own code
-    (both rely on the error to tell unnamed values apart)."""
-    try:
-        module = sys._getframe(depth).f_globals.get("__name__", "")
-    except ValueError:
-        return False
-    return module.split(".", 1)[0] in ("paddle", "paddle_ipu")
-
-
-def _name_getter(original: Any) -> Any:
-    def name(self: Any) -> str:
-        try:
-            return str(original.__get__(self))
-        except ValueError:
-            if _from_paddle():
-                raise
-            return _made_up(self)
-
-    return name
-
-
-_installed = False
-
-
-def install(replace: Callable[[Any, str, Any], None]) -> None:
-    """Give ``pir.Value`` the reading of ``name`` described above (``replace``
-    records the original so that compat.disable() restores it)."""
-    global _installed
-    import paddle
-
-    value_type = paddle.pir.Value
-    original = value_type.__dict__["name"]
-    replace(value_type, "name", property(_name_getter(original), original.fset))
-    _installed = True
-
-
-def uninstalled() -> None:
-    """Record that compat.disable() gave ``pir.Value.name`` back."""
-    global _installed
-    _installed = False
-
-
-def installed() -> bool:
-    """Whether 2.x names are on (exe.run then resolves them, see :func:`resolve_fetches`)."""
-    return _installed
 
 
 def name_of(value: Any) -> str:

@@ -29,8 +29,8 @@ import functools
 import threading
 from typing import Any
 
-from paddle_ipu._infra.env import env_flag
 from paddle_ipu._internals import paddle_logs
+from paddle_ipu._util.env import env_flag
 
 _lock = threading.Lock()
 _original: Any = None
@@ -77,12 +77,12 @@ def install() -> None:
             if compiled is not None:
                 paddle_logs.quiet_paddle()
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
-            from paddle_ipu.frontends import implicit, names
+            from paddle_ipu.frontends import fetch_names, implicit
 
-            if names.installed():
+            if fetch_names.resolve_on_run():
                 # 2.x scripts fetch by names Paddle's PIR executor refuses
-                # (paddle_ipu.frontends.names).
-                fetch_list = names.resolve_fetches(
+                # (paddle_ipu.frontends.fetch_names).
+                fetch_list = fetch_names.resolve_fetches(
                     program if program is not None else _default_main(), fetch_list
                 )
             if implicit.targets(self, program):
@@ -131,10 +131,10 @@ def _sized(value: Any) -> Any:
     """A 0-d result that 2.x code can also use as the ``[1]``-shaped array Paddle 2.x's
     IPU backend returned for a scalar (a mean, a loss, the dot product of two vectors):
     ``len()`` is 1 and ``[0]`` is the value, while it stays 0-d for Paddle 3 code
-    (``float(x)``, ``x.shape == ()``).  See :class:`paddle_ipu._infra.arrays.SizedScalar`;
+    (``float(x)``, ``x.shape == ()``).  See :class:`paddle_ipu._util.arrays.SizedScalar`;
     only the results of a program compiled by ``IpuCompiledProgram.compile`` (the 2.x
     API) are given this view."""
-    from paddle_ipu._infra.arrays import sized_scalar
+    from paddle_ipu._util.arrays import sized_scalar
 
     return sized_scalar(value)
 

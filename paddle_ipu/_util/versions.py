@@ -10,7 +10,7 @@ failed"), so ``import paddle`` keeps working and this check names the fix.
 
 from __future__ import annotations
 
-from paddle_ipu._infra.paddle_releases import RANGE, SUPPORTED, describe, series
+from paddle_ipu._util.paddle_releases import RANGE, SUPPORTED, describe, series
 from paddle_ipu.errors import PaddleVersionError
 
 

@@ -32,13 +32,14 @@ def run_python(
 
 
 @contextlib.contextmanager
-def fresh_programs(seed: int) -> Iterator[tuple[Any, Any, Any]]:
-    """(main, startup, scope): new programs, scope and unique names under ``seed``,
-    all three made current inside the block."""
+def fresh_programs(seed: int | None = None) -> Iterator[tuple[Any, Any, Any]]:
+    """(main, startup, scope): new programs, scope and unique names (under ``seed``, when
+    given), all three made current inside the block, in static mode."""
     import paddle
 
     paddle.enable_static()
-    paddle.seed(seed)
+    if seed is not None:
+        paddle.seed(seed)
     main, startup = paddle.static.Program(), paddle.static.Program()
     scope = paddle.static.Scope()
     with (

@@ -23,6 +23,7 @@ import numpy as np
 import paddle
 
 import paddle_ipu  # noqa: F401  (the 2.x names)
+from support.helpers import fresh_programs
 
 SEED = 2021
 MODES = ("cpu", "ipu", "ipu_fp16")
@@ -40,14 +41,7 @@ class Built:
 
 def static_graph(build: Callable[..., tuple[list[str], list[str]]], *args: Any) -> Built:
     """Run ``build`` in fresh programs and scope (2.x's ``static_graph`` decorator)."""
-    scope = paddle.static.Scope()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    paddle.seed(SEED)
-    with (
-        paddle.static.scope_guard(scope),
-        paddle.utils.unique_name.guard(),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs(SEED) as (main, startup, scope):
         feed_list, fetch_list = build(*args)
     return Built(list(feed_list), list(fetch_list), main, startup, scope)
 

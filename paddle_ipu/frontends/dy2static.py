@@ -1,0 +1,161 @@
+"""Paddle 2.x's dy2static flow: ``IpuStrategy`` + ``paddle.jit.to_static``.
+
+An ``IpuStrategy`` made in dynamic mode, or ``IpuStrategy.register_patch()``, makes
+every ``paddle.jit.to_static`` Layer method (a ``@paddle.jit.to_static`` forward, or
+``paddle.jit.to_static(layer)``) run as an :class:`~paddle_ipu.frontends.dygraph.IpuModel`
+of that Layer: trained by ``set_optimizer``'s optimizer when ``is_training`` and the
+Layer is in train mode, for inference otherwise.  ``IpuBackend.get_instance()
+.weights_to_host()`` copies back the weights of the model that ran last;
+``release_patch()`` copies back every patched model's weights, releases their devices
+and gives ``paddle.jit.to_static`` functions their own behaviour again.
+
+The switch is spelled on IpuStrategy, as in 2.x, but it is this front door's work:
+importing this module (``import paddle_ipu`` does) attaches ``register_patch`` /
+``release_patch`` to the class and makes a strategy created in dynamic mode register
+itself; the options layer knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from paddle_ipu._internals import paddle_jit
+from paddle_ipu.errors import OptionError
+from paddle_ipu.frontends.dygraph import IpuModel
+from paddle_ipu.strategy import IpuStrategy
+
+log = logging.getLogger("paddle_ipu")
+
+
+class _PatchState:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.strategy: Any = None
+        self.original_call: Callable[..., Any] | None = None
+        # Layer -> {(method name, strategy id, optimizer id, training): IpuModel}
+        self.models: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], IpuModel]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+
+_patch = _PatchState()
+
+
+def _patched_model(layer: Any, function: Any, strategy: Any) -> IpuModel:
+    optimizer = strategy.optimizer
+    training = bool(strategy.is_training)
+    if training and optimizer is None:
+        raise OptionError(
+            "IpuStrategy is_training=True: call ipu_strategy.set_optimizer(optimizer) before "
+            f"calling {type(layer).__name__} (or set_graph_config(is_training=False) for "
+            "inference)"
+        )
+    name = getattr(paddle_jit.static_function_source(function), "__name__", "forward")
+    key = (name, id(strategy), id(optimizer) if training else None, training)
+    models = _patch.models.setdefault(layer, {})
+    model = models.get(key)
+    if model is None:
+        for other in models.values():  # one device copy of a Layer's weights at a time
+            other.detach()
+        models.clear()
+        model = IpuModel(
+            layer,
+            strategy,
+            optimizer=optimizer if training else None,
+            training=training,
+            function=function,
+        )
+        models[key] = model
+    return model
+
+
+def _intercept(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        import paddle
+
+        strategy = _patch.strategy
+        if strategy is None or not paddle.in_dynamic_mode():
+            return original(self, *args, **kwargs)
+        layer = paddle_jit.static_function_layer(self)
+        if not isinstance(layer, paddle.nn.Layer):
+            return original(self, *args, **kwargs)
+        with _patch.lock:
+            model = _patched_model(layer, self, strategy)
+        return model(*args, **kwargs)
+
+    __call__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __call__
+
+
+def register_patch(strategy: Any) -> None:
+    """Make ``paddle.jit.to_static`` Layer methods run on the IPU, as Paddle 2.x's
+    IpuDynamicPatcher did (see the module docstring): the last strategy registered
+    is the one used."""
+    cls = paddle_jit.static_function_type()
+    with _patch.lock:
+        if _patch.original_call is None:
+            _patch.original_call = cls.__dict__["__call__"]
+            cls.__call__ = _intercept(_patch.original_call)
+        if _patch.strategy is not strategy:
+            log.info(
+                "paddle.jit.to_static Layers now run on the IPU (Paddle 2.x's dy2static "
+                "patch); IpuStrategy.release_patch() undoes it"
+            )
+        _patch.strategy = strategy
+
+
+def release_patch() -> None:
+    """Undo :func:`register_patch`: every patched model's weights (and optimizer
+    state) go back to its Layer (and optimizer) and its device is released."""
+    cls = paddle_jit.static_function_type()
+    with _patch.lock:
+        for models in list(_patch.models.values()):
+            for model in models.values():
+                model.detach()
+        _patch.models.clear()
+        _patch.strategy = None
+        if _patch.original_call is not None:
+            cls.__call__ = _patch.original_call
+            _patch.original_call = None
+
+
+def patch_registered() -> bool:
+    """Whether the dy2static patch is on."""
+    return _patch.strategy is not None
+
+
+def _attach_to_ipu_strategy() -> None:
+    """Paddle 2.x's dy2static switch is spelled on IpuStrategy but is this front door's
+    work: give the class ``register_patch()`` / ``release_patch()`` and make a strategy
+    created in dynamic mode register itself, as 2.x's did (the options layer knows
+    nothing of it).  Idempotent."""
+    cls: Any = IpuStrategy
+    if getattr(cls.__init__, "__paddle_ipu_dy2static__", False):
+        return
+    created = cls.__init__
+
+    @functools.wraps(created)
+    def __init__(self: Any) -> None:
+        import paddle
+
+        created(self)
+        if paddle.in_dynamic_mode():
+            register_patch(self)
+
+    __init__.__paddle_ipu_dy2static__ = True  # type: ignore[attr-defined]
+
+    def release(self: Any) -> None:
+        """Undo ``register_patch()`` (see :func:`release_patch`)."""
+        release_patch()
+
+    cls.__init__ = __init__
+    cls.register_patch = register_patch
+    cls.release_patch = release
+
+
+_attach_to_ipu_strategy()
