@@ -86,6 +86,8 @@ def _load_or_compile(
     quiet: bool = False,
     seq_buckets: Sequence[int] = (),
     pad_values: dict[str, float] | None = None,
+    input_shapes: Sequence[dict[str, list[int]]] = (),
+    max_specialisations: int | None = None,
 ) -> Any:
     """A package file, or a saved inference model prefix compiled through the cache."""
     from pathlib import Path
@@ -95,10 +97,11 @@ def _load_or_compile(
     from paddle_ipu.serving.saved_model import compile_model
 
     if Path(model).is_file():
-        if seq_buckets or pad_values:
+        if seq_buckets or pad_values or input_shapes:
             raise OptionError(
-                f"{model} is a package: its buckets were chosen when it was compiled "
-                "(--seq-buckets and --pad-value apply to a saved model prefix)"
+                f"{model} is a package: its buckets were chosen when it was compiled, as "
+                "were its input shapes (--seq-buckets, --pad-value and --input-shapes apply "
+                "to a saved model prefix)"
             )
         return load_package(model)
     package, _ = compile_model(
@@ -107,8 +110,38 @@ def _load_or_compile(
         progress=None if quiet else progress_printer(),
         seq_buckets=seq_buckets,
         pad_values=pad_values,
+        input_shapes=input_shapes,
+        max_specialisations=_max_specialisations(max_specialisations),
     )
     return package
+
+
+def _max_specialisations(value: int | None) -> int:
+    from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
+
+    return DEFAULT_MAX_SPECIALISATIONS if value is None else value
+
+
+def _input_shapes(items: Sequence[str]) -> list[dict[str, list[int]]]:
+    """``--input-shapes x:1x3x736x1632,y:1x4`` (repeatable: one graph each) -> shapes."""
+    from paddle_ipu.errors import OptionError
+
+    out = []
+    for item in items:
+        shapes: dict[str, list[int]] = {}
+        for part in item.split(","):
+            name, sep, dims = part.strip().rpartition(":")
+            try:
+                if not sep or not name:
+                    raise ValueError(part)
+                shapes[name] = [int(d) for d in dims.split("x")]
+            except ValueError:
+                raise OptionError(
+                    f"--input-shapes must be NAME:DxDxD[,NAME:DxD...] (-1 for the batch), "
+                    f"got {item!r}"
+                ) from None
+        out.append(shapes)
+    return out
 
 
 def _buckets(text: str | None) -> list[int]:
@@ -156,11 +189,16 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         progress=progress_printer(),
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
+        input_shapes=_input_shapes(args.input_shapes),
+        max_specialisations=_max_specialisations(args.max_specialisations),
     )
     path = package.save(args.output)
     how = "from the compile cache" if cached else "compiled"
-    buckets = f" (sequence buckets {list(package.sequence.lengths)})" if package.sequence else ""
-    print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{buckets}")
+    extra = f" (sequence buckets {list(package.sequence.lengths)})" if package.sequence else ""
+    if package.per_shape:
+        shapes = list(package.shapes) or "none yet"
+        extra = f" (input shapes {shapes}; feeds {package.declared_shapes()})"
+    print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{extra}")
     return 0
 
 
@@ -191,7 +229,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     feed = _parse_inputs(args.input)
     with runtime_for(package, args.backend, timeout_ms=0.001) as runtime:
         outputs = runtime.run(feed)
-    names = [s.paddle_name or s.name for s in package.model.outputs]
+        names = [s.paddle_name or s.name for s in runtime.executor.model.outputs]
     for name, value in zip(names, outputs):
         if args.output_dir:
             from pathlib import Path
@@ -216,6 +254,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     package = load_package(args.package)
     rng = np.random.default_rng(0)
+    if package.model is None:
+        from paddle_ipu.errors import OptionError
+
+        raise OptionError(
+            f"{args.package} holds no compiled input shape to load it with: compile it with "
+            "--input-shapes"
+        )
     specs = package.model.inputs
 
     def request(rows: int) -> dict[str, Any]:
@@ -295,6 +340,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
+        input_shapes=_input_shapes(args.input_shapes),
+        max_specialisations=args.max_specialisations,
     )
     # The host backend's threads sleep between runs: spinning would take the cores the
     # IO threads and the gRPC server need (measured: about 2x the requests/s).
@@ -305,7 +352,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
-    if getattr(runtime, "sequence", None) is not None:
+    if getattr(runtime, "sequence", None) is not None or package.per_shape:
         return _serve_buckets(args, runtime)
     InferenceServer(
         runtime,
@@ -322,17 +369,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_buckets(args: argparse.Namespace, runtime: Any) -> int:
-    """A package with buckets of sequence lengths: its request shapes vary beyond the
-    batch, which the C++ request path does not take; the Python HTTP server serves it."""
+    """A package with buckets of sequence lengths, or compiled per input shape: its
+    request shapes vary beyond the batch, which the C++ request path does not take; the
+    Python HTTP server serves it."""
     from paddle_ipu.errors import NotSupportedError
     from paddle_ipu.serving.python_http import PythonInferenceServer
 
     if args.grpc_port is not None or args.reuse_port:  # reuse_port: a --workers process
         runtime.close()
         raise NotSupportedError(
-            "--grpc-port or --workers with buckets of sequence lengths: a bucketed package "
-            "is served over HTTP by one process (the Python server; the C++ request path "
-            "checks one fixed shape per tensor)"
+            "--grpc-port or --workers with buckets of sequence lengths or a model compiled "
+            "per input shape: such a package is served over HTTP by one process (the Python "
+            "server; the C++ request path checks one fixed shape per tensor)"
         )
     PythonInferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
     return 0
@@ -357,6 +405,8 @@ def _serve_workers(args: argparse.Namespace) -> int:
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
+        input_shapes=_input_shapes(args.input_shapes),
+        max_specialisations=args.max_specialisations,
     )
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
     children = [subprocess.Popen(argv) for _ in range(args.workers)]
@@ -396,6 +446,10 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
         out += ["--seq-buckets", args.seq_buckets]
     for item in args.pad_value or ():
         out += ["--pad-value", item]
+    for item in args.input_shapes or ():
+        out += ["--input-shapes", item]
+    if args.max_specialisations is not None:
+        out += ["--max-specialisations", str(args.max_specialisations)]
     return out
 
 
@@ -429,6 +483,22 @@ def _bucket_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="the padding of a sequence feed that masks it, e.g. attention_mask=0 "
         "(the others pad with 0)",
+    )
+    p.add_argument(
+        "--input-shapes",
+        action="append",
+        default=[],
+        metavar="NAME:DxD...[,NAME:DxD...]",
+        help="a model whose feeds leave dimensions open besides the batch compiles one graph "
+        "per input shape: compile this one now (repeatable; -1 for the batch); other shapes "
+        "are compiled when a request brings them",
+    )
+    p.add_argument(
+        "--max-specialisations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="how many input shapes such a model may be compiled for (default 32)",
     )
 
 

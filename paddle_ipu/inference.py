@@ -46,6 +46,7 @@ import numpy as np
 from paddle.inference import Config as _PaddleConfig
 
 from paddle_ipu.errors import NotSupportedError, OptionError
+from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
 from paddle_ipu.frontends.predictor import Predictor, Tensor
 
 __all__ = ["DECISIONS", "Config", "Predictor", "Tensor", "create_predictor"]
@@ -101,14 +102,19 @@ class Config:
         self.enable_model_runtime_executor = False
         self.timeout_ms = 2.0
         self.use_compile_cache = True
-        # Paddle Inference's settings a script reads back (no effect on the IPU).
+        # Paddle Inference's settings a script reads back.  The thread count, when set,
+        # is the host backend's (host_num_threads); unset, the host takes every core.
         self._threads = 1
+        self.num_threads: int | None = None
         self._ir_optim = True
         self._feed_fetch_ops = True
         self._specify_input_names = False
         self._glog_disabled = False
         self._noted: set[str] = set()
         self.seq_buckets: list[int] = []
+        #: input shapes compiled at create_predictor (a model with open dimensions)
+        self.input_shapes: list[dict[str, list[int]]] = []
+        self.max_specialisations = DEFAULT_MAX_SPECIALISATIONS
         self.pad_values: dict[str, float] = {}
         if model is not None:
             self.set_model(model, params)
@@ -257,8 +263,59 @@ class Config:
 
         self.seq_buckets, self.pad_values = check_buckets(buckets, pad_values)
 
+    def set_ipu_input_shapes(self, shapes: Any) -> None:
+        """The input shapes to compile at :func:`create_predictor`, for a model whose
+        feeds leave dimensions open besides the batch (an image model's height and
+        width): one dict of feed name -> shape per graph (a single dict is one graph;
+        the batch may be -1).  Shapes a run brings later are compiled then, each once;
+        these are compiled ahead (``paddle-ipu compile --input-shapes`` does the same
+        for a package)."""
+        items = [shapes] if isinstance(shapes, dict) else list(shapes)
+        parsed = []
+        for item in items:
+            if not isinstance(item, dict) or not item:
+                raise OptionError(
+                    f"set_ipu_input_shapes: expected dicts of feed name -> shape, got {item!r}"
+                )
+            entry = {}
+            for name, shape in item.items():
+                if not isinstance(shape, (list, tuple)) or not all(_is_int(d) for d in shape):
+                    raise OptionError(
+                        f"set_ipu_input_shapes: the shape of {name!r} must be a list of ints, "
+                        f"got {shape!r}"
+                    )
+                entry[str(name)] = [int(d) for d in shape]
+            parsed.append(entry)
+        self.input_shapes = parsed
+
+    def set_ipu_max_specialisations(self, count: int) -> None:
+        """How many input shapes the model may be compiled for (default
+        :data:`~paddle_ipu.executor.shapes.DEFAULT_MAX_SPECIALISATIONS`); a run of a
+        shape beyond it raises instead of compiling again."""
+        self.max_specialisations = _int_option("max_specialisations", count)
+
     def use_ipu(self) -> bool:
         return self._ipu
+
+    def enable_custom_device(
+        self, device_type: str, device_id: int = 0, precision: Any = None
+    ) -> None:
+        """Paddle 3's way to pick a custom device: ``enable_custom_device("ipu")`` is
+        :meth:`enable_ipu` (``precision=Config.Precision.Half`` also turns on float16);
+        any other device is refused, as this predictor runs on the IPU only."""
+        if device_type != "ipu":
+            raise NotSupportedError(
+                f"Config.enable_custom_device({device_type!r}): {_OTHER_DEVICE}"
+            )
+        _int_option("device_id", device_id, low=0)
+        half = _PaddleConfig.Precision.Half
+        if precision not in (None, _PaddleConfig.Precision.Float32, half):
+            raise NotSupportedError(
+                f"Config.enable_custom_device: precision {precision}: {_LOW_PRECISION}"
+            )
+        self.enable_ipu()
+        if precision == half:
+            self.enable_fp16 = True
 
     def load_ipu_config(self, config_path: str) -> None:
         """Read IPU settings from a file of ``key,value`` lines, as Paddle Inference
@@ -329,8 +386,8 @@ class Config:
             raise OptionError(
                 f"set_cpu_math_library_num_threads: expected an int >= 1, received {num_threads!r}"
             )
-        self._note("set_cpu_math_library_num_threads", _NO_EFFECT_CPU)
         self._threads = int(num_threads)
+        self.num_threads = int(num_threads)
 
     def cpu_math_library_num_threads(self) -> int:
         return self._threads
@@ -357,7 +414,8 @@ class Config:
         return self._specify_input_names
 
     def disable_glog_info(self) -> None:
-        self._note("disable_glog_info", "the predictor logs through Python's logging")
+        """Paddle Inference's switch for its INFO lines: the predictor's own (the notes of
+        calls with no effect, the compile's progress) are left out too."""
         self._glog_disabled = True
 
     def glog_info_disabled(self) -> bool:
@@ -378,8 +436,9 @@ class Config:
         return _PassBuilder(self)
 
     def _note(self, name: str, why: str) -> None:
-        """One log line (per Config and name) saying the call has no effect."""
-        if name in self._noted:
+        """One log line (per Config and name) saying the call has no effect, unless the
+        script turned Paddle's INFO lines off (:meth:`disable_glog_info`)."""
+        if name in self._noted or self._glog_disabled:
             return
         self._noted.add(name)
         log.info("paddle_ipu.inference.Config.%s: accepted, no effect on the IPU (%s)", name, why)
@@ -469,7 +528,6 @@ REFUSED: dict[str, str] = {
     "set_xpu_config": _OTHER_DEVICE,
     "set_xpu_device_id": _OTHER_DEVICE,
     "xpu_config": _OTHER_DEVICE,
-    "enable_custom_device": _OTHER_DEVICE,
     "enable_openvino_engine": _OTHER_DEVICE,
     "enable_onnxruntime": _OTHER_DEVICE,
     "enable_cinn": "CINN compiles for CPU and GPU; the IPU graph is compiled by paddle_ipu",
@@ -503,11 +561,9 @@ REFUSED: dict[str, str] = {
 # Setters accepted with a log line whose value a script can read back (the reader works).
 _READ_BACK = frozenset(
     {
-        "set_cpu_math_library_num_threads",
         "switch_ir_optim",
         "switch_use_feed_fetch_ops",
         "switch_specify_input_names",
-        "disable_glog_info",
     }
 )
 

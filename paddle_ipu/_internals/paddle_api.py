@@ -189,6 +189,18 @@ def keep_in_scope(value: Any, name: str) -> None:
     pir_ops().set_persistable_value(value, name)
 
 
+def set_static_shape(value: Any, shape: Sequence[int]) -> None:
+    """Give a dense-tensor PIR value the static ``shape`` (its dtype and layout kept):
+    ``paddle.pir.create_shaped_type`` and ``Value.set_type``, which ``Value.set_shape``
+    wraps for dy2static only."""
+    import paddle
+
+    try:
+        value.set_type(paddle.pir.create_shaped_type(value.type(), [int(d) for d in shape]))
+    except AttributeError as exc:
+        raise _missing("paddle.pir.create_shaped_type / Value.set_type", exc) from None
+
+
 # -- Python ops (PIR) -----------------------------------------------------------------
 
 
@@ -424,6 +436,19 @@ def _probe_pir_ops() -> str:
         kept = np.asarray(scope.find_var("kept").get_tensor())
     assert np.array_equal(out, 2 * feed["x"]) and np.array_equal(kept, out)
     return "fetch and set_persistable_value behave; every builder used exists"
+
+
+@interface(_DEP, "paddle.pir.create_shaped_type, Value.set_type", "open input shapes")
+def _probe_shapes() -> str:
+    import paddle
+
+    with probe_mode(static=True), paddle.pir_utils.IrGuard():
+        main = paddle.static.Program()
+        with paddle.static.program_guard(main, paddle.static.Program()):
+            x = paddle.static.data("x", [-1, 3, -1], "float32")
+        set_static_shape(x, [2, 3, 5])
+        assert list(x.shape) == [2, 3, 5] and x.is_dense_tensor_type(), x.shape
+    return "a value's shape set, its dtype kept"
 
 
 @interface(

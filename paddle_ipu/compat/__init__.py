@@ -227,12 +227,44 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
         def load_ipu_config(self, config_path: str) -> None:
             self._ipu_settings().load_ipu_config(config_path)
 
+        # paddle-ipu's own IPU settings, on Paddle's Config too
+        def set_ipu_sequence_buckets(self, *args: Any, **kwargs: Any) -> None:
+            self._ipu_settings().set_ipu_sequence_buckets(*args, **kwargs)
+
+        def set_ipu_input_shapes(self, shapes: Any) -> None:
+            self._ipu_settings().set_ipu_input_shapes(shapes)
+
+        def set_ipu_max_specialisations(self, count: int) -> None:
+            self._ipu_settings().set_ipu_max_specialisations(count)
+
         def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
             self._ipu_settings().set_ipu_custom_info(*args, **kwargs)
 
         def use_ipu(self) -> bool:
             settings = self.__dict__.get("_paddle_ipu_config")
             return settings is not None and settings.use_ipu()
+
+        def enable_custom_device(
+            self, device_type: str, device_id: int = 0, precision: Any = None
+        ) -> None:
+            # Paddle 3's way to pick a custom device: the ipu one runs the compiled
+            # graph (Paddle's own predictor would run its kernels one by one there).
+            if device_type == "ipu":
+                self._ipu_settings().enable_custom_device(device_type, device_id, precision)
+                return
+            if precision is None:
+                super().enable_custom_device(device_type, device_id)
+            else:
+                super().enable_custom_device(device_type, device_id, precision)
+
+        # Settings Paddle's Config keeps that the IPU predictor honours too.
+        def set_cpu_math_library_num_threads(self, num_threads: int) -> None:
+            super().set_cpu_math_library_num_threads(num_threads)
+            self._ipu_settings().set_cpu_math_library_num_threads(num_threads)
+
+        def disable_glog_info(self) -> None:
+            super().disable_glog_info()
+            self._ipu_settings().disable_glog_info()
 
     def create_predictor(config: Any) -> Any:
         if not (isinstance(config, Config) and config.use_ipu()):

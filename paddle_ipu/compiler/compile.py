@@ -196,6 +196,7 @@ def compile_program(
     scope: Any = None,
     micro_batch_size: int = 1,
     sequence_length: int | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
     opset: int | None = None,
     enable_manual_shard: bool = False,
     enable_pipelining: bool = False,
@@ -218,6 +219,11 @@ def compile_program(
         sequence_length: the size given to every other ``-1`` dimension of the
             feeds (one bucket of sequence lengths, see
             :mod:`paddle_ipu.serving.package`); None: such a dimension is an error.
+        input_shapes: feed name -> the full shape to compile the program for, where
+            its feeds leave dimensions open (``-1``); a ``-1`` left in the first
+            dimension (the batch) is ``micro_batch_size``.  The program is made static
+            for them before it is lowered (:mod:`.specialise`: Paddle's CPU kernels give
+            every value its shape).
         opset: the ONNX opset (7..21); None picks 13, raised automatically when
             an operator needs a newer one.
         enable_manual_shard: put ``__ipu_number`` on nodes from the operators'
@@ -256,7 +262,7 @@ def compile_program(
         )
     requested = check_opset(opset)
     _check_working_dir()
-    with _static_mode():
+    with static_mode():
         return _compile(
             program,
             feed_list,
@@ -264,6 +270,7 @@ def compile_program(
             scope=scope,
             micro_batch_size=micro_batch_size,
             sequence_length=sequence_length,
+            input_shapes=input_shapes,
             requested=requested,
             auto_upgrade=opset is None,
             enable_manual_shard=enable_manual_shard,
@@ -274,9 +281,10 @@ def compile_program(
 
 
 @contextlib.contextmanager
-def _static_mode() -> Iterator[None]:
+def static_mode() -> Iterator[None]:
     """Paddle's static-graph APIs refuse to run in dygraph mode; a program can be
-    compiled from either."""
+    compiled (or a saved model loaded) from either, and the process's mode is the same
+    afterwards."""
     import paddle
 
     dynamic = paddle.in_dynamic_mode()
@@ -367,6 +375,7 @@ def _compile(
     scope: Any,
     micro_batch_size: int,
     sequence_length: int | None,
+    input_shapes: Mapping[str, Sequence[int]] | None,
     requested: int,
     auto_upgrade: bool,
     enable_manual_shard: bool,
@@ -375,7 +384,11 @@ def _compile(
     isolate: bool,
 ) -> CompiledModel:
     reader = reader_for(program)
-    fg = reader.read(program, list(feed_list), list(fetch_list), scope)
+    # Without sequence buckets (whose lengths are set after the conversion), a program
+    # with open dimensions besides the batch is made static for input_shapes, or refused
+    # by name before anything lowers.
+    shapes = input_shapes if input_shapes is not None or sequence_length is not None else {}
+    fg = reader.read(program, list(feed_list), list(fetch_list), scope, shapes, micro_batch_size)
     check_supported(info.use for info in fg.ops)
     check_static_shapes([info.use for info in fg.ops], {f.name for f in fg.feeds})
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,6 +334,46 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
     return Translation(pir_program, feeds, fetches, fetch_names, values)
 
 
+def specialised_copy(
+    program: Any, feed_list: Sequence[Any], shapes: Mapping[str, Sequence[int]], batch: int
+) -> Any:
+    """A copy of the legacy ``program`` whose feeds have ``shapes`` (feed name -> full
+    shape; the batch, an open first dimension, stays open) and whose every variable has
+    the shape Paddle's own shape inference (each operator's InferShape) gives it.  The
+    legacy counterpart of :func:`paddle_ipu.compiler.specialise.specialise`, and exact
+    where that one cannot be: a legacy program's declared shapes can be stale (a slice
+    declared ``[1]`` that is 0-d), and the translation to PIR reads them."""
+    from paddle_ipu.compiler.specialise import check_shapes
+
+    copy = program.clone()
+    block = copy.global_block()
+    names = [_var_name(item, "feed_list") for item in feed_list]
+    declared = {n: tuple(int(d) for d in block.var(n).shape) for n in names if block.has_var(n)}
+    wanted = {}
+    for name, shape in shapes.items():
+        full = [int(d) for d in shape]
+        if name in declared and declared[name] and declared[name][0] < 0 and full[0] < 0:
+            full[0] = batch
+        wanted[name] = full
+    given = check_shapes(declared, wanted)
+    for name, shape in given.items():
+        keep_batch = declared[name] and declared[name][0] < 0
+        block.var(name).desc.set_shape([-1, *shape[1:]] if keep_batch else list(shape))
+    for op in block.ops:
+        if op.type in ("feed", "fetch"):
+            continue
+        try:
+            op.desc.infer_shape(block.desc)
+        except Exception as exc:
+            shown = {n: list(s) for n, s in given.items()}
+            raise CompileError(
+                f"the program does not take input shapes {shown}: Paddle's shape inference "
+                f"of operator {op.type!r} refused them ({type(exc).__name__}: "
+                f"{str(exc).strip()[:600]}); give shapes the model takes"
+            ) from exc
+    return copy
+
+
 @dataclass
 class LegacyForwardGraph(PirForwardGraph):
     """A PirForwardGraph of a translated legacy program, written in PIR mode."""
@@ -360,16 +400,25 @@ class LegacyReader:
         feed_list: Sequence[Any],
         fetch_list: Sequence[Any],
         scope: Any = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        batch: int = 1,
     ) -> PirForwardGraph:
         import dataclasses
 
         from paddle_ipu.compiler.pir_reader import PirReader
 
+        if input_shapes:
+            program = specialised_copy(program, feed_list, input_shapes, batch)
         translation = translate(program, feed_list, fetch_list)
         self.translation = translation
         with pir_mode():
             graph = PirReader().read(
-                translation.program, translation.feed_list, translation.fetch_list, scope
+                translation.program,
+                translation.feed_list,
+                translation.fetch_list,
+                scope,
+                None if input_shapes is None else {},  # specialised above, if asked
+                batch,
             )
         fields = {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}
         fields["fetches"] = [

@@ -10,7 +10,7 @@ it can are rewritten.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from paddle_ipu.compiler.pir_values import (
 )
 from paddle_ipu.compiler.program_rewrites import rewrite_for_converter
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
+from paddle_ipu.compiler.specialise import specialise
 from paddle_ipu.errors import CompileError
 
 _DATA_OPS = ("pd_op.data", "pd_op.feed")
@@ -143,6 +144,8 @@ class PirReader:
         feed_list: Sequence[Any],
         fetch_list: Sequence[Any],
         scope: Any = None,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        batch: int = 1,
     ) -> PirForwardGraph:
         if not fetch_list:
             raise CompileError("fetch_list is empty: nothing to compile")
@@ -164,6 +167,8 @@ class PirReader:
         cblock = clone.global_block()
         _prune(cblock, cfetches, {v.get_defining_op().id() for v in cfeeds})
         _set_is_test(cblock)
+        if input_shapes is not None:
+            specialise(cblock, dict(zip(feed_names, cfeeds)), input_shapes, scope, batch)
         replaced = rewrite_for_converter(cblock)
         cfetches = [replaced.get(v.id, v) for v in cfetches]
 

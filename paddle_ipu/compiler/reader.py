@@ -12,7 +12,7 @@ This module is the interface only: the readers (:mod:`.pir_reader`,
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -89,4 +89,10 @@ class ProgramReader(Protocol):
         feed_list: Sequence[Any],
         fetch_list: Sequence[Any],
         scope: Any = None,
-    ) -> ForwardGraph: ...
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        batch: int = 1,
+    ) -> ForwardGraph:
+        """The forward graph of ``program``; with ``input_shapes`` (feed name -> full
+        shape; an open batch dimension is ``batch``), made static for them first
+        (:mod:`.specialise`)."""
+        ...

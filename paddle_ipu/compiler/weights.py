@@ -198,19 +198,19 @@ def _aligned_prefix(offset: int, header: bytes, nbytes: int) -> bytes:
 
 
 def split_weights(
-    model_bytes: bytes, names: Collection[str], external: str | None = None
+    model_bytes: bytes, names: Collection[str] | None, external: str | None = None
 ) -> tuple[Any, dict[str, np.ndarray]]:
-    """(ModelProto, weights) from ONNX bytes: the initializers named in ``names`` that
-    hold raw data come back as read-only arrays sharing ``model_bytes``' memory, and
-    as data-less initializers (dims and type only) in the ModelProto.  Initializers
-    stored any other way stay in the ModelProto as they are.
+    """(ModelProto, weights) from ONNX bytes: the initializers named in ``names`` (None:
+    every one) that hold raw data come back as read-only arrays sharing
+    ``model_bytes``' memory, and as data-less initializers (dims and type only) in the
+    ModelProto.  Initializers stored any other way stay in the ModelProto as they are.
 
     ``external``: when given, the data-less initializers are marked as external data
     at that location (ONNX Runtime then takes their values from
     ``SessionOptions.add_external_initializers`` instead of rejecting them as empty)."""
     import onnx
 
-    wanted = set(names)
+    wanted = None if names is None else set(names)
     buf = memoryview(model_bytes)
     weights: dict[str, np.ndarray] = {}
     top: list[bytes | memoryview] = []
@@ -235,7 +235,7 @@ def split_weights(
 
 
 def _weight_view(
-    buf: memoryview, start: int, end: int, wanted: Collection[str], external: str | None
+    buf: memoryview, start: int, end: int, wanted: Collection[str] | None, external: str | None
 ) -> tuple[str, np.ndarray, bytes] | None:
     import onnx
 
@@ -246,7 +246,7 @@ def _weight_view(
             name = bytes(buf[value_start:value_end]).decode("utf-8")
         elif number == _TENSOR_RAW_DATA and wire == _LEN:
             raw = (field_start, value_start, value_end)
-    if name is None or name not in wanted or raw is None:
+    if name is None or (wanted is not None and name not in wanted) or raw is None:
         return None
     field_start, value_start, value_end = raw
     stripped = bytes(buf[start:field_start]) + bytes(buf[value_end:end])

@@ -25,7 +25,10 @@ expected and the received value:
 - model-runtime requests: any number of rows when auto-batching, exactly one
   micro-batch otherwise, at most ``max_request_rows`` (:class:`RequestChecks`);
 - sequence buckets: one sequence length over every sequence feed, and a compiled
-  bucket that holds it (:func:`sequence_length`, :func:`bucket_for`).
+  bucket that holds it (:func:`sequence_length`, :func:`bucket_for`);
+- open shapes: a request to a model compiled per input shape has each feed's rank and
+  static sizes, open sizes >= 1 and the same rows in every batched feed
+  (:func:`open_request`).
 """
 
 from __future__ import annotations
@@ -77,6 +80,11 @@ def as_array(value: Any, name: str = "") -> np.ndarray:
 def check_names(specs: Iterable[TensorSpec], feed: Mapping[str, Any]) -> dict[str, TensorSpec]:
     """Raise FeedError for unknown or missing feeds; return feed name -> spec."""
     expected = {spec.paddle_name or spec.name: spec for spec in specs}
+    _check_name_set(expected, feed)
+    return expected
+
+
+def _check_name_set(expected: Mapping[str, Any], feed: Mapping[str, Any]) -> None:
     unknown = [name for name in feed if name not in expected]
     if unknown:
         raise FeedError(
@@ -89,7 +97,6 @@ def check_names(specs: Iterable[TensorSpec], feed: Mapping[str, Any]) -> dict[st
             f"missing feed {', '.join(repr(n) for n in missing)}: the compiled program "
             f"takes {sorted(expected)}"
         )
-    return expected
 
 
 def _identity(value: np.ndarray) -> np.ndarray:
@@ -433,3 +440,58 @@ def bucket_for(length: int, lengths: Sequence[int]) -> int:
         f"sequence length {length}: expected 1 to {lengths[-1]} (the compiled "
         f"buckets are {list(lengths)}); compile with a longer bucket (seq_buckets)"
     )
+
+
+# -- open shapes ------------------------------------------------------------------------
+
+
+def open_request(
+    declared: Mapping[str, Sequence[int]], feed: Mapping[str, Any]
+) -> tuple[int, dict[str, np.ndarray]]:
+    """The rows and arrays of a request to a model whose feeds leave dimensions open
+    (``declared``: feed -> declared shape, ``-1`` open, an open first dimension is the
+    batch): every feed present, of the declared rank, its static sizes as declared, its
+    open sizes >= 1, the batched feeds with the same rows.  Rows are -1 when no feed is
+    batched."""
+    check_names(
+        [
+            TensorSpec(name, "float32", tuple(int(d) for d in shape))
+            for name, shape in declared.items()
+        ],
+        feed,
+    )
+    arrays: dict[str, np.ndarray] = {}
+    rows = -1
+    first = ""
+    for name, shape in declared.items():
+        array = as_array(feed[name], name)
+        want = [int(d) for d in shape]
+        got = list(array.shape)
+        if len(got) != len(want) or any(w >= 0 and g != w for g, w in zip(got, want)):
+            raise FeedError(f"feed {name!r}: expected shape {want} (-1: any size), received {got}")
+        if any(g < 1 for g, w in zip(got[1:], want[1:]) if w < 0):
+            raise FeedError(f"feed {name!r}: an open dimension of size 0 in shape {got}")
+        if want and want[0] < 0:
+            if rows < 0:
+                rows, first = got[0], name
+            elif got[0] != rows:
+                raise FeedError(
+                    f"feeds {first!r} and {name!r} have {rows} and {got[0]} rows: every "
+                    "batched feed of a request must have the same number of rows"
+                )
+        arrays[name] = array
+    return rows, arrays
+
+
+def check_row_split(
+    model: str, outputs: Sequence[TensorSpec], micro_batch_size: int, rows_per_run: int
+) -> None:
+    """A request's rows are split over micro-batches only when every output has the
+    micro-batch as its first dimension (each row its own answer); FeedError otherwise."""
+    for spec in outputs:
+        if not spec.shape or spec.shape[0] != micro_batch_size:
+            raise FeedError(
+                f"{model}: output {spec.paddle_name or spec.name!r} (shape "
+                f"{list(spec.shape)}) has no batch dimension of the micro-batch "
+                f"({micro_batch_size}), so a request must be exactly {rows_per_run} rows"
+            )

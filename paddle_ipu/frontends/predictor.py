@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._util.logs import quiet_info
 from paddle_ipu.errors import FeedError, FetchError, OptionError
 
 __all__ = ["Predictor", "Tensor"]
@@ -56,8 +57,14 @@ class Tensor:
 
 
 class _Shared:
-    """What clones of one predictor share: the compiled graphs (one per row count a
-    run brings; with buckets of sequence lengths, one per bucket), the runtime."""
+    """What clones of one predictor share: the compiled graphs and the runtime.
+
+    A model runs through its shape policy (:mod:`paddle_ipu.executor.shapes`): any
+    number of rows, in micro-batches of the configured size, never compiling again for
+    a batch; a model whose feeds leave other dimensions open compiles one graph per
+    input shape requests bring (or ahead of time: ``set_ipu_input_shapes``), bounded by
+    ``set_ipu_max_specialisations``.  A model with buckets of sequence lengths runs one
+    graph per length, and compiles again for a run of another number of rows."""
 
     def __init__(self, config: Any) -> None:
         prefix = config.model_prefix()
@@ -71,21 +78,32 @@ class _Shared:
         }
         if config.enable_half_partial:
             options["enable_half_partial"] = True
+        if config.num_threads is not None:  # set_cpu_math_library_num_threads
+            options["host_num_threads"] = config.num_threads
         self.options = options
-        #: micro-batch size -> (its executor, its executor per bucket of sequence lengths)
+        #: the script turned Paddle's INFO lines off (disable_glog_info): ours too
+        self.quiet = bool(config.glog_info_disabled())
+        #: sequence buckets: micro-batch size -> (its executor, its executor per bucket)
         self.compiled: dict[int, tuple[Any, dict[int, Any]]] = {}
-        self.package = self._compile(config.micro_batch_size)
-        self.sequence = self.package.sequence
-        self.runtime: Any = None
-        if config.enable_model_runtime_executor:
-            from paddle_ipu.serving.bucketed_runtime import runtime_for
+        self.shapes: Any = None
+        with quiet_info(self.quiet):
+            self.package = self._compile(config.micro_batch_size)
+            self.sequence = self.package.sequence
+            self.runtime: Any = None
+            if config.enable_model_runtime_executor:
+                from paddle_ipu.serving.bucketed_runtime import runtime_for
 
-            self.runtime = runtime_for(
-                self.package, executor_options=options, timeout_ms=config.timeout_ms
-            )
-            self.executor = self.runtime.executor
-        else:
-            self.executor = self._executors(config.micro_batch_size, self.package)[0]
+                self.runtime = runtime_for(
+                    self.package, executor_options=options, timeout_ms=config.timeout_ms
+                )
+            elif self.sequence is not None:
+                self._executors(config.micro_batch_size, self.package)
+            else:
+                from paddle_ipu.serving.shaped import shape_executor
+
+                self.shapes = shape_executor(self.package, name=prefix, **options)
+                for key in (*self.package.shapes, *([] if self.package.per_shape else [""])):
+                    self.shapes.executor(key)  # what is compiled is prepared now
 
     def _compile(self, micro_batch_size: int) -> Any:
         from paddle_ipu.serving.saved_model import compile_model
@@ -99,22 +117,21 @@ class _Shared:
             cache=config.use_compile_cache,
             seq_buckets=config.seq_buckets,
             pad_values=config.pad_values,
+            input_shapes=config.input_shapes,
+            max_specialisations=config.max_specialisations,
         )
         return package
 
     def _executors(self, micro_batch_size: int, package: Any) -> tuple[Any, dict[int, Any]]:
-        if package.sequence is not None:
-            buckets = package.executors(**self.options)
-            pair = (buckets[package.sequence.lengths[-1]], buckets)
-        else:
-            pair = (package.executor(**self.options), {})
+        buckets = package.executors(**self.options)
+        pair = (buckets[package.sequence.lengths[-1]], buckets)
         self.compiled[micro_batch_size] = pair
         return pair
 
     def executors_for(self, rows: int) -> tuple[Any, dict[int, Any]]:
-        """The executors for a run of ``rows`` rows: the configured ones, or -- as Paddle
-        Inference takes any batch -- ones compiled for ``rows / batches_per_step`` (kept
-        for the next run of that size, with a log line the first time)."""
+        """Sequence buckets: the executors for a run of ``rows`` rows: the configured
+        ones, or ones compiled for ``rows / batches_per_step`` (kept for the next run of
+        that size, with a log line the first time)."""
         bps = self.config.batches_per_step
         if rows == self.config.micro_batch_size * bps:
             return self.compiled[self.config.micro_batch_size]
@@ -136,27 +153,84 @@ class _Shared:
                 pair = self._executors(micro, self._compile(micro))
         return pair
 
+    def handles(self) -> tuple[list[Tensor], list[Tensor]]:
+        """New input and output handles, with the shapes they report before a run: the
+        inputs' as declared (-1: open, or any number of rows), the outputs' with -1
+        where they follow an open dimension."""
+        package = self.package
+        model = package.model
+        if self.shapes is not None and package.policy is not None:
+            meta = package.meta
+            inputs = [
+                Tensor(name, np.dtype(feed["dtype"]), feed["shape"], True)
+                for name, feed in meta["feeds"].items()
+            ]
+            if model is not None:
+                outputs = [
+                    Tensor(s.paddle_name or s.name, s.numpy_dtype, [-1, *s.shape[1:]], False)
+                    for s in model.outputs
+                ]
+            else:
+                outputs = [
+                    Tensor(f["name"], np.dtype(f["dtype"]), [], False) for f in meta["fetches"]
+                ]
+            return inputs, outputs
+        assert model is not None
+        if self.runtime is not None:
+            executor = self.runtime.executor
+        else:
+            executor = self.compiled[self.config.micro_batch_size][0]
+        layout = executor.layout
+        inputs = [
+            Tensor(s.paddle_name or s.name, s.numpy_dtype, layout.input_shape(s.shape), True)
+            for s in model.inputs
+        ]
+        outputs = [
+            Tensor(s.paddle_name or s.name, s.numpy_dtype, s.shape, False) for s in model.outputs
+        ]
+        if self.runtime is not None and self.runtime.auto_batch:
+            for t in inputs:
+                t._shape[0] = -1
+        sequence = self.sequence
+        if sequence is not None:  # any compiled length goes
+            for handles, axes in ((inputs, sequence.feeds), (outputs, sequence.outputs)):
+                for handle in handles:
+                    for axis in axes.get(handle.name, ()):
+                        handle._shape[axis] = -1
+        return inputs, outputs
+
+    def output_names(self) -> list[str]:
+        model = self.package.model
+        if model is None:  # compiled per input shape, none yet: the saved model's fetches
+            return [f["name"] for f in self.package.meta.get("fetches", [])]
+        return [s.paddle_name or s.name for s in model.outputs]
+
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with quiet_info(self.quiet):
+            return self._run(feed)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self.runtime is not None:
             return list(self.runtime.run(feed))
+        if self.shapes is not None:
+            return list(self.shapes.run(feed))
         rows = {int(v.shape[0]) if v.ndim else -1 for v in feed.values()}
-        executor, buckets = (
+        _, buckets = (
             self.executors_for(rows.pop())
             if len(rows) == 1
             else self.compiled[self.config.micro_batch_size]
         )
-        if self.sequence is None:
-            return list(executor.run(feed))
         length = self.sequence.length_of(feed)
         bucket = self.sequence.bucket_for(length)
         outputs = buckets[bucket].run(self.sequence.pad(feed, bucket))
-        names = [s.paddle_name or s.name for s in self.package.model.outputs]
-        return self.sequence.unpad(names, outputs, length)
+        return self.sequence.unpad(self.output_names(), outputs, length)
 
     def close(self) -> None:
         if self.runtime is not None:
             self.runtime.close()
-        every = [self.executor]
+        if self.shapes is not None:
+            self.shapes.close()
+        every = []
         for executor, buckets in self.compiled.values():
             every += [executor, *buckets.values()]
         for executor in {id(e): e for e in every}.values():
@@ -174,33 +248,9 @@ class Predictor:
             )
         self._config = config
         self._shared = shared or _Shared(config)
-        model = self._shared.package.model
-        runtime = self._shared.runtime
-        layout = self._shared.executor.layout
-        self._inputs = {
-            (s.paddle_name or s.name): Tensor(
-                s.paddle_name or s.name, s.numpy_dtype, layout.input_shape(s.shape), True
-            )
-            for s in model.inputs
-        }
-        self._outputs = {
-            (s.paddle_name or s.name): Tensor(
-                s.paddle_name or s.name, s.numpy_dtype, s.shape, False
-            )
-            for s in model.outputs
-        }
-        if runtime is not None and runtime.auto_batch:
-            for t in self._inputs.values():
-                t._shape[0] = -1
-        sequence = self._shared.sequence
-        if sequence is not None:  # any compiled length goes
-            for handles, axes in (
-                (self._inputs, sequence.feeds),
-                (self._outputs, sequence.outputs),
-            ):
-                for name, handle in handles.items():
-                    for axis in axes.get(name, ()):
-                        handle._shape[axis] = -1
+        inputs, outputs = self._shared.handles()
+        self._inputs = {t.name: t for t in inputs}
+        self._outputs = {t.name: t for t in outputs}
 
     def get_input_names(self) -> list[str]:
         return list(self._inputs)

@@ -109,11 +109,11 @@ class IpuCompiledProgram:
         (Paddle's static-graph state is not thread-safe); compiling again closes the
         previous executor and releases its device.
         """
-        from paddle_ipu.compiler.compile import _static_mode
+        from paddle_ipu.compiler.compile import static_mode
 
         # A program can be compiled from dygraph mode too (Paddle's static-graph
         # APIs, which building the runnable program uses, assert otherwise).
-        with compile_lock, _static_mode():
+        with compile_lock, static_mode():
             return self._compile(feed_list, fetch_list)
 
     def _compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:

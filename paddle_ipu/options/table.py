@@ -264,8 +264,9 @@ _add("host_num_threads", "uint64", 0, PRODUCT, maximum=INT32_MAX,
      doc="Threads of the host backend; 0 uses all cores.")
 _add("host_spin_threads", "bool", True, PRODUCT,
      doc="Let the host backend's threads spin between runs (ONNX Runtime's allow_spinning): "
-         "shorter runs back to back, but the cores they spin on are taken from other threads "
-         "(`paddle-ipu serve` turns it off: its IO threads need them).")
+         "shorter runs back to back, but the cores they spin on are taken from other threads. "
+         "Unset, they do not spin under the model runtime (enable_model_runtime_executor, "
+         "`paddle-ipu serve`): its callers' threads need the cores between runs.")
 _add("host_fp16_arithmetic", "string", "float32", PRODUCT, choices=("float32", "float16"),
      doc="With enable_fp16, what the host backend computes in: \"float32\" (weights and "
          "constants held in float16, arithmetic in float32; its speed against float32: "

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paddle_ipu.errors import NotSupportedError
 from paddle_ipu.serving.model_runtime import ModelRuntime, RuntimeStats
+
+if TYPE_CHECKING:
+    from paddle_ipu.serving.shaped import ShapeRuntime
 
 __all__ = ["BucketedRuntime", "runtime_for"]
 
@@ -135,18 +138,7 @@ class BucketedRuntime:
 
     def stats(self) -> RuntimeStats:
         """The buckets' counters, summed."""
-        total = RuntimeStats()
-        for runtime in self.runtimes.values():
-            s = runtime.stats()
-            for name in ("runs", "requests", "units", "padded_units", "failed_runs"):
-                setattr(total, name, getattr(total, name) + getattr(s, name))
-            total.busy_seconds += s.busy_seconds
-            total.queue_seconds += s.queue_seconds
-            hist = total.fill_histogram
-            hist.extend([0] * (len(s.fill_histogram) - len(hist)))
-            for k, n in enumerate(s.fill_histogram):
-                hist[k] += n
-        return total
+        return RuntimeStats.total(r.stats() for r in self.runtimes.values())
 
 
 class _ChainedFuture(Future):
@@ -168,14 +160,19 @@ def runtime_for(
     *,
     executor_options: Mapping[str, Any] | None = None,
     **runtime_options: Any,
-) -> ModelRuntime | BucketedRuntime:
-    """The model runtime of a package: a :class:`ModelRuntime` over its executor, or
-    a :class:`BucketedRuntime` when it holds buckets of sequence lengths.
+) -> ModelRuntime | BucketedRuntime | ShapeRuntime:
+    """The model runtime of a package: a :class:`ModelRuntime` over its executor, a
+    :class:`BucketedRuntime` when it holds buckets of sequence lengths, or a
+    :class:`~paddle_ipu.serving.shaped.ShapeRuntime` when it is compiled per input shape.
     ``executor_options`` are strategy options of the executors; the keyword arguments
     are :class:`ModelRuntime`'s."""
     if getattr(package, "sequence", None) is not None:
         return BucketedRuntime(
             package, backend, executor_options=executor_options, **runtime_options
         )
+    if package.per_shape:
+        from paddle_ipu.serving.shaped import ShapeRuntime
+
+        return ShapeRuntime(package, backend, executor_options=executor_options, **runtime_options)
     executor = package.executor(backend, **dict(executor_options or {}))
     return ModelRuntime(executor, **runtime_options)

@@ -42,7 +42,7 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +90,21 @@ class RuntimeStats:
     queue_seconds: float = 0.0
     #: runs by units filled: ``fill_histogram[k]`` runs carried k units (0..capacity)
     fill_histogram: list[int] = field(default_factory=list)
+
+    @staticmethod
+    def total(parts: Iterable[RuntimeStats]) -> RuntimeStats:
+        """The counters of several runtimes (one model's buckets or shapes), summed."""
+        total = RuntimeStats()
+        for s in parts:
+            for name in ("runs", "requests", "units", "padded_units", "failed_runs"):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            total.busy_seconds += s.busy_seconds
+            total.queue_seconds += s.queue_seconds
+            hist = total.fill_histogram
+            hist.extend([0] * (len(s.fill_histogram) - len(hist)))
+            for k, n in enumerate(s.fill_histogram):
+                hist[k] += n
+        return total
 
 
 class _RequestFuture(Future):

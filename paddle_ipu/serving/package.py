@@ -1,25 +1,33 @@
 """Portable compiled packages: the format.
 
-A *package* (``paddle-ipu compile MODEL_PREFIX -o model.pdipu``) is one zip file:
+A *package* (``paddle-ipu compile MODEL_PREFIX -o model.pdipu``) is one zip file holding
+one or more compiled graphs of one model and its weights, once:
 
-- ``model.onnx``: the compiled forward graph, weights included (as initializers);
-- ``meta.json``: the inputs and outputs (names, dtypes, shapes), the micro-batch
-  size, the opset, the result-changing strategy options, the versions it was
-  compiled with, and the SHA-256 of ``model.onnx`` (checked on load).
+- ``meta.json``: the model's inputs and outputs as declared (``-1``: open), the
+  micro-batch size, the result-changing strategy options, the versions it was compiled
+  with, and one entry per graph: its file, its SHA-256 (checked on load), its inputs and
+  outputs (static), and which stored weight each of its initializers holds;
+- ``model.onnx``, ``buckets/<length>.onnx``, ``shapes/<n>.onnx``: the graphs, their
+  weight initializers without data;
+- ``weights.safetensors``: every weight of every graph, once: graphs that hold the same
+  array (the model's parameters) share it; what differs per shape (a constant folded
+  for one size) is stored beside.
 
-*Buckets of sequence lengths* (``seq_buckets``): a model whose feeds have a ``-1``
-dimension besides the batch (a text model's sequence length) is compiled once per
-length in ``seq_buckets`` (the IPU runs static shapes); ``model.onnx`` is the longest
-bucket, ``buckets/<length>.onnx`` the others, and ``meta.json`` lists them under
-``buckets`` with the axes that are sequence axes and each feed's padding value
-(:class:`~paddle_ipu.executor.shapes.SequenceBuckets`).  A request of length ``L``
-runs in the shortest bucket ``>= L``: its feeds are padded to that length, its
-outputs cut back to ``L``.  That is exact when what the outputs hold at positions
-``< L`` does not depend on the padding (a causal decoder; a model whose attention
-mask feed is padded with the value that masks); the compile checks it on the host
-and refuses a model for which it is not (:mod:`paddle_ipu.serving.saved_model`).
-Each bucket is a whole graph with its weights: a package of ``k`` buckets holds the
-weights ``k`` times.
+The graphs are of three kinds:
+
+- a model without open dimensions besides the batch: ``model.onnx``, the one graph;
+- *buckets of sequence lengths* (``seq_buckets``): a text model whose feeds have a
+  ``-1`` dimension besides the batch, compiled once per length; ``model.onnx`` is the
+  longest, ``buckets/<length>.onnx`` the others (:class:`SequenceBuckets`).  A request
+  of length ``L`` runs in the shortest bucket ``>= L``: its feeds are padded to that
+  length, its outputs cut back to ``L``.  That is exact when what the outputs hold at
+  positions ``< L`` does not depend on the padding (a causal decoder; a model whose
+  attention mask feed is padded with the value that masks); the compile checks it on
+  the host and refuses a model for which it is not (:mod:`paddle_ipu.serving.saved_model`);
+- *specialisations per input shape*: any other model with open dimensions (an image
+  model's height and width), one graph per input shape requests bring, made on first
+  use or ahead of time (``--input-shapes``), bounded and logged
+  (:mod:`paddle_ipu.executor.shapes`); ``shapes/<n>.onnx``, ``model.onnx`` the first.
 
 It holds no Paddle program: :func:`load_package` gives a :class:`Package` whose
 :meth:`Package.executor` runs it on either backend (the host's ONNX Runtime, or
@@ -35,32 +43,53 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from paddle_ipu._util.files import write_atomically
 from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
+from paddle_ipu.compiler.weights import serialize_with_weights, split_weights
 from paddle_ipu.errors import NotSupportedError, PackageError
-from paddle_ipu.executor.shapes import SequenceBuckets
+from paddle_ipu.executor.shapes import SequenceBuckets, ShapePolicy
 
 __all__ = ["PACKAGE_FORMAT", "Package", "SequenceBuckets", "load_package"]
 
-PACKAGE_FORMAT = 1
+PACKAGE_FORMAT = 2
+_WEIGHTS = "weights.safetensors"
 
 
 @dataclass
 class Package:
     """A compiled model and how it was compiled (see the module docstring).
 
-    A package of sequence buckets holds one compiled model per length (``buckets``,
-    by length; ``model`` is the longest) and how requests fit them (``sequence``)."""
+    ``model`` is the package's graph (a package of sequence buckets: the longest; a
+    package compiled per input shape: the first, None before any is compiled).
+    ``buckets``: one graph per sequence length, and how requests fit them
+    (``sequence``).  ``shapes``: one graph per input shape, by
+    :meth:`ShapePolicy.key`; ``policy``: the declared shapes of the model's feeds.
+    ``source``: the saved model it was compiled from, which compiles more shapes."""
 
-    model: CompiledModel
+    model: CompiledModel | None
     options: dict[str, Any]  # micro_batch_size, batches_per_step, enable_fp16, seq_buckets
     meta: dict[str, Any]
     buckets: dict[int, CompiledModel] = field(default_factory=dict)
     sequence: SequenceBuckets | None = None
+    shapes: dict[str, CompiledModel] = field(default_factory=dict)
+    policy: ShapePolicy | None = None
+
+    @property
+    def per_shape(self) -> bool:
+        """Whether the package is compiled per input shape (open dimensions besides the
+        batch, and no buckets of sequence lengths)."""
+        return self.sequence is None and self.policy is not None and self.policy.specialised
+
+    @property
+    def source(self) -> str:
+        return str(self.meta.get("source", ""))
 
     def strategy(self, **overrides: Any) -> Any:
         """An inference IpuStrategy with the package's options (``overrides`` are
@@ -85,6 +114,12 @@ class Package:
                 "run it through runtime_for(package) (or executors() for one executor per "
                 "bucket)"
             )
+        if self.per_shape or self.model is None:
+            raise NotSupportedError(
+                "this package is compiled per input shape (its feeds leave dimensions open: "
+                f"{self.declared_shapes()}): run it through runtime_for(package), or "
+                "shape_executor() for one executor over every shape"
+            )
         return executor_for(self.model, self.strategy(**options), backend=backend)
 
     def executors(self, backend: str | None = None, **options: Any) -> dict[int, Any]:
@@ -98,36 +133,92 @@ class Package:
             for length, model in sorted(self.buckets.items())
         }
 
+    def declared_shapes(self) -> dict[str, list[int]]:
+        """Feed -> its declared shape (-1: open)."""
+        return {k: list(v) for k, v in (self.policy.declared if self.policy else {}).items()}
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the package atomically (a temporary file renamed into place)."""
         target = Path(path)
         meta = dict(self.meta)
-        meta["onnx_sha256"] = hashlib.sha256(self.model.onnx).hexdigest()
-        files: dict[str, bytes] = {"model.onnx": self.model.onnx}
+        meta["format"] = PACKAGE_FORMAT
+        if self.policy is not None:
+            meta["policy"] = self.policy.to_json()
+        blobs: dict[str, np.ndarray] = {}
+        files: dict[str, bytes] = {}
+        entries = []
+        for kind, key, file, model in self._graphs():
+            graph, weights = _stored(model, blobs)
+            files[file] = graph
+            entries.append(
+                {
+                    "kind": kind,
+                    "key": key,
+                    "file": file,
+                    "onnx_sha256": hashlib.sha256(graph).hexdigest(),
+                    "opset": model.opset,
+                    "inputs": [spec_json(s) for s in model.inputs],
+                    "outputs": [spec_json(s) for s in model.outputs],
+                    "weights": weights,
+                }
+            )
+        meta["graphs"] = entries
         if self.sequence is not None:
-            longest = self.sequence.lengths[-1]
-            entries = []
-            for length, model in sorted(self.buckets.items()):
-                name = "model.onnx" if length == longest else f"buckets/{length}.onnx"
-                files[name] = model.onnx
-                entries.append(
-                    {
-                        "length": length,
-                        "file": name,
-                        "onnx_sha256": hashlib.sha256(model.onnx).hexdigest(),
-                        "opset": model.opset,
-                        "inputs": [spec_json(s) for s in model.inputs],
-                        "outputs": [spec_json(s) for s in model.outputs],
-                    }
-                )
-            meta["buckets"] = {**self.sequence.to_json(), "models": entries}
+            meta["buckets"] = self.sequence.to_json()
+        weights_file = _save_blobs(blobs)
+        meta["weights_sha256"] = hashlib.sha256(weights_file).hexdigest()
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
+            zf.writestr(_WEIGHTS, weights_file)
             for name, data in files.items():
                 zf.writestr(name, data)
         write_atomically(target, buffer.getvalue(), what="package", make_dirs=True)
         return target
+
+    def _graphs(self) -> list[tuple[str, str, str, CompiledModel]]:
+        """(kind, key, file, graph) of every graph, the package's own first."""
+        out: list[tuple[str, str, str, CompiledModel]] = []
+        if self.sequence is not None:
+            longest = self.sequence.lengths[-1]
+            for length, model in sorted(self.buckets.items()):
+                file = "model.onnx" if length == longest else f"buckets/{length}.onnx"
+                out.append(("bucket", str(length), file, model))
+            return out
+        keys = list(self.shapes)
+        if self.model is not None and not self.shapes:
+            return [("graph", "", "model.onnx", self.model)]
+        for n, key in enumerate(keys):
+            file = "model.onnx" if n == 0 else f"shapes/{n}.onnx"
+            out.append(("shape", key, file, self.shapes[key]))
+        return out
+
+
+def _stored(model: CompiledModel, blobs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """``model``'s graph without its weights' data, and initializer -> stored weight
+    (by content: an array every graph holds is stored once)."""
+    stripped, arrays = split_weights(model.onnx, None)
+    refs: dict[str, str] = {}
+    for name, array in arrays.items():
+        digest = hashlib.sha256()
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+        key = digest.hexdigest()
+        blobs.setdefault(key, array)
+        refs[name] = key
+    return bytes(stripped.SerializeToString()), refs
+
+
+def _save_blobs(blobs: dict[str, np.ndarray]) -> bytes:
+    from safetensors.numpy import save
+
+    return bytes(save({k: np.ascontiguousarray(v) for k, v in blobs.items()}))
+
+
+def _load_blobs(data: bytes) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load
+
+    return dict(load(data))
 
 
 def spec_json(spec: TensorSpec) -> dict[str, Any]:
@@ -164,14 +255,14 @@ def load_package(path: str | os.PathLike[str]) -> Package:
     """Read a package; PackageError names the file if it is not one, or its
     checksum does not match."""
     p = Path(path)
-    extra: dict[str, bytes] = {}
+    files: dict[str, bytes] = {}
     try:
         with zipfile.ZipFile(p) as zf:
             meta = json.loads(zf.read("meta.json"))
-            onnx = zf.read("model.onnx")
-            for entry in meta.get("buckets", {}).get("models", ()):
-                if entry["file"] != "model.onnx":
-                    extra[entry["file"]] = zf.read(entry["file"])
+            if meta.get("format") == PACKAGE_FORMAT:
+                files[_WEIGHTS] = zf.read(_WEIGHTS)
+                for entry in meta["graphs"]:
+                    files[entry["file"]] = zf.read(entry["file"])
     except FileNotFoundError as exc:
         raise PackageError(f"no package at {str(p)!r}") from exc
     except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
@@ -183,38 +274,59 @@ def load_package(path: str | os.PathLike[str]) -> Package:
             f"{str(p)!r}: package format {meta.get('format')!r}, this paddle-ipu reads format "
             f"{PACKAGE_FORMAT}; compile the model again"
         )
-    digest = hashlib.sha256(onnx).hexdigest()
-    if digest != meta.get("onnx_sha256"):
-        raise PackageError(
-            f"{str(p)!r}: model.onnx has SHA-256 {digest}, the package records "
-            f"{meta.get('onnx_sha256')}: the file is damaged"
-        )
-    model = CompiledModel(
-        onnx=onnx,
-        inputs=[spec_from_json(d) for d in meta["inputs"]],
-        outputs=[spec_from_json(d) for d in meta["outputs"]],
-        weights={},  # the weights are the graph's initializers
-        micro_batch_size=int(meta["options"]["micro_batch_size"]),
-        opset=int(meta["opset"]),
-    )
-    if "buckets" not in meta:
-        return Package(model, dict(meta["options"]), meta)
-    buckets: dict[int, CompiledModel] = {}
-    for entry in meta["buckets"]["models"]:
-        data = onnx if entry["file"] == "model.onnx" else extra[entry["file"]]
+    check = _checker(p)
+    check(_WEIGHTS, files[_WEIGHTS], meta.get("weights_sha256"))
+    try:
+        blobs = _load_blobs(files[_WEIGHTS])
+    except Exception as exc:
+        raise PackageError(f"{str(p)!r}: {_WEIGHTS} cannot be read: {exc}") from exc
+    mbs = int(meta["options"]["micro_batch_size"])
+    policy = ShapePolicy.from_json(meta["policy"]) if "policy" in meta else None
+    package = Package(None, dict(meta["options"]), meta, policy=policy)
+    for entry in meta["graphs"]:
+        data = files[entry["file"]]
+        check(entry["file"], data, entry["onnx_sha256"])
+        model = _graph(entry, data, blobs, mbs, p)
+        if entry["kind"] == "bucket":
+            package.buckets[int(entry["key"])] = model
+        elif entry["kind"] == "shape":
+            package.shapes[str(entry["key"])] = model
+        if package.model is None or entry["file"] == "model.onnx":
+            package.model = model
+    if "buckets" in meta:
+        package.sequence = SequenceBuckets.from_json(meta["buckets"])
+        package.model = package.buckets[package.sequence.lengths[-1]]
+    return package
+
+
+def _checker(path: Path) -> Callable[[str, bytes, Any], None]:
+    def check(file: str, data: bytes, recorded: Any) -> None:
         digest = hashlib.sha256(data).hexdigest()
-        if digest != entry["onnx_sha256"]:
+        if digest != recorded:
             raise PackageError(
-                f"{str(p)!r}: {entry['file']} has SHA-256 {digest}, the package records "
-                f"{entry['onnx_sha256']}: the file is damaged"
+                f"{str(path)!r}: {file} has SHA-256 {digest}, the package records "
+                f"{recorded}: the file is damaged"
             )
-        buckets[int(entry["length"])] = CompiledModel(
-            onnx=data,
-            inputs=[spec_from_json(d) for d in entry["inputs"]],
-            outputs=[spec_from_json(d) for d in entry["outputs"]],
-            weights={},
-            micro_batch_size=int(meta["options"]["micro_batch_size"]),
-            opset=int(entry["opset"]),
-        )
-    sequence = SequenceBuckets.from_json(meta["buckets"])
-    return Package(buckets[sequence.lengths[-1]], dict(meta["options"]), meta, buckets, sequence)
+
+    return check
+
+
+def _graph(
+    entry: dict[str, Any], data: bytes, blobs: dict[str, np.ndarray], mbs: int, path: Path
+) -> CompiledModel:
+    import onnx
+
+    try:
+        proto = onnx.load_from_string(data)
+        weights = {name: blobs[key] for name, key in entry["weights"].items()}
+        graph = serialize_with_weights(proto, weights)
+    except Exception as exc:
+        raise PackageError(f"{str(path)!r}: {entry['file']} cannot be read: {exc}") from exc
+    return CompiledModel(
+        onnx=graph,
+        inputs=[spec_from_json(d) for d in entry["inputs"]],
+        outputs=[spec_from_json(d) for d in entry["outputs"]],
+        weights={},  # the weights are the graph's initializers
+        micro_batch_size=mbs,
+        opset=int(entry["opset"]),
+    )

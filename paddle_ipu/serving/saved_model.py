@@ -14,23 +14,34 @@ length and checks that padding a request cannot change its answer
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from paddle_ipu._util import dtypes
+from paddle_ipu.compiler.compile import static_mode
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
-from paddle_ipu.errors import CompileError, IpuError, OptionError
-from paddle_ipu.executor.shapes import SequenceBuckets
+from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
+from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS, SequenceBuckets, ShapePolicy
 from paddle_ipu.serving import cache as compile_cache
 from paddle_ipu.serving.package import PACKAGE_FORMAT, Package, spec_json
 
-__all__ = ["STAGES", "cache_key", "check_buckets", "check_padding", "compile_model"]
+__all__ = [
+    "STAGES",
+    "cache_key",
+    "check_buckets",
+    "check_padding",
+    "compile_model",
+    "compile_shape",
+]
 
 #: the compile stages a progress callback hears about, in order
 STAGES = ("reading the saved model", "lowering to ONNX", "writing the package")
@@ -119,6 +130,8 @@ def compile_model(
     progress: Progress | None = None,
     seq_buckets: Sequence[int] = (),
     pad_values: Mapping[str, float] | None = None,
+    input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
+    max_specialisations: int = DEFAULT_MAX_SPECIALISATIONS,
 ) -> tuple[Package, bool]:
     """Compile the saved inference model at ``prefix`` (``prefix.json`` and
     ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
@@ -126,7 +139,10 @@ def compile_model(
 
     ``seq_buckets``: compile once per sequence length (see the module docstring);
     ``pad_values``: the padding of named sequence feeds (an attention mask's masking
-    value), the others pad with 0."""
+    value), the others pad with 0.  A model whose feeds leave other dimensions open is
+    compiled per input shape: ``input_shapes`` are the shapes to compile now (feed ->
+    shape; the batch may be left -1), the others are compiled on first use
+    (:func:`compile_shape`), at most ``max_specialisations`` in all."""
     _check_options(micro_batch_size, batches_per_step)
     lengths, pads = check_buckets(seq_buckets, pad_values)
     options: dict[str, Any] = {
@@ -137,18 +153,75 @@ def compile_model(
     if lengths:
         options["seq_buckets"] = lengths
         options["pad_values"] = dict(sorted(pads.items()))
+        if input_shapes:
+            raise OptionError("input_shapes and seq_buckets cannot be given together")
     versions = _versions()
     key = cache_key(prefix, options, backend, versions) if cache else ""
+    package = compile_cache.get(key) if cache else None
+    hit = package is not None
+    if package is None:
+        package = _compile_package(
+            prefix, options, backend, versions, lengths, pads, max_specialisations, progress
+        )
+    elif progress:
+        progress(len(STAGES), len(STAGES), "found in the compile cache")
+    policy = package.policy
+    if policy is not None:
+        policy = dataclasses.replace(policy, max_specialisations=max_specialisations)
+        package.policy = policy
+    added = False
+    for shapes in input_shapes:
+        if policy is None or not package.per_shape:
+            raise OptionError(
+                f"input_shapes: {prefix!r} has no open dimensions besides the batch "
+                f"(its feeds: {package.declared_shapes()}); it compiles one graph"
+            )
+        wanted = policy.key(_full_shapes(policy, shapes))
+        if wanted not in package.shapes:
+            compile_shape(package, wanted, store=False)
+            added = True
+    if cache and (added or not hit):
+        compile_cache.put(key, package)
     if cache:
-        hit = compile_cache.get(key)
-        if hit is not None:
-            if progress:
-                progress(len(STAGES), len(STAGES), "found in the compile cache")
-            return hit, True
-    import paddle
+        package.meta["cache_key"] = key
+    return package, hit and not added
 
-    from paddle_ipu.pipeline import compile_model as compile_program
 
+def _full_shapes(
+    policy: ShapePolicy, shapes: Mapping[str, Sequence[int]]
+) -> dict[str, tuple[int, ...]]:
+    """``shapes`` (feed -> shape, the batch may be -1) checked against the declared
+    shapes: the feeds with open dimensions, with their shapes."""
+    from paddle_ipu.compiler.specialise import check_shapes
+
+    open_feeds = set(policy.open_axes)
+    missing = sorted(open_feeds - set(shapes))
+    if missing:
+        raise OptionError(
+            f"input shapes {dict(shapes)} leave out feeds {missing}, whose dimensions are "
+            f"open ({ {n: list(policy.declared[n]) for n in missing} })"
+        )
+    given = {n: [int(d) for d in s] for n, s in shapes.items()}
+    for name, shape in given.items():
+        declared = policy.declared.get(name, ())
+        if shape and declared and declared[0] < 0 and shape[0] < 0:
+            shape[0] = 1
+    try:
+        return check_shapes(policy.declared, given)
+    except CompileError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def _compile_package(
+    prefix: str,
+    options: dict[str, Any],
+    backend: str,
+    versions: dict[str, str],
+    lengths: list[int],
+    pads: dict[str, float],
+    max_specialisations: int,
+    progress: Progress | None,
+) -> Package:
     step = 0
 
     def stage() -> None:
@@ -157,54 +230,168 @@ def compile_model(
         if progress:
             progress(step, len(STAGES), STAGES[step - 1])
 
+    micro_batch_size = int(options["micro_batch_size"])
     stage()
-    paddle.enable_static()
-    scope = paddle.static.Scope()
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    # A model saved by Paddle 2.x (or in the legacy IR) is a .pdmodel protobuf, which
-    # loads as a legacy program (compiled through its PIR translation); Paddle 3's
-    # PIR mode only looks for .json.
-    legacy = not Path(prefix + ".json").exists() and Path(prefix + ".pdmodel").exists()
-    guard = paddle.pir_utils.OldIrGuard() if legacy else contextlib.nullcontext()
-    try:
-        with guard, paddle.static.scope_guard(scope):
-            program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
-            stage()
-            if lengths:
-                buckets, sequence = _compile_buckets(
-                    program, feeds, fetches, scope, micro_batch_size, lengths, pads
-                )
-                model = buckets[lengths[-1]]
-            else:
-                buckets, sequence = {}, None
-                model = compile_program(
-                    program, feeds, fetches, scope=scope, micro_batch_size=micro_batch_size
-                )
-    except IpuError:
-        raise
-    except Exception as exc:
-        raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
+    loaded = _load(prefix)
     stage()
-    meta = {
+    policy = ShapePolicy(loaded.declared, max_specialisations)
+    model: CompiledModel | None = None
+    buckets: dict[int, CompiledModel] = {}
+    sequence = None
+    with loaded.guard():
+        if lengths:
+            buckets, sequence = _compile_buckets(
+                loaded.program, loaded.feeds, loaded.fetches, loaded.scope,
+                micro_batch_size, lengths, pads,
+            )  # fmt: skip
+            model = buckets[lengths[-1]]
+        elif not policy.specialised:
+            from paddle_ipu.pipeline import compile_model as compile_program
+
+            model = compile_program(
+                loaded.program, loaded.feeds, loaded.fetches, scope=loaded.scope,
+                micro_batch_size=micro_batch_size,
+            )  # fmt: skip
+    stage()
+    meta: dict[str, Any] = {
         "format": PACKAGE_FORMAT,
         "source": os.path.abspath(prefix),
         "created": time.time(),
         "versions": versions,
         "backend": backend,
         "options": options,
-        "opset": model.opset,
-        "inputs": [spec_json(s) for s in model.inputs],
-        "outputs": [spec_json(s) for s in model.outputs],
-        "source_ops": list(model.source_ops),
     }
+    meta["feeds"] = {
+        name: {"shape": list(shape), "dtype": loaded.feed_dtypes.get(name, "float32")}
+        for name, shape in loaded.declared.items()
+    }
+    meta["fetches"] = [
+        {"name": name, "dtype": dtype}
+        for name, dtype in zip(loaded.fetch_names, loaded.fetch_dtypes)
+    ]
+    if model is not None:
+        meta["opset"] = model.opset
+        meta["inputs"] = [spec_json(s) for s in model.inputs]
+        meta["outputs"] = [spec_json(s) for s in model.outputs]
+        meta["source_ops"] = list(model.source_ops)
     packaged = {length: _packaged(m, micro_batch_size) for length, m in buckets.items()}
-    main = packaged[lengths[-1]] if lengths else _packaged(model, micro_batch_size)
-    package = Package(main, options, meta, packaged, sequence)
+    main = None
+    if model is not None:
+        main = packaged[lengths[-1]] if lengths else _packaged(model, micro_batch_size)
+    package = Package(main, options, meta, packaged, sequence, policy=policy)
     if sequence is not None:
         meta["buckets"] = sequence.to_json()
-    if cache:
-        compile_cache.put(key, package)
-    return package, False
+    return package
+
+
+def compile_shape(package: Package, key: str, store: bool = True) -> CompiledModel:
+    """Compile ``package``'s saved model for the input shape ``key``
+    (:meth:`ShapePolicy.key`), add it to the package and, with ``store``, to the compile
+    cache; return the graph."""
+    policy = package.policy
+    if policy is None or not package.per_shape:
+        raise NotSupportedError("this package is not compiled per input shape")
+    if not package.source or not any(
+        Path(package.source + ext).is_file() for ext in (".json", ".pdmodel")
+    ):
+        raise NotSupportedError(
+            f"input shape {key!r} is not among the shapes this package was compiled for "
+            f"({list(package.shapes)}), and the saved model it came from "
+            f"({package.source!r}) is not there to compile it: compile the package with "
+            "--input-shapes for every shape it must take"
+        )
+    loaded = _load(package.source)
+    micro_batch_size = int(package.options["micro_batch_size"])
+    from paddle_ipu.pipeline import compile_model as compile_program
+
+    with loaded.guard():
+        model = compile_program(
+            loaded.program, loaded.feeds, loaded.fetches, scope=loaded.scope,
+            micro_batch_size=micro_batch_size, input_shapes=policy.input_shapes(key),
+        )  # fmt: skip
+    graph = _packaged(model, micro_batch_size)
+    package.shapes[key] = graph
+    if package.model is None:
+        package.model = graph
+    package.meta.setdefault("source_ops", list(model.source_ops))
+    key_in_cache = package.meta.get("cache_key")
+    if store and key_in_cache:
+        compile_cache.put(str(key_in_cache), package)
+    return graph
+
+
+@dataclasses.dataclass
+class _Loaded:
+    """A saved inference model loaded into its own scope, and its feeds' declared shapes."""
+
+    program: Any
+    feeds: list[Any]
+    fetches: list[Any]
+    scope: Any
+    legacy: bool
+    declared: dict[str, tuple[int, ...]]
+    #: the feeds' dtypes; the fetches' names and dtypes (what a predictor's handles show
+    #: before anything is compiled for a model compiled per input shape)
+    feed_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
+    fetch_names: list[str] = dataclasses.field(default_factory=list)
+    fetch_dtypes: list[str] = dataclasses.field(default_factory=list)
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Static mode, the model's IR and scope; the process's mode and IR are left as
+        they were."""
+        import paddle
+
+        ir = paddle.pir_utils.OldIrGuard() if self.legacy else contextlib.nullcontext()
+        with static_mode(), ir, paddle.static.scope_guard(self.scope):
+            yield
+
+
+_loaded: dict[str, _Loaded] = {}
+_loaded_lock = threading.Lock()
+#: saved models kept loaded in a process (for their next input shape)
+_LOADED_MAX = 4
+
+
+def _load(prefix: str) -> _Loaded:
+    """The saved model at ``prefix``, loaded once per process (a few are kept)."""
+    import paddle
+
+    program_file, params = model_files(prefix)
+    stamp = ":".join(
+        [os.path.abspath(prefix)] + [str(f.stat().st_mtime_ns) for f in (program_file, params) if f]
+    )
+    with _loaded_lock:
+        found = _loaded.get(stamp)
+        if found is not None:
+            return found
+        scope = paddle.static.Scope()
+        # A model saved by Paddle 2.x (or in the legacy IR) is a .pdmodel protobuf, which
+        # loads as a legacy program (compiled through its PIR translation); Paddle 3's
+        # PIR mode only looks for .json.
+        legacy = program_file.suffix == ".pdmodel"
+        loaded = _Loaded(None, [], [], scope, legacy, {})
+        try:
+            with loaded.guard():
+                exe = paddle.static.Executor(paddle.CPUPlace())
+                program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
+                values = _feed_values(program, feeds)
+                declared = {n: tuple(int(d) for d in v.shape) for n, v in values.items()}
+                feed_dtypes = {n: dtypes.name_of(v.dtype) for n, v in values.items()}
+                fetch_names = [_fetch_name(program, f, legacy) for f in fetches]
+                fetch_dtypes = [dtypes.name_of(f.dtype) for f in fetches]
+        except IpuError:
+            raise
+        except Exception as exc:
+            raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
+        loaded = _Loaded(
+            program, list(feeds), list(fetches), scope, legacy, declared,
+            feed_dtypes, fetch_names, fetch_dtypes,
+        )  # fmt: skip
+        while len(_loaded) >= _LOADED_MAX:
+            _loaded.pop(next(iter(_loaded)))
+        _loaded[stamp] = loaded
+        return loaded
 
 
 def _packaged(model: CompiledModel, micro_batch_size: int) -> CompiledModel:
@@ -226,11 +413,28 @@ def _dynamic_axes(value: Any) -> tuple[int, ...]:
     return tuple(axis for axis, d in enumerate(value.shape) if axis > 0 and int(d) < 0)
 
 
-def _value_name(value: Any, fallback: str) -> str:
-    try:
-        return str(value.name)
-    except Exception:
-        return fallback
+def _fetch_name(program: Any, fetch: Any, legacy: bool) -> str:
+    """The name a fetch of a loaded saved model is known by (its variable's, or its
+    PIR value's as the compiler names outputs)."""
+    if legacy:
+        return str(fetch.name)
+    from paddle_ipu.compiler.pir_reader import resolve_fetch
+
+    return resolve_fetch(program.global_block(), fetch)[1]
+
+
+def _feed_values(program: Any, feeds: Sequence[Any]) -> dict[str, Any]:
+    """The values of the feeds load_inference_model names, whose shapes are the data
+    ops': a PIR program's data ops, or a legacy program's feed variables."""
+    block = program.global_block()
+    if hasattr(block, "vars"):  # the legacy IR (a .pdmodel loaded as Paddle 2.x saved it)
+        return {str(f): block.var(str(f)) for f in feeds if block.has_var(str(f))}
+    data = {
+        str(op.attrs()["name"]): op.result(0)
+        for op in block.ops
+        if op.name() in ("pd_op.data", "pd_op.feed")
+    }
+    return {str(f): data[str(f)] for f in feeds if str(f) in data}
 
 
 def _compile_buckets(
@@ -245,13 +449,7 @@ def _compile_buckets(
     """One compiled model per length, the sequence axes found and checked."""
     from paddle_ipu.pipeline import compile_model as compile_program
 
-    # load_inference_model gives the feeds by name: their data ops hold the shapes
-    data = {
-        str(op.attrs()["name"]): op.result(0)
-        for op in program.global_block().ops
-        if op.name() in ("pd_op.data", "pd_op.feed")
-    }
-    values = {str(f): data[str(f)] for f in feeds if str(f) in data}
+    values = _feed_values(program, feeds)
     feed_axes = {name: _dynamic_axes(v) for name, v in values.items() if _dynamic_axes(v)}
     if not feed_axes:
         shapes = {name: list(v.shape) for name, v in values.items()}

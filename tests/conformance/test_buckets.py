@@ -89,10 +89,14 @@ def test_the_package_reports_its_buckets(package: Any, tmp_path: Path) -> None:
     assert buckets["feeds"] == {"input_ids": [1]}
     assert list(buckets["outputs"].values()) == [[1]]
     assert buckets["pad_values"] == {"input_ids": 0.0}
-    assert [m["length"] for m in buckets["models"]] == BUCKETS
-    assert {"model.onnx", "buckets/4.onnx", "buckets/8.onnx"} <= names
+    graphs = [g for g in meta["graphs"] if g["kind"] == "bucket"]
+    assert [int(g["key"]) for g in graphs] == BUCKETS
+    assert {"model.onnx", "buckets/4.onnx", "buckets/8.onnx", "weights.safetensors"} <= names
     assert meta["options"]["seq_buckets"] == BUCKETS
-    assert [list(m["inputs"][0]["shape"]) for m in buckets["models"]] == [[2, n] for n in BUCKETS]
+    assert [list(g["inputs"][0]["shape"]) for g in graphs] == [[2, n] for n in BUCKETS]
+    # the weights once: every bucket's parameters are the same stored arrays
+    stored = [set(g["weights"].values()) for g in graphs]
+    assert stored[0] and all(s == stored[0] for s in stored)
 
 
 def test_request_shapes_leave_the_sequence_open(package: Any) -> None:
@@ -197,3 +201,33 @@ def test_a_plain_package_still_gets_a_plain_runtime(tmp_path: Path) -> None:
     built, _ = compile_model(save(build("mlp"), tmp_path), cache=False)
     with runtime_for(built, timeout_ms=1.0) as runtime:
         assert type(runtime) is ModelRuntime
+
+
+def test_buckets_of_a_legacy_pdmodel(tmp_path: Path) -> None:
+    """A model saved by the legacy IR (a .pdmodel, as Paddle 2.x and most deployed
+    models are) takes set_ipu_sequence_buckets too, and answers as Paddle's CPU
+    executor does on the unpadded request."""
+    import paddle
+
+    paddle.enable_static()
+    with paddle.pir_utils.OldIrGuard(), paddle.utils.unique_name.guard():
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        scope = paddle.static.Scope()
+        with paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
+            x = paddle.static.data("x", [-1, -1, 8], "float32")
+            y = paddle.nn.functional.relu(paddle.nn.Linear(8, 4)(x))
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            exe.run(startup)
+            paddle.static.save_inference_model(str(tmp_path / "m"), [x], [y], exe, program=main)
+            feed = np.random.default_rng(0).standard_normal((2, 5, 8)).astype("float32")
+            (want,) = exe.run(main, feed={"x": feed}, fetch_list=[y])
+    assert (tmp_path / "m.pdmodel").exists()
+    config = inference.Config(str(tmp_path / "m"))
+    config.enable_ipu(ipu_micro_batch_size=2)
+    config.set_ipu_sequence_buckets([4, 8])
+    config.disable_compile_cache()
+    predictor = inference.create_predictor(config)
+    (got,) = predictor.run([feed])
+    predictor.close()
+    assert got.shape == (2, 5, 4)
+    np.testing.assert_allclose(got, want, **TOL)

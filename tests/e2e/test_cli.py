@@ -145,15 +145,18 @@ def test_damaged_packages_and_cache_entries(cnn, cache_dir: Path, tmp_path: Path
     _package, cached = compile_model(prefix, micro_batch_size=2)
     assert not cached
     (entry,) = cache_entries()
-    # flip one byte of the ONNX inside the zip: the checksum catches it
+    # flip one byte of the ONNX inside the zip, then of the weights: the checksums
+    # catch them
     with zipfile.ZipFile(entry.path) as zf:
-        meta, onnx = zf.read("meta.json"), bytearray(zf.read("model.onnx"))
-    onnx[len(onnx) // 2] ^= 0xFF
-    with zipfile.ZipFile(entry.path, "w") as zf:
-        zf.writestr("meta.json", meta)
-        zf.writestr("model.onnx", bytes(onnx))
-    with pytest.raises(PackageError, match="SHA-256"):
-        load_package(entry.path)
+        files = {name: zf.read(name) for name in zf.namelist()}
+    for damaged in ("model.onnx", "weights.safetensors"):
+        data = bytearray(files[damaged])
+        data[len(data) // 2] ^= 0xFF
+        with zipfile.ZipFile(entry.path, "w") as zf:
+            for name, content in files.items():
+                zf.writestr(name, bytes(data) if name == damaged else content)
+        with pytest.raises(PackageError, match=f"{damaged} has SHA-256"):
+            load_package(entry.path)
     _again, cached = compile_model(prefix, micro_batch_size=2)
     assert not cached  # the damaged entry was dropped and compiled again
     load_package(cache_entries()[0].path)

@@ -108,3 +108,71 @@ def test_cpu_predictor_script_runs_on_the_ipu_changed_only_by_enable_ipu(tmp_pat
     for key in want.files:
         assert got[key].shape == want[key].shape
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+
+
+# The same script as a Paddle 3 user writes it for a custom device, with the settings
+# real engines make (a thread count, Paddle's INFO lines off), in the dygraph mode a
+# script starts in; then the script's own dygraph code.
+CUSTOM_DEVICE_SCRIPT = """
+import logging, sys
+import numpy as np
+import paddle
+import paddle.inference as paddle_infer
+
+records = []
+counter = logging.Handler()
+counter.emit = records.append
+logging.getLogger("paddle_ipu").addHandler(counter)
+config = paddle_infer.Config({model!r}, {params!r})
+config.set_cpu_math_library_num_threads(1)
+config.disable_glog_info()
+config.enable_custom_device("ipu", 0)
+predictor = paddle_infer.create_predictor(config)
+handle = predictor.get_input_handle(predictor.get_input_names()[0])
+data = np.random.default_rng(1).standard_normal([1, 3, 16, 16]).astype("float32")
+handle.reshape([1, 3, 16, 16])
+handle.copy_from_cpu(data)
+predictor.run()
+out = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+handle.reshape([3, 3, 16, 16])  # another batch: compiled again, with a log line
+handle.copy_from_cpu(np.concatenate([data] * 3))
+predictor.run()
+np.savez(sys.argv[1], batch1=out)
+print("ran on", type(predictor).__module__)
+print("info lines", sum(r.levelno == logging.INFO for r in records))
+print("threads", predictor._shared.executor.session_config().num_threads)
+print("dynamic", paddle.in_dynamic_mode(), paddle.get_device())
+layer = paddle.jit.to_static(paddle.nn.Linear(2, 2), full_graph=True)
+print("to_static", tuple(layer(paddle.ones([1, 2])).shape))
+"""
+
+
+@pytest.mark.slow
+def test_enable_custom_device_runs_the_compiled_graph_as_real_engines_configure_it(
+    tmp_path: Path,
+) -> None:
+    """``enable_custom_device("ipu", 0)`` (Paddle 3's spelling) runs the compiled graph,
+    not Paddle's kernels one by one; the thread count is the host's; after
+    ``disable_glog_info()`` no INFO line of paddle-ipu's shows; the script's mode and
+    device are as they were, so its dygraph code runs next."""
+    prefix = str(tmp_path / "model")
+    saved = run_python(SAVE.format(prefix=prefix), env={"FLAGS_enable_pir_api": "0"})
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    env = {"PADDLE_IPU_CACHE_DIR": str(tmp_path / "cache")}
+    cpu = _run_script(tmp_path, _script(prefix, ipu=False), tmp_path / "cpu.npz", env)
+    assert cpu.returncode == 0, cpu.stderr[-3000:]
+    script = CUSTOM_DEVICE_SCRIPT.format(model=prefix + ".pdmodel", params=prefix + ".pdiparams")
+    ipu = _run_script(tmp_path, script, tmp_path / "ipu.npz", env)
+    assert ipu.returncode == 0, ipu.stderr[-3000:]
+    lines = ipu.stdout.splitlines()
+    assert "ran on paddle_ipu.inference" in lines
+    assert "threads 1" in lines
+    assert "dynamic True cpu" in lines
+    assert "to_static (1, 2)" in lines
+    assert "info lines 0" in lines
+    np.testing.assert_allclose(
+        np.load(tmp_path / "ipu.npz")["batch1"],
+        np.load(tmp_path / "cpu.npz")["batch1"],
+        rtol=1e-5,
+        atol=1e-6,
+    )
