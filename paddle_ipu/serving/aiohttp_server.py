@@ -1,7 +1,7 @@
 """The KServe v2 HTTP server in Python (aiohttp), for packages whose request shapes vary
 beyond the batch: buckets of sequence lengths (``paddle-ipu serve --seq-buckets``).
 
-:class:`~paddle_ipu.serving.http.InferenceServer`'s request path is C++ and checks one
+:class:`~paddle_ipu.serving.server.InferenceServer`'s request path is C++ and checks one
 fixed shape per tensor; a bucketed package takes any sequence length up to its longest
 bucket, pads a request to the shortest bucket that holds it and cuts the answer back
 (:class:`~paddle_ipu.serving.BucketedRuntime`), so it is served here instead: HTTP only

@@ -106,10 +106,10 @@ class InferenceServer:
     ) -> None:
         if getattr(runtime, "sequence", None) is not None:
             # The request path checks one fixed shape per tensor and feeds one queue; a
-            # bucketed package has a runtime per length (serving.python_http serves it).
+            # bucketed package has a runtime per length (serving.aiohttp_server serves it).
             raise NotSupportedError(
                 "a package with buckets of sequence lengths is served by "
-                "paddle_ipu.serving.python_http.PythonInferenceServer (HTTP only; "
+                "paddle_ipu.serving.aiohttp_server.PythonInferenceServer (HTTP only; "
                 "`paddle-ipu serve` picks it): this server's request path checks one "
                 "fixed shape per tensor"
             )
