@@ -340,7 +340,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.bucketed_runtime import runtime_for
-    from paddle_ipu.serving.http import InferenceServer
+    from paddle_ipu.serving.server import InferenceServer
 
     if args.workers < 1:
         raise OptionError(f"--workers must be >= 1, got {args.workers}")
@@ -384,7 +384,7 @@ def _serve_buckets(args: argparse.Namespace, runtime: Any) -> int:
     request shapes vary beyond the batch, which the C++ request path does not take; the
     Python HTTP server serves it."""
     from paddle_ipu.errors import NotSupportedError
-    from paddle_ipu.serving.python_http import PythonInferenceServer
+    from paddle_ipu.serving.aiohttp_server import PythonInferenceServer
 
     if args.grpc_port is not None or args.reuse_port:  # reuse_port: a --workers process
         runtime.close()

@@ -391,7 +391,9 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
 
   QueueStats StatsCopy() {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    QueueStats s = stats_;
+    s.in_flight = inflight_units_;
+    return s;
   }
 
   py::dict Stats() {
@@ -566,7 +568,6 @@ std::shared_ptr<ServingQueue> QueueOf(py::handle obj) {
   return obj.cast<std::shared_ptr<ServingQueue>>();
 }
 QueueStats StatsOf(ServingQueue* queue) { return queue->StatsCopy(); }
-int64_t InFlightOf(ServingQueue* queue) { return queue->in_flight(); }
 bool ClosedOf(ServingQueue* queue) { return queue->closed(); }
 int64_t CapacityOf(ServingQueue* queue) { return queue->capacity(); }
 

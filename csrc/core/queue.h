@@ -91,6 +91,8 @@ struct Piece {
   int64_t count;
 };
 
+// The queue's counters, as Python (ServingQueue.stats) and the front ends in
+// csrc/serving (statistics, /metrics) report them.
 struct QueueStats {
   int64_t runs = 0;
   int64_t requests = 0;
@@ -101,6 +103,7 @@ struct QueueStats {
   double queue_seconds = 0.0;  // summed over requests: arrival to first run
   std::vector<int64_t> fill_histogram;  // runs by units filled, 0..capacity
   std::vector<double> fill_seconds;     // busy seconds of those runs, by units filled
+  int64_t in_flight = 0;  // in a copy (StatsOf): units admitted, not yet answered
 };
 
 // The native interface of the queue, for the front ends in csrc/serving.
@@ -111,8 +114,8 @@ int SubmitNative(ServingQueue* queue, const RequestPtr& request, int64_t* in_fli
 bool CancelNative(Request* request);
 // The queue of a Python ServingQueue object (with the GIL), kept alive by the pointer.
 std::shared_ptr<ServingQueue> QueueOf(pybind11::handle obj);
+// A copy of the counters, in_flight included, taken at one instant.
 QueueStats StatsOf(ServingQueue* queue);
-int64_t InFlightOf(ServingQueue* queue);
 bool ClosedOf(ServingQueue* queue);
 int64_t CapacityOf(ServingQueue* queue);
 

@@ -4,9 +4,9 @@
   compiled inference graph (Paddle 2.x's model runtime);
 - :mod:`.bucketed_runtime`: :class:`BucketedRuntime`, one model runtime per bucket of
   sequence lengths; :func:`runtime_for` picks the runtime of a package;
-- :mod:`.http`: :class:`InferenceServer`, the KServe v2 / Triton server (HTTP, and gRPC
+- :mod:`.server`: :class:`InferenceServer`, the KServe v2 / Triton server (HTTP, and gRPC
   through :mod:`.grpc_service`); its request path is C++ (``paddle_ipu._core``);
-- :mod:`.python_http`: :class:`~.python_http.PythonInferenceServer`, KServe v2 over HTTP
+- :mod:`.aiohttp_server`: :class:`~.aiohttp_server.PythonInferenceServer`, KServe v2 over HTTP
   in Python, for packages with buckets of sequence lengths (request shapes that vary);
 - :mod:`.package`: the package format; :mod:`.saved_model`: compiling a saved inference
   model into a package; :mod:`.cache`: the compile cache.

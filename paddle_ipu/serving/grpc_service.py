@@ -57,7 +57,7 @@ def _imports() -> tuple[Any, Any, Any, Any]:
 
 
 class GrpcService:
-    """The gRPC endpoint of an :class:`~paddle_ipu.serving.http.InferenceServer`."""
+    """The gRPC endpoint of an :class:`~paddle_ipu.serving.server.InferenceServer`."""
 
     def __init__(self, server: Any, port: int, workers: int = 256) -> None:
         grpc, json_format, pb, mc = _imports()

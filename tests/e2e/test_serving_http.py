@@ -18,9 +18,9 @@ from support.serving_models import raw, reference, save
 
 httpclient = pytest.importorskip("tritonclient.http")
 
-from paddle_ipu.serving.http import InferenceServer  # noqa: E402
 from paddle_ipu.serving.model_runtime import ModelRuntime  # noqa: E402
 from paddle_ipu.serving.saved_model import compile_model  # noqa: E402
+from paddle_ipu.serving.server import InferenceServer  # noqa: E402
 
 WAIT = 60.0
 

@@ -1,7 +1,8 @@
-"""The KServe v2 request parsers of the C++ front end (csrc/serving/kserve.cc), without
-a model or a server: what a request's inputs become (the bytes the queue reads, checked
-against numpy's own conversions), the checks the model runtime makes (dtype casts, the
-int32 fit, shapes, index ranges), and the error messages naming the input.  gRPC
+"""The KServe v2 request parsers of the C++ front end (csrc/serving/http_request.cc and
+grpc_request.cc), without a model or a server: what a request's inputs become (the
+bytes the queue reads, checked against numpy's own conversions), the checks the model
+runtime makes (dtype casts, the int32 fit, shapes, index ranges), and the error
+messages naming the input.  gRPC
 requests are built with tritonclient's generated protobuf messages."""
 
 from __future__ import annotations

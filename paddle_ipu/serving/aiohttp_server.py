@@ -1,7 +1,7 @@
 """The KServe v2 HTTP server in Python (aiohttp), for packages whose request shapes vary
 beyond the batch: buckets of sequence lengths (``paddle-ipu serve --seq-buckets``).
 
-:class:`~paddle_ipu.serving.http.InferenceServer`'s request path is C++ and checks one
+:class:`~paddle_ipu.serving.server.InferenceServer`'s request path is C++ and checks one
 fixed shape per tensor; a bucketed package takes any sequence length up to its longest
 bucket, pads a request to the shortest bucket that holds it and cuts the answer back
 (:class:`~paddle_ipu.serving.BucketedRuntime`), so it is served here instead: HTTP only
@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu import _core
 from paddle_ipu.errors import (
     FeedError,
     IpuError,
@@ -52,21 +53,8 @@ __all__ = ["PythonInferenceServer"]
 
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 
-# KServe v2 datatypes <-> numpy (BYTES is not a tensor dtype any model here takes).
-_V2_TO_NUMPY = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
+# KServe v2 datatypes <-> numpy: the C++ front end's table (csrc/serving/dtypes.cc).
+_V2_TO_NUMPY = {v2: np.dtype(numpy) for v2, numpy, _ in _core.kserve_datatypes()}
 _NUMPY_TO_V2 = {v: k for k, v in _V2_TO_NUMPY.items()}
 
 # The protocol's way of saying the service is overloaded or going away.

@@ -61,21 +61,8 @@ log = logging.getLogger("paddle_ipu")
 
 __all__ = ["InferenceServer"]
 
-# KServe v2 datatypes of numpy dtypes (BYTES is not a tensor dtype any model here takes).
-_NUMPY_TO_V2 = {
-    np.dtype(np.bool_): "BOOL",
-    np.dtype(np.uint8): "UINT8",
-    np.dtype(np.uint16): "UINT16",
-    np.dtype(np.uint32): "UINT32",
-    np.dtype(np.uint64): "UINT64",
-    np.dtype(np.int8): "INT8",
-    np.dtype(np.int16): "INT16",
-    np.dtype(np.int32): "INT32",
-    np.dtype(np.int64): "INT64",
-    np.dtype(np.float16): "FP16",
-    np.dtype(np.float32): "FP32",
-    np.dtype(np.float64): "FP64",
-}
+# KServe v2 datatypes of numpy dtypes: the C++ front end's table (csrc/serving/dtypes.cc).
+_NUMPY_TO_V2 = {np.dtype(numpy): v2 for v2, numpy, _ in _core.kserve_datatypes()}
 
 
 def _v2_dtype(dtype: np.dtype, name: str) -> str:
@@ -119,10 +106,10 @@ class InferenceServer:
     ) -> None:
         if getattr(runtime, "sequence", None) is not None:
             # The request path checks one fixed shape per tensor and feeds one queue; a
-            # bucketed package has a runtime per length (serving.python_http serves it).
+            # bucketed package has a runtime per length (serving.aiohttp_server serves it).
             raise NotSupportedError(
                 "a package with buckets of sequence lengths is served by "
-                "paddle_ipu.serving.python_http.PythonInferenceServer (HTTP only; "
+                "paddle_ipu.serving.aiohttp_server.PythonInferenceServer (HTTP only; "
                 "`paddle-ipu serve` picks it): this server's request path checks one "
                 "fixed shape per tensor"
             )

@@ -1,0 +1,103 @@
+// The front end's state shared by HTTP and gRPC: the plan, the queue, the counters,
+// admission and draining (see front_end.h).
+#include "front_end.h"
+
+#include <cstdio>
+
+#include "metadata.h"
+
+namespace py = pybind11;
+
+namespace paddle_ipu {
+namespace serving {
+
+RequestPtr MakeRequest(const ModelPlan& m, const std::shared_ptr<Job>& job,
+                       const std::vector<char*>& out, NativeSink* sink,
+                       std::shared_ptr<void> owner) {
+  auto r = std::make_shared<Request>();
+  r->units = job->req.units;
+  for (size_t k = 0; k < m.inputs.size(); ++k) {
+    r->in.push_back({const_cast<char*>(job->req.in[k]), r->units * m.inputs[k].unit_bytes});
+  }
+  for (size_t i = 0; i < m.outputs.size(); ++i) {
+    r->out.push_back({out[i], r->units * m.outputs[i].unit_bytes});
+  }
+  r->sink = sink;
+  r->owner = std::move(owner);
+  return r;
+}
+
+Error RunError(const Request& r) {
+  if (r.state == RequestState::kCancelled || r.error_message.find("closed") != std::string::npos) {
+    return {503, r.error_message.empty() ? "the model runtime is closed" : r.error_message};
+  }
+  return {500, "inference failed: " + r.error_message};
+}
+
+std::string TimeoutMessage(double seconds) {
+  char ms[32];
+  std::snprintf(ms, sizeof(ms), "%g", seconds * 1e3);
+  return std::string("the request was not started within its timeout of ") + ms +
+         " ms: the server is busy; retry later or allow a longer timeout";
+}
+
+FrontEnd::FrontEnd(py::object queue, ModelPlan plan)
+    : queue_obj_(queue), queue_(QueueOf(queue)), plan_(std::move(plan)) {
+  metadata_ = ModelMetadataJson(plan_);
+  server_metadata_ = ServerMetadataJson(plan_);
+  config_ = ModelConfigJson(plan_);
+}
+
+FrontEnd::~FrontEnd() { Shutdown(); }
+
+bool FrontEnd::ready() const {
+  return ready_.load() && !draining_.load() && !ClosedOf(queue_.get());
+}
+
+std::string FrontEnd::StatisticsJson() {
+  return serving::StatisticsJson(plan_, counters_.Copy(), StatsOf(queue_.get()));
+}
+
+std::string FrontEnd::Prometheus() {
+  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()));
+}
+
+Error FrontEnd::Admit(const RequestPtr& r) {
+  int64_t in_flight = 0;
+  switch (SubmitNative(queue_.get(), r, &in_flight)) {
+    case 0:
+      active += 1;
+      return {};
+    case 1:
+      counters_.Add(&CounterValues::rejected_busy);
+      return {503, "the server is busy: " + std::to_string(in_flight) + " of " +
+                       std::to_string(plan_.limit) +
+                       (plan_.auto_batch ? " rows" : " micro-batches") +
+                       " in flight (num_buffers); retry later"};
+    case 2: return {503, "the model runtime is closed: no new requests are accepted"};
+    default: return {500, "internal error: the request's sizes do not match the queue's"};
+  }
+}
+
+void FrontEnd::Answered() {
+  active -= 1;
+  NotifyDrain();
+}
+
+void FrontEnd::NotifyDrain() {
+  std::lock_guard<std::mutex> lock(drain_mu_);
+  drained_.notify_all();
+}
+
+bool FrontEnd::Drain(double timeout) {
+  std::unique_lock<std::mutex> lock(drain_mu_);
+  auto done = [this] { return active.load() == 0 && connections.load() == 0; };
+  if (timeout < 0) {
+    drained_.wait(lock, done);
+    return true;
+  }
+  return drained_.wait_for(lock, std::chrono::duration<double>(timeout), done);
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu

@@ -1,0 +1,144 @@
+// gRPC ModelInfer calls (see grpc_call.h).
+#include "grpc_call.h"
+
+#include "front_end.h"
+#include "requests.h"
+#include "text.h"
+
+namespace paddle_ipu {
+namespace serving {
+
+int GrpcCode(int status) {
+  switch (status) {
+    case 200: return 0;     // OK
+    case 400: return 3;     // INVALID_ARGUMENT
+    case 413: return 3;
+    case 404: return 5;     // NOT_FOUND
+    case 503: return 14;    // UNAVAILABLE
+    case 504: return 4;     // DEADLINE_EXCEEDED
+    case 499: return 1;     // CANCELLED
+    default: return 13;     // INTERNAL
+  }
+}
+
+void GrpcCall::Deliver(std::vector<RequestPtr>&& finished) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const RequestPtr& r : finished) {
+    if (r == request_) Finish(*r);
+  }
+  cv_.notify_all();
+}
+
+void GrpcCall::Done(int status, std::string message) {
+  status_ = status;
+  message_ = std::move(message);
+  done_ = true;
+  request_.reset();  // the request owns this call: break the cycle
+}
+
+void GrpcCall::Finish(const Request& r) {
+  if (r.state == RequestState::kDone) return Done(200, std::string());
+  Error e = RunError(r);
+  Done(e.status, std::move(e.message));
+}
+
+void GrpcCall::Fail(const Error& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Done(e.status, e.message);
+  cv_.notify_all();
+}
+
+void GrpcCall::Wait(double timeout, Counters* counters) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (timeout > 0) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(timeout));
+    if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
+      RequestPtr r = request_;
+      lock.unlock();
+      const bool cancelled = r && CancelNative(r.get());
+      lock.lock();
+      if (cancelled && !done_) {
+        Done(504, TimeoutMessage(timeout));
+        counters->Add(&CounterValues::timed_out);
+      }
+    }
+  }
+  cv_.wait(lock, [this] { return done_; });
+}
+
+int GrpcCall::Result(FrontEnd* fe, double timeout) {
+  // The first of: the call's deadline, the request's timeout parameter, the server's
+  // request timeout.
+  double t = timeout;
+  for (double other : {job_->req.timeout_s, fe->plan().request_timeout_s}) {
+    if (other > 0 && (t <= 0 || other < t)) t = other;
+  }
+  Wait(t, fe->counters());
+  const int status = status_;
+  const int64_t rows = status == 200 && job_ ? job_->req.rows : 0;
+  fe->counters()->Done(status, rows, std::chrono::steady_clock::now() - job_->start);
+  if (admitted_) {  // it left the queue: one less in flight
+    admitted_ = false;
+    fe->Answered();
+  }
+  return GrpcCode(status);
+}
+
+const std::string& GrpcCall::response() const { return job_->grpc.body; }
+
+std::string GrpcCall::message() const { return ValidUtf8(message_); }
+
+bool GrpcCall::Cancel(Counters* counters) {
+  RequestPtr r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return false;
+    r = request_;
+  }
+  if (!r || !CancelNative(r.get())) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) {
+    Done(499, "the client cancelled the call");
+    cv_.notify_all();
+    counters->Add(&CounterValues::disconnected);
+  }
+  return true;
+}
+
+std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg) {
+  auto call = std::make_shared<GrpcCall>();
+  auto job = std::make_shared<Job>();
+  job->start = std::chrono::steady_clock::now();
+  job->body = std::move(msg);
+  call->job_ = job;
+  const ModelPlan& m = plan_;
+  if (draining_) {
+    call->Fail({503, kShuttingDown});
+    return call;
+  }
+  if (Error e = ParseGrpcInfer(m, job->body, &job->req)) {
+    call->Fail(e);
+    return call;
+  }
+  StartGrpcAnswer(m, job->req, &job->grpc);
+  if (job->req.units == 0) {
+    call->Fail({200, std::string()});
+    return call;
+  }
+  RequestPtr r = MakeRequest(m, job, job->grpc.out, call.get(), call);
+  {
+    std::lock_guard<std::mutex> lock(call->mu_);
+    call->request_ = r;
+  }
+  if (Error e = Admit(r)) {
+    call->Fail(e);
+  } else {
+    call->admitted_ = true;
+  }
+  return call;
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu

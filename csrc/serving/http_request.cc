@@ -1,0 +1,198 @@
+// The HTTP infer request (see requests.h): a JSON header (Boost.JSON), with JSON
+// tensors or the binary tensor extension's raw bytes after it.
+#include <boost/json.hpp>
+
+#include "checks.h"
+#include "json_tensors.h"
+#include "requests.h"
+#include "text.h"
+
+namespace json = boost::json;
+
+namespace paddle_ipu {
+namespace serving {
+
+namespace {
+
+const json::value* Member(const json::object* o, std::string_view key) {
+  return o ? o->if_contains(json::string_view(key.data(), key.size())) : nullptr;
+}
+
+// A member's object, or nullptr.
+const json::object* ObjectMember(const json::object* o, std::string_view key) {
+  const json::value* v = Member(o, key);
+  return v ? v->if_object() : nullptr;
+}
+
+std::string_view Str(const json::string& s) { return std::string_view(s.data(), s.size()); }
+
+// A JSON value in a message: at most 40 characters of it.
+std::string Short(const json::value& v) {
+  std::string s = json::serialize(v);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+// The shape of an input: a list of ints >= 0.
+bool ReadShape(const json::value* sv, std::vector<int64_t>* dims) {
+  if (!sv || !sv->is_array()) return false;
+  for (const json::value& e : sv->get_array()) {
+    if (!e.is_int64() || e.get_int64() < 0) return false;
+    dims->push_back(e.get_int64());
+  }
+  return true;
+}
+
+// The request's parameters: binary_data_output and Triton's per-request timeout.
+Error ReadParameters(const json::object* obj, bool* binary_default, InferRequest* r) {
+  const json::object* p = ObjectMember(obj, "parameters");
+  if (!p) return {};
+  if (const json::value* b = Member(p, "binary_data_output")) {
+    *binary_default = b->is_bool() && b->get_bool();
+  }
+  if (const json::value* t = Member(p, "timeout")) {  // in microseconds
+    if (!t->is_int64() || t->get_int64() < 0) {
+      return {400, "parameter 'timeout' must be an integer number of microseconds >= 0, got " +
+                       Short(*t)};
+    }
+    if (t->get_int64() > 0) r->timeout_s = static_cast<double>(t->get_int64()) * 1e-6;
+  }
+  return {};
+}
+
+// The outputs asked for: the "outputs" list, or every output.
+Error ReadOutputs(const ModelPlan& m, const json::object* obj, bool binary_default,
+                  InferRequest* r) {
+  r->want.clear();
+  r->binary.clear();
+  const json::value* outs = Member(obj, "outputs");
+  if (!outs) {
+    WantAll(m, binary_default, r);
+    return {};
+  }
+  if (!outs->is_array()) return {400, "\"outputs\" must be a list"};
+  for (const json::value& ov : outs->get_array()) {
+    const json::object* oo = ov.if_object();
+    const json::value* on = Member(oo, "name");
+    const bool named = on && on->is_string();
+    const size_t idx = named ? FindTensor(m.outputs, Str(on->get_string())) : m.outputs.size();
+    if (idx == m.outputs.size()) {
+      return UnknownOutput(m, named ? Repr(Str(on->get_string()))
+                                    : (on ? Short(*on) : std::string("None")));
+    }
+    bool bin = binary_default;
+    if (const json::object* p = ObjectMember(oo, "parameters")) {
+      if (const json::value* b = Member(p, "binary_data")) bin = b->is_bool() && b->get_bool();
+    }
+    if (Error e = WantOutput(m, idx, bin, r)) return e;
+  }
+  return {};
+}
+
+}  // namespace
+
+Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view blob,
+                     InferRequest* r) {
+  unsigned char scratch[4096];
+  json::monotonic_resource mr(scratch, sizeof(scratch));
+  std::error_code ec;
+  json::value doc = json::parse(json::string_view(head.data(), head.size()), ec, &mr);
+  if (ec) return {400, "the request is not valid JSON: " + ec.message()};
+  const json::object* obj = doc.if_object();
+  const json::value* inputs_v = Member(obj, "inputs");
+  const json::array* inputs = inputs_v ? inputs_v->if_array() : nullptr;
+  if (!inputs) return {400, "the request must be a JSON object with an \"inputs\" list"};
+  const size_t nin = m.inputs.size();
+  StartRequest(m, r);
+  std::vector<char> seen(nin, 0);
+  std::vector<DType> given(nin, DType::kInvalid);
+  std::vector<std::string> json_raw(nin);
+  std::vector<const char*> data_at(nin, nullptr);
+  std::string first;
+  size_t offset = 0;
+  for (const json::value& item : *inputs) {
+    const json::object* o = item.if_object();
+    const json::value* nv = Member(o, "name");
+    if (!nv || !nv->is_string()) return {400, "every input must be an object with a \"name\""};
+    const std::string_view name = Str(nv->get_string());
+    size_t k = 0;
+    if (Error e = ClaimInput(m, name, &seen, &k)) return e;
+    const TensorPlan& t = m.inputs[k];
+    const json::value* dv = Member(o, "datatype");
+    const std::string_view dname = dv && dv->is_string() ? Str(dv->get_string()) : "";
+    const DType d = FromV2(dname);
+    if (!dv || !dv->is_string() || d == DType::kInvalid || !SafeCast(d, t.dtype)) {
+      if (!dv || !dv->is_string()) {
+        return {400, "input " + Repr(name) + ": datatype " + (dv ? Short(*dv) : "None") +
+                         " is not supported; use " + V2Name(t.dtype)};
+      }
+      return DatatypeError(t, dname);
+    }
+    given[k] = d;
+    const json::value* sv = Member(o, "shape");
+    std::vector<int64_t> dims;
+    if (!ReadShape(sv, &dims)) {
+      return {400, "input " + Repr(name) + ": shape must be a list of ints >= 0, got " +
+                       (sv ? Short(*sv) : "None")};
+    }
+    if (Error e = CheckShape(m, t, dims, r, &first)) return e;
+    r->in_shapes[k] = dims;
+    const int64_t count = Elements(dims);
+    const int64_t bytes = count * ElemSize(d);
+    const json::object* params = ObjectMember(o, "parameters");
+    const json::value* size = Member(params, "binary_data_size");
+    if (size && !size->is_null()) {
+      if (!size->is_int64() || size->get_int64() != bytes) {
+        return {400, "input " + Repr(name) + ": binary_data_size is " + Short(*size) +
+                         ", but shape " + ShapeStr(dims) + " of " + V2Name(d) + " takes " +
+                         std::to_string(bytes) + " bytes"};
+      }
+      if (offset + static_cast<size_t>(bytes) > blob.size()) {
+        return {400, "input " + Repr(name) + ": the body ends " +
+                         std::to_string(offset + static_cast<size_t>(bytes) - blob.size()) +
+                         " bytes before this input's binary data"};
+      }
+      data_at[k] = blob.data() + offset;
+      offset += static_cast<size_t>(bytes);
+    } else {
+      const json::value* data = Member(o, "data");
+      if (!data) return {400, "input " + Repr(name) + " has neither data nor binary_data_size"};
+      std::string& raw = json_raw[k];
+      raw.reserve(static_cast<size_t>(bytes));
+      int64_t n = 0;
+      const json::value* bad = nullptr;
+      if (!JsonTensor(d, *data, &raw, &n, &bad)) {
+        return {400, "input " + Repr(name) + ": data is not " + V2Name(d) + ": " +
+                         (bad ? Short(*bad) : Short(*data)) + " is not a " + NumpyName(d) +
+                         " value"};
+      }
+      if (n != count) {
+        return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " has " +
+                         std::to_string(count) + " elements, data has " + std::to_string(n)};
+      }
+      data_at[k] = raw.data();
+    }
+  }
+  if (offset != blob.size()) {
+    return {400, "the body has " + std::to_string(blob.size() - offset) +
+                     " bytes of binary data that no input claims"};
+  }
+  if (Error e = MissingInputs(m, seen)) return e;
+  for (size_t k = 0; k < nin; ++k) {
+    if (!json_raw[k].empty() && given[k] == m.inputs[k].dtype) {
+      r->owned[k] = std::move(json_raw[k]);
+      data_at[k] = r->owned[k].data();
+    }
+    if (Error e = FinishInput(m.inputs[k], given[k], data_at[k], k, r)) return e;
+  }
+  bool binary_default = false;
+  if (Error e = ReadParameters(obj, &binary_default, r)) return e;
+  if (Error e = ReadOutputs(m, obj, binary_default, r)) return e;
+  if (const json::value* id = Member(obj, "id"); id && id->is_string()) {
+    r->id = std::string(Str(id->get_string()));
+  }
+  return {};
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu

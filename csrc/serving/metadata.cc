@@ -1,0 +1,83 @@
+// Server and model metadata, the model configuration, the repository index (see
+// metadata.h).
+#include "metadata.h"
+
+#include "text.h"
+
+namespace paddle_ipu {
+namespace serving {
+
+namespace {
+
+// The tensors' list: names, datatypes (`type_key`: `type_name`(dtype)) and shapes
+// from their dimension `skip` on (`shape_key`).
+template <typename TypeName>
+std::string TensorList(const std::vector<TensorPlan>& ts, const char* type_key,
+                       TypeName type_name, const char* shape_key, size_t skip) {
+  std::string s = "[";
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (i) s += ",";
+    s += "{\"name\":" + Quote(ts[i].name) + ",\"" + type_key + "\":\"" + type_name(ts[i].dtype) +
+         "\",\"" + shape_key + "\":[";
+    for (size_t k = skip, n = 0; k < ts[i].shape.size(); ++k, ++n) {
+      s += (n ? "," : "") + std::to_string(ts[i].shape[k]);
+    }
+    s += "]}";
+  }
+  return s + "]";
+}
+
+std::string TensorsJson(const std::vector<TensorPlan>& ts) {
+  return TensorList(ts, "datatype", V2Name, "shape", 0);
+}
+
+// With max_batch_size > 0 Triton's dims leave out the batch dimension.
+std::string ConfigTensors(const ModelPlan& m, const std::vector<TensorPlan>& ts) {
+  return TensorList(ts, "data_type", ConfigName, "dims", m.auto_batch ? 1 : 0);
+}
+
+}  // namespace
+
+std::string ServerMetadataJson(const ModelPlan& m) {
+  return "{\"name\":\"paddle-ipu\",\"version\":" + Quote(m.server_version) +
+         ",\"extensions\":[\"binary_tensor_data\",\"statistics\",\"model_configuration\","
+         "\"model_repository\"]}";
+}
+
+std::string ModelMetadataJson(const ModelPlan& m) {
+  return "{\"name\":" + Quote(m.name) + ",\"versions\":[" + Quote(m.version) +
+         "],\"platform\":\"paddle_ipu\",\"inputs\":" + TensorsJson(m.inputs) +
+         ",\"outputs\":" + TensorsJson(m.outputs) + "}";
+}
+
+std::string ModelConfigJson(const ModelPlan& m) {
+  std::string s = "{\"name\":" + Quote(m.name) +
+                  ",\"platform\":\"paddle_ipu\",\"backend\":\"paddle_ipu\",\"max_batch_size\":" +
+                  std::to_string(m.auto_batch ? m.max_rows : 0) +
+                  ",\"input\":" + ConfigTensors(m, m.inputs) +
+                  ",\"output\":" + ConfigTensors(m, m.outputs);
+  // The queue's bound and the request timeout are Triton's default queue policy.
+  std::string policy = "{\"timeout_action\":\"REJECT\",\"default_timeout_microseconds\":" +
+                       std::to_string(static_cast<int64_t>(m.request_timeout_s * 1e6)) +
+                       ",\"allow_timeout_override\":true,\"max_queue_size\":" +
+                       std::to_string(m.limit) + "}";
+  if (m.auto_batch) {
+    s += ",\"dynamic_batching\":{\"preferred_batch_size\":[" + std::to_string(m.capacity) +
+         "],\"max_queue_delay_microseconds\":" +
+         std::to_string(static_cast<int64_t>(m.batch_timeout_us)) +
+         ",\"default_queue_policy\":" + policy + "}";
+  }
+  s += ",\"instance_group\":[{\"name\":" + Quote(m.name) + ",\"count\":1,\"kind\":\"KIND_CPU\"}]";
+  s += ",\"parameters\":{\"micro_batch_size\":{\"string_value\":\"" +
+       std::to_string(m.micro_batch_size) + "\"},\"auto_batching\":{\"string_value\":\"" +
+       (m.auto_batch ? "true" : "false") + "\"}}";
+  return s + "}";
+}
+
+std::string RepositoryIndexJson(const ModelPlan& m, bool ready) {
+  return "[{\"name\":" + Quote(m.name) + ",\"version\":" + Quote(m.version) + ",\"state\":\"" +
+         (ready ? "READY" : "UNAVAILABLE") + "\",\"reason\":\"\"}]";
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu

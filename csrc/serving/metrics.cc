@@ -1,0 +1,149 @@
+// Counters, statistics and Prometheus text (see metrics.h).
+#include "metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "text.h"
+
+namespace paddle_ipu {
+namespace serving {
+
+namespace {
+
+std::string Duration(int64_t count, double seconds) {
+  return "{\"count\":" + std::to_string(count) +
+         ",\"ns\":" + std::to_string(static_cast<int64_t>(seconds * 1e9)) + "}";
+}
+
+std::string Seconds(double s) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6f", s);
+  return buf;
+}
+
+}  // namespace
+
+void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duration took) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status == 200) {
+    v_.success += 1;
+    v_.success_ns += ns;
+    v_.success_rows += rows;
+    v_.last_inference_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  } else {
+    v_.fail += 1;
+    v_.fail_ns += ns;
+  }
+  v_.duration_s += static_cast<double>(ns) * 1e-9;
+  for (auto& p : v_.by_status) {
+    if (p.first == status) {
+      p.second += 1;
+      return;
+    }
+  }
+  v_.by_status.push_back({status, 1});
+  std::sort(v_.by_status.begin(), v_.by_status.end());
+}
+
+void Counters::Add(int64_t CounterValues::*counter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v_.*counter += 1;
+}
+
+CounterValues Counters::Copy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return v_;
+}
+
+std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s) {
+  std::string out = "{\"model_stats\":[{\"name\":" + Quote(m.name) + ",\"version\":" +
+                    Quote(m.version) + ",\"last_inference\":" +
+                    std::to_string(c.last_inference_ms) +
+                    ",\"inference_count\":" + std::to_string(c.success_rows) +
+                    ",\"execution_count\":" + std::to_string(s.runs) +
+                    ",\"inference_stats\":{\"success\":" +
+                    Duration(c.success, static_cast<double>(c.success_ns) * 1e-9) +
+                    ",\"fail\":" + Duration(c.fail, static_cast<double>(c.fail_ns) * 1e-9) +
+                    ",\"queue\":" + Duration(s.requests, s.queue_seconds) +
+                    ",\"compute_input\":" + Duration(0, 0) +
+                    ",\"compute_infer\":" + Duration(s.runs, s.busy_seconds) +
+                    ",\"compute_output\":" + Duration(0, 0) + "},\"batch_stats\":[";
+  bool first = true;
+  for (size_t k = 0; k < s.fill_histogram.size(); ++k) {
+    if (s.fill_histogram[k] == 0) continue;
+    out += std::string(first ? "" : ",") + "{\"batch_size\":" + std::to_string(k) +
+           ",\"compute_input\":" + Duration(0, 0) + ",\"compute_infer\":" +
+           Duration(s.fill_histogram[k], k < s.fill_seconds.size() ? s.fill_seconds[k] : 0.0) +
+           ",\"compute_output\":" + Duration(0, 0) + "}";
+    first = false;
+  }
+  return out + "]}]}";
+}
+
+std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s) {
+  std::vector<std::pair<int, int64_t>> by_status = c.by_status;
+  const std::string label = "model=" + Quote(m.name) + ",version=" + Quote(m.version);
+  std::string o;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  // A metric of one sample.
+  auto one = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    metric(name, type, help);
+    o += std::string(name) + "{" + label + "} " + value + "\n";
+  };
+  metric("paddle_ipu_requests_total", "counter", "Inference requests by outcome (HTTP status).");
+  bool has_200 = false;
+  int64_t total = 0;
+  for (const auto& p : by_status) has_200 |= p.first == 200;
+  if (!has_200) by_status.insert(by_status.begin(), {200, 0});
+  for (const auto& p : by_status) {
+    o += "paddle_ipu_requests_total{" + label + ",status=\"" + std::to_string(p.first) + "\"} " +
+         std::to_string(p.second) + "\n";
+    total += p.second;
+  }
+  one("paddle_ipu_request_rows_total", "counter", "Rows of successful requests.",
+      std::to_string(c.success_rows));
+  metric("paddle_ipu_request_duration_seconds", "summary", "Time in the server per request.");
+  o += "paddle_ipu_request_duration_seconds_sum{" + label + "} " + Seconds(c.duration_s) + "\n";
+  o += "paddle_ipu_request_duration_seconds_count{" + label + "} " + std::to_string(total) + "\n";
+  one("paddle_ipu_rejected_total", "counter",
+      "Requests refused because the queue was full (503 / UNAVAILABLE).", std::to_string(c.rejected_busy));
+  one("paddle_ipu_timed_out_total", "counter",
+      "Requests not started within their timeout (504 / DEADLINE_EXCEEDED).",
+      std::to_string(c.timed_out));
+  one("paddle_ipu_disconnected_total", "counter",
+      "Requests dropped before they ran because the client went away.", std::to_string(c.disconnected));
+  one("paddle_ipu_in_flight", "gauge", "Units (rows, or micro-batches) admitted, not answered.",
+      std::to_string(s.in_flight));
+  one("paddle_ipu_queue_seconds_total", "counter", "Time requests waited in the queue, summed.",
+      Seconds(s.queue_seconds));
+  one("paddle_ipu_compute_seconds_total", "counter", "Time the worker spent running the graph.",
+      Seconds(s.busy_seconds));
+  one("paddle_ipu_runs_total", "counter", "Graph runs (failed ones included).",
+      std::to_string(s.runs));
+  one("paddle_ipu_failed_runs_total", "counter", "Graph runs that raised.",
+      std::to_string(s.failed_runs));
+  one("paddle_ipu_padded_units_total", "counter", "Units of zero padding fed.",
+      std::to_string(s.padded_units));
+  metric("paddle_ipu_batch_size", "histogram", "Units (rows) per graph run.");
+  int64_t cumulative = 0, units = 0;
+  for (size_t k = 0; k < s.fill_histogram.size(); ++k) {
+    cumulative += s.fill_histogram[k];
+    units += static_cast<int64_t>(k) * s.fill_histogram[k];
+    o += "paddle_ipu_batch_size_bucket{" + label + ",le=\"" + std::to_string(k) + "\"} " +
+         std::to_string(cumulative) + "\n";
+  }
+  o += "paddle_ipu_batch_size_bucket{" + label + ",le=\"+Inf\"} " + std::to_string(cumulative) +
+       "\n";
+  o += "paddle_ipu_batch_size_sum{" + label + "} " + std::to_string(units) + "\n";
+  o += "paddle_ipu_batch_size_count{" + label + "} " + std::to_string(cumulative) + "\n";
+  return o;
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu
