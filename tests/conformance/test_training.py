@@ -15,7 +15,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from support.helpers import run_python  # noqa: E402
+from support.helpers import fresh_programs, run_python  # noqa: E402
 
 import paddle_ipu  # noqa: E402
 from paddle_ipu.errors import CompileError, NotSupportedError  # noqa: E402
@@ -57,15 +57,7 @@ def _attr(name: str) -> Any:
 def _building(seed: int) -> Iterator[tuple[Any, Any, Any]]:
     """Fresh programs, scope and names under ``seed``; the startup program runs on exit,
     so the same seed gives the same names and initial weights."""
-    paddle.enable_static()
-    paddle.seed(seed)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs(seed) as (main, startup, scope):
         yield main, startup, scope
         paddle.static.Executor(paddle.CPUPlace()).run(startup)
 

@@ -13,6 +13,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from support.helpers import fresh_programs
+
 # name -> (builder of the network, input size used by the fast tier, full input size)
 VISION: dict[str, tuple[Callable[[], Any], int, int]] = {}
 
@@ -156,16 +158,8 @@ def build(
     ``size``: the image side for vision models (default: the fast tier's).  With
     ``train``, the program also holds a cross-entropy loss and an Adam update; the
     same ``seed`` gives the same parameter names and initial values."""
-    paddle.enable_static()
-    paddle.seed(seed)
     np.random.seed(seed)
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    scope = paddle.static.Scope()
-    with (
-        paddle.utils.unique_name.guard(),
-        paddle.static.scope_guard(scope),
-        paddle.static.program_guard(main, startup),
-    ):
+    with fresh_programs(seed) as (main, startup, scope):
         if name in VISION:
             make, small, _ = VISION[name]
             side = size or small
