@@ -13,7 +13,9 @@ the previous engine's spinning threads do not count) and the median per engine i
 reported:
 
 - ``ipu``: paddle-ipu's executor of the compiled package, fp32, on the host backend;
-- ``ipu16``: the same in fp16 (the host's default float32 arithmetic);
+- ``ipu16``: the same in fp16, in float32 arithmetic (``host_fp16_arithmetic="float32"``:
+  float16 weights and constants; the default, ``"float16"``, rounds every operator's
+  result as the IPU does: bench/fp16_arithmetic.py);
 - ``PI``: Paddle Inference (``paddle.inference``) with oneDNN and without; its *best
   correct* configuration is the faster of those whose answer is within 1e-4 of the
   dygraph forward (oneDNN gives wrong answers on some models and fails on others);
@@ -72,12 +74,13 @@ def _paddle_inference(prefix: str, threads: int, onednn: bool) -> Callable[[np.n
     return run
 
 
-def _ipu(package: Any, threads: int) -> tuple[Callable[[np.ndarray], Any], Any]:
+def _ipu(package: Any, threads: int, **options: Any) -> tuple[Callable[[np.ndarray], Any], Any]:
     """paddle-ipu's executor (the bucket of SEQ tokens for a bucketed package)."""
+    options.update(host_num_threads=threads, host_spin_threads=False)
     if package.sequence is not None:
-        executor = package.executors(host_num_threads=threads, host_spin_threads=False)[SEQ]
+        executor = package.executors(**options)[SEQ]
     else:
-        executor = package.executor(host_num_threads=threads, host_spin_threads=False)
+        executor = package.executor(**options)
     name = executor.model.inputs[0].paddle_name
 
     def run(x: np.ndarray) -> np.ndarray:
@@ -162,7 +165,7 @@ def measure(name: str, batches: list[int], threads: list[int], repeat: int, smal
                 errors: dict[str, float | str] = {}
                 held = []
                 ipu, e32 = _ipu(p32, n)
-                ipu16, e16 = _ipu(p16, n)
+                ipu16, e16 = _ipu(p16, n, host_fp16_arithmetic="float32")
                 held += [e32, e16]
                 engines["ipu"], engines["ipu16"] = ipu, ipu16
                 engines["ORT"] = _ort(p32, n)

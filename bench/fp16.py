@@ -1,4 +1,6 @@
-"""fp32 <-> fp16 conversion throughput: paddle_ipu._core against numpy, paddle.cast and memcpy.
+"""fp32 <-> fp16 conversion throughput: paddle_ipu._core against numpy, paddle.cast and memcpy;
+and float16 rounding of float32 values (the IPU's weight updates on the host): the core's
+round_fp16, to nearest and stochastically, against numpy's round trip.
 
     python bench/fp16.py [--quick]
 
@@ -11,21 +13,19 @@ section also reports the per-call time in microseconds (the call overhead).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 import numpy as np
 import paddle
 
+from paddle_ipu import _core
 from paddle_ipu._tensors import fp16
-
-_core: Any = importlib.import_module("paddle_ipu._core")
 
 SIZES = [("1 KiB", 1 << 10), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)]
 Call = Callable[[], object]
@@ -122,6 +122,21 @@ def bench_size(label: str, nbytes: int, quick: bool) -> None:
             up,
         ],
     }
+    rng = np.random.default_rng(1)
+
+    def numpy_stochastic() -> object:
+        # the same rounding with numpy: 13 random bits added below float16's last
+        # mantissa bit, then dropped (float16's normal range only)
+        bits = a32.view(np.uint32)
+        noise = rng.integers(0, 1 << 13, n, dtype=np.uint32)
+        return ((bits + noise) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float16)
+
+    directions["f32 -> f16 values in f32 (round)"] = [
+        ("numpy astype", lambda: a32.astype(np.float16).astype(np.float32), None),
+        ("_core.round_fp16 nearest", lambda: _core.round_fp16(a32), None),
+        ("numpy stochastic (bits)", numpy_stochastic, None),
+        ("_core.round_fp16 stochastic", lambda: _core.round_fp16(a32, stochastic=True), None),
+    ]
     if nbytes >= 64 << 20:
         down2, up2 = inplace_rows(a32, 2)
         directions["f32->f16"] += [

@@ -123,6 +123,7 @@ _LAZY = {
     "set_ipu_shard": "paddle_ipu.compiler",
     "supported_ops": "paddle_ipu.compiler",
     "compile_program": "paddle_ipu.compiler",
+    "memory_report": "paddle_ipu.compiler.memory",
     "available_backends": "paddle_ipu.backends",
     "inference_model": "paddle_ipu.frontends.dygraph",
     "training_model": "paddle_ipu.frontends.dygraph",

@@ -90,6 +90,15 @@ def adam_update_many(
 ) -> list[Any]: ...
 def adam_release_memory() -> int: ...
 
+# -- float16 rounding (csrc/core/rounding.cc) ------------------------------------------
+def round_fp16(
+    src: np.ndarray,
+    stochastic: bool = False,
+    saturate: bool = True,
+    seed: SupportsIndex = 0,
+    stream: SupportsIndex = 0,
+) -> np.ndarray: ...
+
 # -- the serving queue (csrc/core/queue.cc) ------------------------------------------
 class RequestState(Enum):
     QUEUED = 0

@@ -199,6 +199,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         shapes = list(package.shapes) or "none yet"
         extra = f" (input shapes {shapes}; feeds {package.declared_shapes()})"
     print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{extra}")
+    if args.report:
+        from paddle_ipu.compiler.memory import memory_report
+
+        graphs = {"": package.model} if package.model is not None else {}
+        graphs.update({f"sequence length {n}": m for n, m in package.buckets.items()})
+        graphs.update({f"input shapes {k}": m for k, m in package.shapes.items()})
+        if not graphs:
+            print("memory: no graph compiled yet (compiled per input shape on first use)")
+        for label, model in graphs.items():
+            print(f"{label}:" if label else "", end="\n" if label else "")
+            print(memory_report(model, package.strategy().values()).text())
     return 0
 
 
@@ -520,6 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true", help="run the graph in float16")
     p.add_argument("--backend", default="host", choices=("host", "popart"))
     p.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="print the memory the model needs on each IPU, against the IPU's",
+    )
     _bucket_arguments(p)
 
     p = sub.add_parser("run", help="run a package once on inputs from .npy files")

@@ -123,3 +123,43 @@ class DistributedError(BackendError):
         super().__init__(message)
         #: the ranks the message names as the cause (empty when none could be named)
         self.ranks = tuple(ranks)
+
+
+class FloatingPointCheckError(IpuError, FloatingPointError):
+    """With ``enable_floating_point_checks``, an operator produced an infinity or a NaN
+    from finite operands (overflow, invalid operation, division by zero) -- where the
+    IPU's floating-point trap stops the run.  The message names the operator; the
+    attributes hold what it names."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str = "",
+        op_type: str = "",
+        paddle_op: str = "",
+        step: int = 0,
+        kind: str = "",
+    ) -> None:
+        super().__init__(message)
+        #: the ONNX node (inference) or Paddle operator (training) that trapped
+        self.node = node
+        #: its ONNX operator type ("" in training, where the graph is Paddle's)
+        self.op_type = op_type
+        #: the Paddle operator type it was converted from ("" when not known)
+        self.paddle_op = paddle_op
+        #: the run of the session (1 for its first) in which it happened
+        self.step = step
+        #: "overflow", "invalid operation" or "division by zero"
+        self.kind = kind
+
+
+class IpuMemoryError(CompileError, MemoryError):
+    """The model does not fit in the memory of an IPU (or of one pipeline stage): the
+    message is the memory report of the IPUs that do not fit; :attr:`report` holds the
+    whole report (``paddle_ipu.memory_report``)."""
+
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        #: the :class:`paddle_ipu.compiler.memory.MemoryReport`
+        self.report = report

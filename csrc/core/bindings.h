@@ -9,6 +9,7 @@ void RegisterFp16(pybind11::module_& m);
 void RegisterTensorView(pybind11::module_& m);
 void RegisterQueue(pybind11::module_& m);
 void RegisterOptim(pybind11::module_& m);
+void RegisterRounding(pybind11::module_& m);
 namespace serving {
 void RegisterServing(pybind11::module_& m);
 }

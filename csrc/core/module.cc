@@ -6,7 +6,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "paddle-ipu hot paths (fp16 conversion, zero-copy tensor views, serving queue and front ends, Adam update)";
+  m.doc() = "paddle-ipu hot paths (fp16 conversion, zero-copy tensor views, serving queue and front ends, Adam update, float16 rounding)";
   m.attr("paddle_version") = PADDLE_IPU_PADDLE_VERSION;
   py::dict info;
   info["paddle_version"] = PADDLE_IPU_PADDLE_VERSION;
@@ -19,5 +19,6 @@ PYBIND11_MODULE(_core, m) {
   paddle_ipu::RegisterTensorView(m);
   paddle_ipu::RegisterQueue(m);
   paddle_ipu::RegisterOptim(m);
+  paddle_ipu::RegisterRounding(m);
   paddle_ipu::serving::RegisterServing(m);
 }

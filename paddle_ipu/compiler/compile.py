@@ -405,7 +405,7 @@ def _compile(
         )
         model = _convert(fg, requested, auto_upgrade, isolate, frozenset())
 
-    inputs, outputs, weights, shards = _finalize(
+    inputs, outputs, weights, shards, owner = _finalize(
         model,
         fg,
         micro_batch_size=micro_batch_size,
@@ -438,6 +438,7 @@ def _compile(
         opset=actual_opset,
         shards=shards,
         source_ops=[info.type for info in fg.ops],
+        node_ops={node.name: owner[node.name] for node in model.graph.node if node.name in owner},
     )
     if onnx_dump_path:
         compiled.save_model_proto(onnx_dump_path)
@@ -452,7 +453,9 @@ def _finalize(
     manual_shard: bool,
     sequence_length: int | None = None,
     pipelining: bool,
-) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec]]:
+) -> tuple[
+    list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec], dict[str, int]
+]:
     """The converter's ONNX model made the one the executor runs: its mistakes fixed
     (:mod:`.converter_fixes`), then the generic passes (:mod:`.onnx_passes`)."""
     graph = model.graph
@@ -478,7 +481,7 @@ def _finalize(
     onnx_passes.drop_unused_weights(graph, weights)
     outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
     model.producer_name = "paddle-ipu"
-    return inputs, outputs, weights, shards
+    return inputs, outputs, weights, shards, owner
 
 
 def reader_for(program: Any) -> ProgramReader:

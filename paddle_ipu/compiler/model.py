@@ -89,6 +89,8 @@ class CompiledModel:
         optimizer: the optimizer configuration (training only).
         shards: ONNX node name -> its ipu_index / ipu_stage, when set.
         source_ops: the Paddle operator names of the forward graph, for reports.
+        node_ops: ONNX node name -> the index in ``source_ops`` of the Paddle
+            operator it was converted from (for errors that name an operator).
     """
 
     onnx: bytes
@@ -101,6 +103,7 @@ class CompiledModel:
     optimizer: Any = None
     shards: dict[str, ShardSpec] = field(default_factory=dict)
     source_ops: list[str] = field(default_factory=list)
+    node_ops: dict[str, int] = field(default_factory=dict)
 
     def input(self, name: str) -> TensorSpec:
         for spec in self.inputs:

@@ -34,7 +34,7 @@ def find_loss(program: Any) -> Any:
             continue
         seeds = {op.result(0).id}
         for later in ops[i + 1 :]:
-            sources = {v.id for v in later.operands_source() if v is not None}
+            sources = {v.id for v in later.operands_source() if v is not None and v.initialized()}
             if not sources & seeds:
                 continue
             if later.name().endswith("_grad"):

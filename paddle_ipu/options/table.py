@@ -267,12 +267,16 @@ _add("host_spin_threads", "bool", True, PRODUCT,
          "shorter runs back to back, but the cores they spin on are taken from other threads. "
          "Unset, they do not spin under the model runtime (enable_model_runtime_executor, "
          "`paddle-ipu serve`): its callers' threads need the cores between runs.")
-_add("host_fp16_arithmetic", "string", "float32", PRODUCT, choices=("float32", "float16"),
-     doc="With enable_fp16, what the host backend computes in: \"float32\" (weights and "
-         "constants held in float16, arithmetic in float32; its speed against float32: "
-         "docs/ecosystem.md) or "
-         "\"float16\" (every operator's result in float16, as the IPU computes; slower, "
-         "as ONNX Runtime's CPU provider casts around most operators).")
+_add("host_fp16_arithmetic", "string", "float16", PRODUCT, choices=("float16", "float32"),
+     doc="With enable_fp16, what the host backend computes in: \"float16\" (every operator's "
+         "result rounded to float16, partials, stochastic rounding and saturation as the IPU "
+         "does: docs/without_ipu.md) or \"float32\" (weights and constants held in float16, "
+         "arithmetic in float32: faster serving where the IPU's rounding does not matter; its "
+         "speed against float32: docs/ecosystem.md).")
+_add("host_memory_check", "string", "error", PRODUCT, choices=("error", "warning", "off"),
+     doc="What the host backend does at compile time with a model that does not fit in an "
+         "IPU's memory (paddle_ipu.memory_report): \"error\" refuses it (IpuMemoryError, as "
+         "the Poplar compile fails), \"warning\" logs the report, \"off\" skips it.")
 _add("anchor_return_type", "string", "ALL", PRODUCT, choices=("ALL", "FINAL", "SUM", "EVERYN"),
      doc="What a run returns per fetch: ALL (every step), FINAL (last step), SUM (sum over "
          "steps) or EVERYN (every anchor_return_period-th step).")

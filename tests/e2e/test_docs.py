@@ -172,12 +172,11 @@ def _losses(options: dict[str, Any], fp16: bool = False, steps: int = 3) -> np.n
 @pytest.mark.parametrize(
     "options",
     [
-        {"enable_half_partial": True},
-        {"partials_type_matmuls": "half"},
         {"enable_non_stable_softmax": True},
-        {"loss_scaling": 128.0},
+        {"location_activation": {"on_chip": 0}},
+        {"enable_outlining": False},
     ],
-    ids=["half_partial", "partials_half", "non_stable_softmax", "loss_scaling"],
+    ids=["non_stable_softmax", "activations_off_chip", "no_outlining"],
 )
 def test_options_documented_as_ignored_run_with_unchanged_results(options: dict[str, Any]) -> None:
     """Listed as ignored: they run, and the host's results do not move."""
@@ -188,8 +187,8 @@ def test_options_documented_as_ignored_run_with_unchanged_results(options: dict[
 
 @pytest.mark.parametrize(
     "options",
-    [{"enable_stochastic_rounding": True}, {"accl1_type": "FLOAT16"}],
-    ids=["stochastic_rounding", "fp16_optimizer_state"],
+    [{"use_no_bias_optimizer": True}, {"accl1_type": "FLOAT16"}],
+    ids=["no_bias_optimizer", "fp16_optimizer_state"],
 )
 def test_options_documented_as_unsupported_are_refused_at_compile(options: dict[str, Any]) -> None:
     assert all(ROWS[k]["host"].startswith("unsupported") for k in options)

@@ -195,13 +195,16 @@ def run_cpu(model: Model, feed: dict[str, np.ndarray], fetch: Any = None) -> np.
         return np.asarray(exe.run(model.main, feed=feed, fetch_list=[target])[0])
 
 
-def compile_ipu(model: Model, *, fp16: bool = False) -> tuple[Any, Any]:
-    """(IpuCompiledProgram, runnable program) for ``model`` on the default backend."""
+def compile_ipu(model: Model, *, fp16: bool = False, arithmetic: str = "") -> tuple[Any, Any]:
+    """(IpuCompiledProgram, runnable program) for ``model`` on the default backend;
+    ``arithmetic``: the host's fp16 arithmetic (default: the IPU's float16)."""
     import paddle_ipu
 
     s = paddle_ipu.IpuStrategy()
     s.set_graph_config(is_training=model.loss is not None, micro_batch_size=model.x_shape[0])
     s.set_precision_config(enable_fp16=fp16)
+    if arithmetic:
+        s.set_options({"host_fp16_arithmetic": arithmetic})
     cp = paddle_ipu.IpuCompiledProgram(model.main, scope=model.scope, ipu_strategy=s)
     target = model.loss if model.loss is not None else model.out
     return cp, cp.compile(model.feeds, [target])

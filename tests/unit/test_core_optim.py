@@ -176,6 +176,8 @@ def test_trainer_batched_adam_is_apply_update_per_parameter(kind: str) -> None:
     trainer = object.__new__(host_optim.HostTrainer)
     trainer.optimizer = config
     trainer.fp16 = False
+    trainer.arith = None
+    trainer._param_index = {slot.name: i for i, slot in enumerate(slots)}
     trainer.lr = F(0.01)
     trainer.weights = {n: rng.standard_normal(s).astype(F) for n, s in shapes.items()}
     trainer.state = {}

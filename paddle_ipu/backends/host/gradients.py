@@ -76,6 +76,11 @@ class GradientProgram:
     #: the program), aligned with :attr:`param_names`: read without a fetch's copy.
     #: ``""``: the gradient is fetched (see :attr:`output_list`)
     grad_outputs: list[str] = field(default_factory=list)
+    #: the floating-point checks' flags (:mod:`.fp16_program`), fetched last; None
+    #: without the checks
+    flags: Any = None
+    #: per operator the flags watch: its index in :attr:`program` and its name
+    checked: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def fetch_list(self) -> list[Any]:
@@ -87,7 +92,8 @@ class GradientProgram:
         """What to fetch when the gradients with a :attr:`grad_outputs` name are read
         from the scope: loss, user fetches, then the other gradients."""
         fetched = [g for g, name in zip(self.grads, self.grad_outputs) if not name]
-        return [self.loss, *self.fetches, *fetched]
+        flags = [] if self.flags is None else [self.flags]
+        return [self.loss, *self.fetches, *fetched, *flags]
 
     @property
     def output_names(self) -> list[str]:
@@ -126,6 +132,7 @@ def build_gradient_program(
     optimizer: OptimizerConfig | None = None,
     scope: Any = None,
     grad_values: Mapping[str, Any] | None = None,
+    numerics: ProgramNumerics | None = None,
 ) -> GradientProgram:
     """Build the gradient program of a PIR training program.
 
@@ -139,6 +146,9 @@ def build_gradient_program(
         scope: passed to :func:`extract_optimizer` (reads the lr).
         grad_values: parameter name -> raw gradient ``pir.Value``, when ``optimizer``'s
             slots do not carry them (a CompiledModel's optimizer does not).
+        numerics: the IPU's float16 arithmetic and floating-point checks to put into
+            the program (:mod:`.fp16_program`); None: Paddle's float32 kernels as
+            they are.
 
     Raises:
         CompileError: no optimizer, or a fetch that is not a value of ``program``.
@@ -238,6 +248,24 @@ def build_gradient_program(
     import paddle
 
     grads = [remap(p) for p in grad_pos]
+    loss_value = remap(targets[0])
+    fetch_values = [remap(p) for p in targets[1 : 1 + len(fetch_list)]]
+    flags: Any = None
+    checked: list[tuple[int, str]] = []
+    if numerics is not None:
+        from paddle_ipu.backends.host import fp16_program
+
+        done = fp16_program.rewrite(
+            clone,
+            loss_value,
+            fetch_values,
+            grads,
+            arith=numerics.arith,
+            checks=numerics.checks,
+            loss_scaling=numerics.loss_scaling,
+        )
+        loss_value, fetch_values, grads = done.loss, done.fetches, done.grads
+        flags, checked = done.flags, done.checked
     grad_outputs = []
     with paddle.static.program_guard(clone):
         for value, param in zip(grads, param_names):
@@ -257,14 +285,16 @@ def build_gradient_program(
         feed_names=feed_names,
         param_names=param_names,
         buffers=buffers,
-        loss=remap(targets[0]),
-        fetches=[remap(p) for p in targets[1 : 1 + len(fetch_list)]],
+        loss=loss_value,
+        fetches=fetch_values,
         fetch_names=list(fetch_names),
         loss_name=loss_name,
         grads=grads,
         optimizer=optimizer,
         removed_ops=removed[::-1],
         grad_outputs=grad_outputs,
+        flags=flags,
+        checked=checked,
     )
 
 
@@ -288,7 +318,24 @@ def empty_parameters(program: Any) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-def build_from_source(source: TrainingSource, optimizer: OptimizerConfig) -> GradientProgram:
+@dataclass(frozen=True)
+class ProgramNumerics:
+    """What :func:`build_gradient_program` puts into the program (:mod:`.fp16_program`):
+    the float16 arithmetic (None: float32), the floating-point checks, and the loss
+    scaling (applied with float16 arithmetic only)."""
+
+    arith: Any = None
+    checks: bool = False
+    loss_scaling: float = 1.0
+
+    @property
+    def active(self) -> bool:
+        return self.checks or (self.arith is not None and self.arith.rounded)
+
+
+def build_from_source(
+    source: TrainingSource, optimizer: OptimizerConfig, numerics: ProgramNumerics | None = None
+) -> GradientProgram:
     """The forward + backward program (no optimizer) the host runs per micro-batch, from
     the Paddle program a training model was compiled from."""
     return build_gradient_program(
@@ -300,4 +347,5 @@ def build_from_source(source: TrainingSource, optimizer: OptimizerConfig) -> Gra
         optimizer=optimizer,
         scope=source.scope,
         grad_values=source.grads,
+        numerics=numerics if numerics is not None and numerics.active else None,
     )

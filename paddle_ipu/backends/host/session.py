@@ -27,6 +27,7 @@ from paddle_ipu._internals import ort_api
 from paddle_ipu._util import dtypes
 from paddle_ipu._util.arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
+from paddle_ipu.backends.host import inference_graph
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
 from paddle_ipu.backends.layout import StepLayout, check_output_buffer
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
@@ -105,7 +106,17 @@ class HostSession(Session):
         self._weight_info: dict[str, TensorSpec] = {}
         # weights the graph holds as external data (their values come from _weights)
         self._external: set[str] = set()
-        self._graph: bytes | None = None
+        self._plan: Any = None
+        self._source: Any = None
+        # enable_fp16: the weights and constants float16 cannot hold (kept float32)
+        self._kept: frozenset[str] = frozenset()
+        self._built: Any = None
+        # the graph that clips every rounded result (lazy saturation), built when needed
+        self._saturating: Any = None
+        # stochastic rounding with replicas: a session per replica (its own seed)
+        self._replica_built: dict[int, Any] = {}
+        #: runs so far (a floating-point check names the run)
+        self._runs = 0
         self._ort: Any = None
         self._dirty = True
         self._trainer: Any = None
@@ -131,6 +142,8 @@ class HostSession(Session):
         self.replicas = replica_group.for_session(self.config)
         if self.replicas is not None:
             self.replicas.barrier("the start of training (every rank compiled its program)")
+        # Will it fit: the Poplar compile refuses a model that does not (compiler.memory).
+        self.check_memory()
         # The weights come out as read-only views of the model's bytes (no copy); the
         # graph marks them external, and the session hands ONNX Runtime the arrays
         # (add_external_initializers).  The fp16 pass runs on that weightless graph too:
@@ -147,10 +160,11 @@ class HostSession(Session):
                     arrays[init.name] = (view, True)
                 else:
                     arrays[init.name] = (onnx.numpy_helper.to_array(init), False)
-        retyped: dict[str, int] = {}
+        kept: frozenset[str] = frozenset()
         if self.config.enable_fp16:
-            proto = self._convert_fp16(proto, {n: a for n, (a, _) in arrays.items()})
-            retyped = {init.name: init.data_type for init in proto.graph.initializer}
+            # Trained weights first: BatchNorm folded, what float16 cannot hold kept
+            # float32 (compiler/fp16_pass.prepare; refused in training).
+            kept = self._prepare_fp16(proto, {n: a for n, (a, _) in arrays.items()})
         elif not self.config.is_training:
             # Constant arithmetic around convolutions (BatchNorm, biases, scales) folded
             # into them: one pass over memory less per operator (the fp16 pass folds
@@ -159,6 +173,12 @@ class HostSession(Session):
 
             folds = fold_batch_norms(proto, excluded=params)
             log.debug("folded %d constant operator(s) into convolutions", len(folds))
+        # The graph this configuration runs (float32, float16 storage, or the IPU's
+        # float16 arithmetic; with the floating-point checks' flags): inference_graph.
+        self._source = proto
+        self._kept = kept
+        self._plan = inference_graph.plan(proto, self.config, keep=kept)
+        retyped = {init.name: init.data_type for init in self._plan.proto.graph.initializer}
         for name, (array, is_view) in arrays.items():
             device_dtype = array.dtype
             # a weight read only by an op the pass keeps in float32 stays float32
@@ -175,7 +195,6 @@ class HostSession(Session):
                 self._weights[name] = _to_fp16(array)
             else:
                 self._weights[name] = array if is_view else array.copy()
-        self._graph = proto.SerializeToString()
         if self.config.is_training:
             self._trainer = self._make_trainer()
             # A prepared session holds the compiled weights, training or not (PopART's
@@ -183,20 +202,32 @@ class HostSession(Session):
             self._trainer.write(self._weights)
         self._dirty = True
 
-    def _convert_fp16(self, proto: Any, weights: Mapping[str, np.ndarray]) -> Any:
-        # The same compiler pass every backend receives for enable_fp16, or (the
-        # default, host_fp16_arithmetic="float32") its storage part only: ONNX
-        # Runtime's CPU provider has few float16 kernels and casts around the rest,
-        # which makes float16 arithmetic slower than float32 here.  First the rule for
-        # trained weights (BatchNorm folded, what does not fit float16 kept float32).
-        from paddle_ipu.compiler.fp16_pass import convert_proto, convert_storage, prepare
+    def check_memory(self) -> None:
+        """The memory report of the model on the IPUs this configuration uses, refused
+        (``host_memory_check="error"``) or logged (``"warning"``) when an IPU does not
+        fit, as the Poplar compile would fail."""
+        from paddle_ipu.compiler import memory
+
+        mode = str(self.config.option("host_memory_check"))
+        if mode == "off":
+            return
+        options = {
+            **self.config.options,
+            "is_training": self.config.is_training,
+            "enable_fp16": self.config.enable_fp16,
+        }
+        memory.check(memory.memory_report(self.model, options), mode)
+
+    def _prepare_fp16(self, proto: Any, weights: Mapping[str, np.ndarray]) -> frozenset[str]:
+        """The fp16 pass's rule for trained weights (BatchNorm folded in float32, the
+        weights and constants float16 cannot hold kept float32), logged and kept as
+        :attr:`fp16_report`; returns the names kept float32."""
+        from paddle_ipu.compiler.fp16_pass import prepare
 
         report = prepare(proto, weights, training=self.config.is_training)
         report.log()
         self.fp16_report = report
-        if self.config.option("host_fp16_arithmetic") == "float16":
-            return convert_proto(proto, report.kept_names)
-        return convert_storage(proto, report.kept_names)
+        return report.kept_names
 
     def _make_trainer(self) -> _Training:
         if self.config.training_source is None or self.model.optimizer is None:
@@ -208,55 +239,39 @@ class HostSession(Session):
         return _Training(self.model, self.config, self.replicas)
 
     def _session(self) -> Any:
-        if self._graph is None:
+        if self._plan is None:
             raise BackendError("the host session is not prepared: call prepare_device() first")
         if self._ort is None or self._dirty:
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            threads = self.config.num_threads or _default_threads(self.replicas)
-            opts.intra_op_num_threads = threads
-            opts.inter_op_num_threads = 1
-            if not _spin(self.config):
-                # Idle threads sleep instead of spinning: a server's IO threads and its
-                # clients need those cores between runs.
-                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            opts.log_severity_level = 3
-            keep = []
-            external: tuple[list[str], list[Any]] = ([], [])
-            for name, array in self._weights.items():
-                value = ort.OrtValue.ortvalue_from_numpy(array)
-                keep.append(value)
-                if name in self._external:
-                    external[0].append(name)
-                    external[1].append(value)
-                else:
-                    opts.add_initializer(name, value)
-            if external[0]:
-                opts.add_external_initializers(*external)
-            if self._seed is not None:
-                ort.set_seed(int(self._seed))
-            try:
-                self._ort = ort.InferenceSession(
-                    self._graph, sess_options=opts, providers=["CPUExecutionProvider"]
-                )
-            except Exception as exc:
-                raise BackendError(
-                    f"ONNX Runtime could not load the compiled graph: {exc}"
-                ) from exc
-            # ONNX Runtime reads the initializers' memory at load; keep them alive anyway.
-            self._ort_values = keep
+            self._built, self._saturating, self._replica_built = None, None, {}
+            self._built = self._build(self._plan)
+            self._ort = self._built.session
             # One micro-batch per run and ORT's output dtypes as compiled: feed
             # ONNX Runtime directly (see _run_direct).
             types = {o.name: o.type for o in self._ort.get_outputs()}
-            self._direct = self.layout.micro_batches == 1 and all(
-                types.get(spec.name) == dtypes.ort_type(spec.dtype) for spec in self.model.outputs
+            self._direct = (
+                self.layout.micro_batches == 1
+                and self._built.checked is None
+                and all(
+                    types.get(spec.name) == dtypes.ort_type(spec.dtype)
+                    for spec in self.model.outputs
+                )
             )
             # The binding under InferenceSession.run when it is the one checked:
             # the wrapper only re-checks input names, which the executor has checked.
             self._ort_run = ort_api.fast_run(self._ort)
             self._dirty = False
         return self._ort
+
+    def _build(self, plan: Any) -> Any:
+        try:
+            return plan.build(
+                self._weights,
+                threads=self.config.num_threads or _default_threads(self.replicas),
+                spin=_spin(self.config),
+                seed=self._seed,
+            )
+        except Exception as exc:
+            raise BackendError(f"ONNX Runtime could not load the compiled graph: {exc}") from exc
 
     # -- weights --------------------------------------------------------------
     def get_info(self, name: str) -> TensorSpec:
@@ -406,15 +421,24 @@ class HostSession(Session):
             feed[spec.name] = value
         names = self._output_names
         try:
-            outs = self._ort_run(names, feed)
+            outs = self._ort_run(names + self._built.extra(), feed)
         except Exception as exc:
             raise BackendError(f"the emulated IPU failed to run the graph: {exc}") from exc
+        if inference_graph.needs_saturation(self._built, outs):
+            self._runs += 1
+            outs = self._run_micro(self._saturating_built(), names, feed, "micro-batch 0")
         return dict(zip(names, outs))
+
+    def _saturating_built(self) -> Any:
+        if self._saturating is None:
+            self._saturating = self._build(self._plan.saturating())
+        return self._saturating
 
     def _infer(
         self, steps: Mapping[str, np.ndarray], bps: int, af: int, rf: int
     ) -> dict[str, np.ndarray]:
-        sess = self._session()
+        self._session()
+        self._runs += 1
         names = [spec.name for spec in self.model.outputs]
         results = {
             spec.name: np.empty((bps, af, rf, *spec.shape), dtype=spec.numpy_dtype)
@@ -424,15 +448,64 @@ class HostSession(Session):
             for a in range(af):
                 for r in range(rf):
                     feed = {k: np.ascontiguousarray(v[b, a, r]) for k, v in steps.items()}
-                    try:
-                        outs = sess.run(names, feed)
-                    except Exception as exc:
-                        raise BackendError(
-                            f"the emulated IPU failed to run the graph: {exc}"
-                        ) from exc
+                    where = f"step {b}, micro-batch {a}, replica {r}"
+                    outs = self._run_micro(self._built_for(r), names, feed, where)
                     for name, value in zip(names, outs):
                         results[name][b, a, r] = value
         return results
+
+    def _built_for(self, replica: int) -> Any:
+        """The session of ``replica``: its own with stochastic rounding (a seed of its
+        own, as on the IPU), else the one session."""
+        plan = self._plan
+        if replica == 0 or plan.arith is None or not plan.arith.stochastic:
+            return self._built
+        if replica not in self._replica_built:
+            self._replica_built[replica] = self._build(
+                inference_graph.plan(self._source, self.config, replica=replica, keep=self._kept)
+            )
+        return self._replica_built[replica]
+
+    def _run_micro(
+        self, built: Any, names: list[str], feed: Mapping[str, np.ndarray], where: str
+    ) -> list[np.ndarray]:
+        """One micro-batch: the floating-point checks' flags looked at, and with lazy
+        saturation a run whose outputs are not all finite run again on the graph that
+        clips every result (inference_graph)."""
+        checked = built.checked
+        if checked is not None:
+            inference_graph.check_feed(feed, where, self._runs)
+        try:
+            outs = built.session.run(names + built.extra(), dict(feed))
+        except Exception as exc:
+            raise BackendError(f"the emulated IPU failed to run the graph: {exc}") from exc
+        if checked is not None:
+            failure = inference_graph.first_failure(outs.pop(), checked)
+            if failure is not None:
+                self._report_trap(failure, feed, where)
+        if inference_graph.needs_saturation(built, outs):
+            return self._run_micro(self._saturating_built(), names, feed, where)
+        return list(outs)
+
+    def _report_trap(self, failure: Any, feed: Mapping[str, np.ndarray], where: str) -> None:
+        node, op_type, looked = failure
+        operands, result = inference_graph.diagnose(
+            self._plan, self._weights, feed, node, looked, threads=1
+        )
+        index = self.model.node_ops.get(node)
+        paddle_op = self.model.source_ops[index] if index is not None else ""
+        from paddle_ipu.backends.host.fp_checks import classify, raise_failure
+
+        raise_failure(
+            node=node,
+            op_type=op_type,
+            paddle_op=paddle_op,
+            kind=classify(op_type, [v for _, v in operands], result),
+            step=self._runs,
+            where=where,
+            operands=operands,
+            result=result,
+        )
 
     def _anchor_outputs(
         self, per_micro: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray] | None
@@ -468,9 +541,9 @@ class HostSession(Session):
     def model_to_host(self, path: str) -> None:
         import onnx
 
-        if self._graph is None:
+        if self._plan is None:
             raise BackendError("the host session is not prepared: call prepare_device() first")
-        proto = onnx.load_from_string(self._graph)
+        proto = self._plan.proto.__deepcopy__()
         current = self.read_weights(list(self._weights))
         for init in proto.graph.initializer:
             if init.name in current:
@@ -493,20 +566,28 @@ class _Training:
     weights.  Device (PopART) names are translated to Paddle names here."""
 
     def __init__(self, model: CompiledModel, config: SessionConfig, replicas: Any = None) -> None:
-        from paddle_ipu.backends.host.gradients import build_from_source
+        from paddle_ipu.backends.host import numerics
+        from paddle_ipu.backends.host.gradients import ProgramNumerics, build_from_source
         from paddle_ipu.backends.host.trainer import HostTrainer
 
         assert config.training_source is not None and model.optimizer is not None
         self.model = model
         self.config = config
+        arith = numerics.from_config(config)
+        program_numerics = ProgramNumerics(
+            arith=arith,
+            checks=bool(config.option("enable_floating_point_checks")),
+            loss_scaling=float(config.option("loss_scaling")),
+        )
         self.trainer = HostTrainer(
-            build_from_source(config.training_source, model.optimizer),
+            build_from_source(config.training_source, model.optimizer, program_numerics),
             model.optimizer,
             accumulation_factor=config.accumulation_factor,
             replication_factor=config.replication_factor,
             gradient_reduction=config.gradient_reduction,
             weight_dtype="float16" if config.enable_fp16 else "float32",
             processes=replicas,
+            arith=arith,
         )
         # device name -> Paddle name: weights, optimizer state and buffers.  State
         # with no PopART counterpart (beta2_pow) keeps its Paddle name.

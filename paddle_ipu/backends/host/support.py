@@ -1,11 +1,14 @@
 """What the host backend (the emulated IPU) does with the IpuStrategy options.
 
-An option not listed is honoured: emulated faithfully.  ``ignored`` options are
-accepted because they cannot change results (placement, memory, scheduling, compile
-caching, logging, precision hints the host exceeds); ``unsupported`` ones would change
-results and cannot be emulated, so a strategy that sets one away from its default is
-refused (``NotSupportedError`` naming each) before a session is made.  docs/strategy.md
-shows this table beside every option.
+An option not listed is honoured: emulated faithfully (the IPU's float16 arithmetic,
+stochastic rounding and floating-point checks among them), or read by the memory
+report that refuses, at compile time, a model an IPU cannot hold (the placement,
+recomputation and tensor-location options).  ``ignored`` options are accepted because
+they cannot change results (scheduling, compile caching, logging, the memory options the
+report does not model); ``unsupported`` ones would change results and cannot be
+emulated, so a strategy that sets one away from its default is refused
+(``NotSupportedError`` naming each) before a session is made.  docs/strategy.md shows
+this table beside every option.
 """
 
 from __future__ import annotations
@@ -32,30 +35,62 @@ _NOTES: dict[str, str] = {
     "enable_distributed_replicated_graphs": (
         "with enable_distribution, what it does; refused without it"
     ),
+    "enable_fp16": (
+        "every operator's result rounded to float16 as the IPU rounds it, partials and "
+        "saturation included: host_fp16_arithmetic, docs/without_ipu.md"
+    ),
+    "host_fp16_arithmetic": "docs/without_ipu.md",
+    "enable_stochastic_rounding": (
+        "on every float16 result and weight update, seeded with random_seed, plus the "
+        "replica index in the forward and backward passes; it changes nothing without "
+        "enable_fp16"
+    ),
+    "enable_floating_point_checks": (
+        "the run stops at the first operator that makes an infinity or NaN from finite "
+        "operands, with a FloatingPointCheckError naming it; a float16 overflow stops it "
+        "too instead of saturating"
+    ),
+    "enable_half_partial": (
+        "float16 matmul and convolution partials with enable_fp16, in inference; a "
+        "training strategy with them does not compile on the host, whose gradient kernels "
+        "(Paddle's) accumulate in float32"
+    ),
+    "partials_type_matmuls": '"half": as enable_half_partial, for matmuls',
+    "convolution_options": (
+        "its partialsType, as enable_half_partial for convolutions; its other keys are "
+        "Poplar's tuning, without effect on the host"
+    ),
+    "loss_scaling": (
+        "with float16 arithmetic the backward pass starts from the scaled loss gradient "
+        "and the update divides by it; in float32 arithmetic it does not change the result"
+    ),
+    "enable_stable_norm": (
+        "the variance of the normalisation operators the graph holds as such: "
+        "LayerNormalization, InstanceNormalization, GroupNormalization"
+    ),
+    "available_memory_proportion": "the bound of the memory report's temporaries",
+    "auto_recomputation": "the activations of the memory report",
+    "enable_manual_shard": "the memory report places operators on IPUs by ipu_index",
+    "virtual_graph_mode": "Manual: the memory report places operators by ipu_index",
+    "location_weight": "the memory report: off chip, replicated tensor sharding",
+    "location_optimizer": "the memory report: off chip, replicated tensor sharding",
+    "location_accumulator": "the memory report: off chip, replicated tensor sharding",
+    "host_memory_check": "the memory report of paddle_ipu/compiler/memory.py; docs/without_ipu.md",
 }
 #: accepted and ignored: they cannot change results
 _IGNORED: dict[str, str] = {
     "need_avg_shard": "placement only",
     "scaled_optimizer_state": "the update is the same in exact arithmetic",
     "tiles_per_ipu": "no tiles to simulate",
-    "available_memory_proportion": "memory planning only",
-    "loss_scaling": (
-        "the host computes gradients in float32, where the scaling cancels out; it is not applied"
-    ),
-    "enable_manual_shard": "placement only",
-    "enable_half_partial": "precision hint; the host accumulates in float32",
     "autodiff_settings.stitch_strategy": "scheduling",
     "batch_serialization_settings.transform_context": "memory/scheduling",
     "batch_serialization_settings.method": "memory/scheduling",
     "batch_serialization_settings.batch_schedule": "scheduling",
-    "auto_recomputation": "memory only",
     "merge_var_update": "scheduling",
-    "virtual_graph_mode": "placement only",
     "subgraph_copying_strategy": "scheduling",
     "mean_accumulation_and_replication_reduction_strategy": "the same mean up to rounding",
     "log_dir": "logging",
     "cache_path": "compile caching",
-    "partials_type_matmuls": "precision hint; the host uses float32",
     "custom_codelet_compile_flags": "IPU compile only",
     "serialized_poprithms_shift_graphs_dir": "debugging output",
     "kahn_tie_breaker": "scheduling",
@@ -92,7 +127,6 @@ _IGNORED: dict[str, str] = {
     "constant_weights": "the same values",
     "enable_engine_caching": "compile caching",
     "enable_merge_exchange": "IO only",
-    "enable_floating_point_checks": "the host does not trap; non-finite values propagate",
     "explicit_recomputation": "memory only",
     "enable_explicit_main_loops": "scheduling",
     "use_host_copy_ops": "IO only",
@@ -100,7 +134,6 @@ _IGNORED: dict[str, str] = {
     "delay_var_updates": "scheduling",
     "enable_fully_connected_pass": "planning",
     "enable_serialized_matmuls": "memory only",
-    "enable_stable_norm": "precision hint; the host uses float32",
     "decompose_grad_sum": "memory only",
     "group_host_sync": "IO only",
     "enable_supported_data_type_casting": "the compiler already feeds int32",
@@ -115,7 +148,6 @@ _IGNORED: dict[str, str] = {
     ),
     "engine_options": "Poplar library tuning",
     "report_options": "Poplar library tuning",
-    "convolution_options": "Poplar library tuning",
     "lstm_options": "Poplar library tuning",
     "gcl_options": "Poplar library tuning",
     "replicated_collectives_settings": "scheduling",
@@ -124,9 +156,6 @@ _IGNORED: dict[str, str] = {
     "hardware_instrumentations": "profiling",
     "custom_codelets": "IPU compile only",
     "location_activation": "memory placement only",
-    "location_weight": "memory placement only",
-    "location_optimizer": "memory placement only",
-    "location_accumulator": "memory placement only",
 }
 #: they would change results and cannot be emulated
 _UNSUPPORTED: dict[str, str] = {
@@ -140,19 +169,34 @@ _UNSUPPORTED: dict[str, str] = {
     "weight_decay_mode": "the host applies weight decay the way the program's optimizer does",
     "custom_ops": "PopART custom ops exist only on the IPU",
     "synthetic_data_mode": "the feeds would be replaced",
-    "enable_stochastic_rounding": "rounding mode; the host rounds to nearest",
     "automatic_loss_scaling_settings.enabled": "the loss scaling would follow device statistics",
     "group_norm_strided_channel_grouping": "changes which channels are normalised together",
 }
 
 
 def _refuse(config: SessionConfig) -> list[str]:
+    refused = []
     if config.option("accumulation_and_replication_reduction_type") == 2:
-        return [
+        refused.append(
             "accumulation_and_replication_reduction_type=2 (NoReduction: the host reduces "
             "gradients by Mean or Sum)"
-        ]
-    return []
+        )
+    if (
+        config.is_training
+        and config.enable_fp16
+        and config.option("host_fp16_arithmetic") == "float16"
+    ):
+        conv = config.option("convolution_options") or {}
+        if str(config.option("partials_type_matmuls")).lower() == "half" or (
+            str(conv.get("partialsType", "")).lower() == "half"
+        ):
+            refused.append(
+                "float16 partials (enable_half_partial, partials_type_matmuls or "
+                "convolution_options['partialsType']) in training: the host's gradient "
+                "kernels (Paddle's) accumulate matmul and convolution partials in float32; "
+                "it emulates float16 partials in inference only"
+            )
+    return refused
 
 
 SUPPORT = OptionSupport(

@@ -20,6 +20,7 @@ import numpy as np
 
 from paddle_ipu import _core
 from paddle_ipu._internals import paddle_api
+from paddle_ipu.backends.host import numerics
 from paddle_ipu.backends.host.gradients import GradientProgram, empty_parameters
 from paddle_ipu.backends.host.update_rules import (
     F16,
@@ -66,6 +67,11 @@ class HostTrainer:
         weight_dtype: the device dtype of the weights and buffers: ``"float16"``
             emulates ``enable_fp16`` (values rounded to float16 after every write and
             update; the gradient program computes in float32 from the rounded values).
+        arith: the IPU's float16 arithmetic (:class:`.numerics.Fp16Arithmetic`, with
+            ``weight_dtype="float16"``): when it rounds, the gradient program rounds
+            every result (:mod:`.fp16_program`), gradients accumulate in float16, the
+            loss scaling applies, and the weight update rounds as the IPU does
+            (stochastically with ``stochastic``); None: float16 storage only.
         processes: the replicas in other processes (``enable_distribution``): a
             :class:`~paddle_ipu.backends.host.replica_group.ReplicaGroup`, whose
             all-reduce adds every process's gradient sums before the reduction divides
@@ -90,6 +96,7 @@ class HostTrainer:
         gradient_reduction: str = "mean",
         weight_dtype: str = "float32",
         processes: Any = None,
+        arith: Any = None,
     ) -> None:
         import paddle
 
@@ -113,6 +120,12 @@ class HostTrainer:
         self.processes = processes if processes is not None and processes.size > 1 else None
         #: training steps done (named by a failed all-reduce)
         self.steps = 0
+        #: float16 arithmetic (not only storage): roundings, loss scaling (see arith)
+        self.arith = arith if self.fp16 and arith is not None and arith.rounded else None
+        self._seed = self.arith.seed_or_random() if self.arith is not None else 0
+        self.loss_scaling = (
+            float(self.optimizer.loss_scaling or 1.0) if self.arith is not None else 1.0
+        )
         self._paddle = paddle
         self._place = paddle.CPUPlace()
         self._exe = paddle.static.Executor(self._place)
@@ -135,6 +148,7 @@ class HostTrainer:
         self._replica_buffers: list[dict[str, np.ndarray]] = [{} for _ in range(self.rf)]
         for slot in self.optimizer.params:
             self.state.update(initial_state(self.optimizer, slot))
+        self._param_index = {slot.name: i for i, slot in enumerate(self.optimizer.params)}
 
     def __del__(self) -> None:
         # Paddle keeps every Scope made from Python in its scope pool until the process
@@ -420,6 +434,7 @@ class HostTrainer:
         arrays = {name: np.asarray(feeds[name]) for name in self.artifact.feed_names}
         gp = self.artifact
         n_out = 1 + len(gp.fetches)
+        n_end = None if gp.flags is None else -1
         sums: list[np.ndarray | None] = [None] * len(gp.grads)
         outputs: list[list[list[np.ndarray]]] = []
         swap = self.rf > 1 and bool(gp.buffers)
@@ -434,6 +449,18 @@ class HostTrainer:
                     for name, value in self._replica_buffers[r].items():
                         self._set_scope(name, value)
                 feed = {name: arr[a, r] for name, arr in arrays.items()}
+                if self.arith is not None and self.arith.stochastic:
+                    # the forward and backward passes' random state: seed + replica
+                    # (PopART's replica-differing state), then the step and micro-batch
+                    self._paddle.seed(
+                        numerics.stream_seed(
+                            self._seed + self.arith.replica_offset + r,
+                            numerics.FORWARD_BACKWARD,
+                            self.steps,
+                            a,
+                        )
+                        & 0x7FFFFFFFFFFFFFFF
+                    )
                 try:
                     result = self._runner.run(feed)
                 except Exception as exc:  # a kernel's own check (an index out of range ...)
@@ -444,14 +471,19 @@ class HostTrainer:
                 if swap:
                     for name in gp.buffers:
                         self._replica_buffers[r][name] = self._get_scope(name)
+                if gp.flags is not None:
+                    self._check_flags(result[-1], a, r)
                 row.append([np.asarray(v) for v in result[:n_out]])
-                for i, g in enumerate(self._read_grads(result[n_out:])):
+                for i, g in enumerate(self._read_grads(result[n_out:n_end])):
                     prev = sums[i]
                     if prev is None:
                         # a view of the scope's memory, which the next run may reuse:
                         # kept as it is only when no other run follows this step's update
                         one = self.af * self.rf == 1 and g.dtype == F32
                         sums[i] = g if one else np.array(g, dtype=F32)
+                    elif self.arith is not None:
+                        # the IPU's gradient accumulator is float16 (the weights' type)
+                        sums[i] = self._round(prev + g, numerics.ACCUMULATION, i, a, r)
                     else:
                         prev += g
             outputs.append(row)
@@ -465,11 +497,56 @@ class HostTrainer:
             )
             count *= self.processes.size
         grads: dict[str, np.ndarray] = {}
-        for slot, total in zip(self.optimizer.params, sums):
+        for i, (slot, total) in enumerate(zip(self.optimizer.params, sums)):
             assert total is not None
             mean = self.reduction == "mean" and count > 1  # x / 1 is x
-            grads[slot.name] = total / F32(count) if mean else total
+            grad = total / F32(count) if mean else total
+            if mean and self.arith is not None:
+                grad = self._round(grad, numerics.ACCUMULATION, i, -1)
+            if self.loss_scaling != 1.0:
+                # the update unscales the gradients (PopART folds 1 / loss_scaling into
+                # the optimizer's float32 scalars)
+                grad = (grad / F32(self.loss_scaling)).astype(F32, copy=False)
+            grads[slot.name] = grad
         return grads, outputs
+
+    def _round(self, value: np.ndarray, kind: int, *keys: int) -> np.ndarray:
+        """``value`` rounded as the IPU's float16 arithmetic rounds it; the random
+        stream of stochastic rounding is keyed on this step, ``kind`` and ``keys``."""
+        arith = self.arith
+        assert arith is not None
+        return numerics.round_fp16(
+            value,
+            stochastic=arith.stochastic,
+            saturate=arith.saturate,
+            seed=self._seed,
+            stream=numerics.stream_seed(kind, self.steps, *keys),
+        )
+
+    def _check_flags(self, flags: Any, micro_batch: int, replica: int) -> None:
+        """The floating-point checks of one micro-batch (fp16_program): the first
+        operator whose result holds a NaN or an infinity stops the step, before any
+        update."""
+        counts = np.asarray(flags).reshape(-1, 2)
+        bad = np.flatnonzero(counts.sum(axis=1) > 0)
+        if bad.size == 0:
+            return
+        first = int(bad[0])
+        index, op_name = self.artifact.checked[first]
+        nan, inf = (int(c) for c in counts[first])
+        from paddle_ipu.backends.host.fp_checks import raise_failure
+
+        backward = op_name.endswith("_grad")
+        raise_failure(
+            node=f"{op_name} #{index}",
+            op_type=op_name,
+            paddle_op="",
+            kind="invalid operation" if nan else "overflow",
+            step=self.steps + 1,
+            where=f"training step {self.steps + 1}, micro-batch {micro_batch}, replica "
+            f"{replica}, {'backward' if backward else 'forward'} pass; its result holds "
+            f"{inf} infinities and {nan} NaN",
+        )
 
     def _read_grads(self, fetched: Sequence[Any]) -> list[np.ndarray]:
         """The last run's gradients: read-only views of the scope's tensors, and the
@@ -554,11 +631,20 @@ class HostTrainer:
     def _updated(self, slot: ParamSlot, new: np.ndarray, half: frozenset[str]) -> None:
         """Hold ``slot``'s new weight (and its state) as the device does, and point the
         gradient program's parameter at it."""
+        index = self._param_index.get(slot.name, 0)
         if half:
-            for var in slot.state.values():
+            for k, var in enumerate(slot.state.values()):
                 if var in half:
-                    self.state[var] = round_fp16(self.state[var])
-        new = round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
+                    self.state[var] = (
+                        self._round(self.state[var], numerics.OPTIMIZER_STATE, index, k)
+                        if self.arith is not None
+                        else round_fp16(self.state[var])
+                    )
+        if self.arith is not None:
+            # the replica-identical random state (PopART's weight update): no replica key
+            new = self._round(new, numerics.WEIGHT_UPDATE, index)
+        else:
+            new = round_fp16(new) if self.fp16 else new.astype(F32, copy=False)
         self.weights[slot.name] = new
         self._share_weight(slot.name, new)
 

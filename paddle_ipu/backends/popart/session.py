@@ -111,6 +111,8 @@ SUPPORT = OptionSupport(
         "host_num_threads": "the host backend's thread count",
         "host_spin_threads": "the host backend's threads",
         "host_fp16_arithmetic": "the host backend's arithmetic (the IPU computes in float16)",
+        "host_memory_check": "the host backend's check (the Poplar compile refuses a model "
+        "that does not fit itself)",
     },
 )
 

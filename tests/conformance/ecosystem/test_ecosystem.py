@@ -1,9 +1,9 @@
 """Models of Paddle's own libraries, built from their code (eco_models.py), against
 their own dygraph forward: one test per architecture, each compiling the saved model
 through the command line (``paddle-ipu compile``, ``paddle-ipu run``), matching in
-fp32, and in fp16 within its family's bound -- with the host's default float32
-arithmetic and with float16 arithmetic, as the IPU computes; the default fp16 also
-against Paddle's own forward with the weights rounded to float16 (what it computes).
+fp32, and in fp16 within its family's bound -- in float32 arithmetic and in float16
+arithmetic, as the IPU computes (the default); the float32 arithmetic also against
+Paddle's own forward with the weights rounded to float16 (what it computes).
 Text models with a -1 sequence length run through buckets of sequence lengths.
 
 Skipped where a library is not installed (``pip install 'paddle-ipu[ecosystem]'``).
@@ -29,12 +29,12 @@ from paddle_ipu.serving.saved_model import compile_model
 
 #: max |out - ref| / max |ref| against the dygraph forward
 FP32_BOUND = 2e-4
-#: fp16 with the host's default arithmetic against Paddle's own forward with the same
-#: weights rounded to float16 (what that fp16 mode computes: float16 weights and
-#: constants, float32 arithmetic)
+#: fp16 in float32 arithmetic (host_fp16_arithmetic="float32") against Paddle's own
+#: forward with the same weights rounded to float16 (what that fp16 mode computes:
+#: float16 weights and constants, float32 arithmetic)
 FP16_WEIGHTS_BOUND = 2e-3
-#: against the fp32 dygraph forward, by family: fp16 with the host's default
-#: arithmetic and with float16 arithmetic (host_fp16_arithmetic="float16", the IPU's)
+#: against the fp32 dygraph forward, by family: fp16 in float32 arithmetic and in float16
+#: arithmetic (host_fp16_arithmetic="float16", the default: the IPU's)
 FP16_BOUNDS: dict[str, tuple[float, float]] = {
     "decoder": (5e-3, 5e-3),
     "ocr_det": (1.5e-1, 2.5e-1),

@@ -36,6 +36,10 @@ FAST = [
 SLOW = [name for name in Z.VISION if name not in FAST]
 
 
+#: float16's smallest normal value and its largest finite one
+FP16_NORMAL, FP16_MAX = 2.0**-14, 65504.0
+
+
 def _check_inference(name: str, size: int | None = None, batch: int = 1) -> None:
     model = Z.build(name, size=size, batch=batch)
     feed = model.feed(seed=3)
@@ -45,6 +49,20 @@ def _check_inference(name: str, size: int | None = None, batch: int = 1) -> None
         got = Z.run_ipu(model, prog, feed)
         assert got.shape == ref.shape, (name, fp16)
         assert got.dtype == ref.dtype, (name, fp16)
+        top = float(np.abs(ref).max())
+        if fp16 and not FP16_NORMAL <= top <= FP16_MAX:
+            # Randomly initialised networks whose outputs float16 cannot hold to
+            # relative precision: the MobileNets' (about 1e-7) are float16
+            # subnormals, ResNet-152's (about 5e6) beyond its range.  The IPU's
+            # float16 arithmetic (the host's default) gives subnormals there, or
+            # saturates at 65504; the weights alone in float16
+            # (host_fp16_arithmetic="float32") match Paddle's float32.
+            if top > FP16_MAX:
+                assert np.abs(got).max() == FP16_MAX, (name, np.abs(got).max())
+            else:
+                assert np.abs(got).max() < FP16_NORMAL, (name, np.abs(got).max())
+            _, prog = Z.compile_ipu(model, fp16=True, arithmetic="float32")
+            got = Z.run_ipu(model, prog, feed)
         err = Z.rel_error(got, ref)
         assert err <= tol, f"{name} fp16={fp16}: relative error {err:.2e} > {tol}"
 

@@ -1,0 +1,226 @@
+"""The IPU's float16 arithmetic and floating-point checks in the host's gradient
+program (training).
+
+The host trains with Paddle's CPU kernels (:mod:`.gradients`); with ``enable_fp16``
+and ``host_fp16_arithmetic="float16"`` every operator of the gradient program, the
+backward pass's included, has its float results rounded to float16 as the IPU
+rounds them (:mod:`.numerics`): to nearest, or stochastically, an overflow
+saturating at +-65504 (an infinity from a division by zero or an infinite operand
+staying one), or, with the floating-point checks, an infinity that the checks
+report.  The roundings are Paddle operators put after each operator
+(``cast`` to float16 and back, after ``where(isinf(x), x, clip(x))`` for the
+saturation; stochastic rounding from float operators and ``uniform``, the same
+construction as the inference graph's, :meth:`.onnx_edit.Editor.round_to`).
+
+With ``enable_floating_point_checks`` every operator whose results are not values of
+its operands gets two flags (how many NaN and infinities its result holds), fetched
+with the loss; the trainer stops at the first operator with a flag above zero,
+before any update.
+
+Loss scaling (``loss_scaling``): in float16 arithmetic the backward pass starts from
+the loss gradient times the scaling, and the trainer divides the gradients by it
+before the update, as PopART does; in float32 it cancels out and is not applied.
+
+Matmul and convolution partials stay float32 here (Paddle's kernels): float16
+partials in training are refused (:mod:`.support`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from paddle_ipu.backends.host.numerics import FP16_MAX, FP16_TINY, Fp16Arithmetic
+
+#: operators whose float results are values of their operands: no rounding, no check
+EXACT = frozenset(
+    {
+        "pd_op.data", "builtin.parameter", "builtin.combine", "builtin.split",
+        "builtin.slice", "builtin.shadow_output", "pd_op.fetch", "pd_op.full",
+        "pd_op.full_like", "pd_op.full_int_array", "pd_op.shape", "pd_op.shape64",
+        "pd_op.reshape", "pd_op.transpose", "pd_op.slice", "pd_op.strided_slice",
+        "pd_op.concat", "pd_op.split", "pd_op.split_with_num", "pd_op.squeeze",
+        "pd_op.unsqueeze", "pd_op.flatten", "pd_op.gather", "pd_op.gather_nd",
+        "pd_op.index_select", "pd_op.relu", "pd_op.maximum", "pd_op.minimum",
+        "pd_op.assign", "pd_op.expand", "pd_op.tile", "pd_op.where", "pd_op.cast",
+        "pd_op.reshape_grad", "pd_op.transpose_grad", "pd_op.squeeze_grad",
+        "pd_op.unsqueeze_grad", "pd_op.flatten_grad", "pd_op.relu_grad",
+        "pd_op.slice_grad", "pd_op.concat_grad", "pd_op.uniform",
+    }
+)  # fmt: skip
+#: results that alias persistable variables (BatchNorm's running statistics, which
+#: the trainer rounds itself): operator -> the indices of those results
+_ALIASES = {"pd_op.batch_norm_": (1, 2), "pd_op.batch_norm": (1, 2)}
+
+
+@dataclass
+class Rewritten:
+    """What :func:`rewrite` changed: the program's values to fetch now, and the flags.
+
+    Attributes:
+        loss, fetches, grads: the rounded values (the same Values without rounding).
+        flags: the checks' flags, a float tensor [2 per operator watched]: the NaN
+            and the infinities in its result (None without checks).
+        checked: per operator watched: its index among the program's operators
+            and its name.
+    """
+
+    loss: Any
+    fetches: list[Any]
+    grads: list[Any]
+    flags: Any = None
+    checked: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _float(value: Any) -> bool:
+    import paddle
+
+    try:
+        return bool(value.dtype == paddle.float32)
+    except Exception:  # a vector result (builtin.combine ...)
+        return False
+
+
+def _round(value: Any, arith: Fp16Arithmetic) -> Any:
+    """``value`` rounded to float16 (values held in float32), as ``arith`` says."""
+    import paddle
+
+    x = value
+    if arith.saturate:
+        x = paddle.where(paddle.isinf(x), x, paddle.clip(x, -FP16_MAX, FP16_MAX))
+    if not arith.stochastic:
+        return paddle.cast(paddle.cast(x, "float16"), "float32")
+    # stochastic rounding: the float construction of onnx_edit.Editor._round_stochastic
+    a = paddle.abs(x)
+    r = paddle.cast(paddle.cast(a, "float16"), "float32")
+    d = a - r
+    up = paddle.cast(paddle.cast(r * (1 + 2**-11 + 2**-20), "float16"), "float32")
+    dn = paddle.cast(paddle.cast(r * (1 - 2**-11 - 2**-20), "float16"), "float32")
+    s_up = paddle.clip(up - r, min=FP16_TINY)
+    s_dn = paddle.clip(r - dn, min=FP16_TINY)
+    above = d >= 0
+    s = paddle.where(above, s_up, s_dn)
+    lo = paddle.where(above, r, r - s_dn)
+    frac = (a - lo) / s
+    u = paddle.uniform(paddle.shape(a), dtype="float32", min=0.0, max=1.0)
+    mag = lo + s * paddle.cast(u < frac, "float32")
+    rounded = mag * paddle.sign(x)
+    # beyond float16's range (an infinity, or an overflow without saturation)
+    nearest = paddle.cast(paddle.cast(x, "float16"), "float32")
+    return paddle.where(a > FP16_MAX, nearest, rounded)
+
+
+def _flag(value: Any) -> Any:
+    """[NaN count, infinity count] of ``value`` (float32: exact up to 2^24)."""
+    import paddle
+
+    nan = paddle.sum(paddle.cast(paddle.isnan(value), "float32")).reshape([1])
+    inf = paddle.sum(paddle.cast(paddle.isinf(value), "float32")).reshape([1])
+    return paddle.concat([nan, inf])
+
+
+def rewrite(
+    program: Any,
+    loss: Any,
+    fetches: Sequence[Any],
+    grads: Sequence[Any],
+    *,
+    arith: Fp16Arithmetic | None,
+    checks: bool,
+    loss_scaling: float = 1.0,
+) -> Rewritten:
+    """Round the results of every operator of ``program`` (a pruned gradient program)
+    as ``arith`` says (None: float32, no rounding), add the checks' flags, and scale
+    the loss gradient by ``loss_scaling`` (float16 arithmetic only).  In place."""
+    import paddle
+
+    block = program.global_block()
+    ops = list(block.ops)
+    replaced: dict[int, Any] = {}
+    watched: list[tuple[int, str, Any]] = []
+    with paddle.static.program_guard(program):
+        for index, op in enumerate(ops):
+            name = op.name()
+            if name in EXACT or name.startswith("builtin."):
+                continue
+            skip = _ALIASES.get(name, ())
+            for k, value in enumerate(op.results()):
+                if k in skip or not _float(value) or value.use_empty():
+                    continue
+                paddle.pir.set_insertion_point_after(_last_after(op, value))
+                new = value
+                if arith is not None and arith.rounded:
+                    new = _round(value, arith)
+                    _redirect(value, new)
+                if checks:
+                    watched.append((index, name, new))
+                replaced[value.id] = new
+        if arith is not None and arith.rounded and loss_scaling != 1.0:
+            _scale_loss_gradient(ops, loss, loss_scaling, replaced)
+        flags = None
+        if watched:
+            paddle.pir.set_insertion_point_to_block_end(block)
+            flags = paddle.concat([_flag(v) for _, _, v in watched])
+    return Rewritten(
+        loss=replaced.get(loss.id, loss),
+        fetches=[replaced.get(v.id, v) for v in fetches],
+        grads=[replaced.get(v.id, v) for v in grads],
+        flags=flags,
+        checked=[(i, n) for i, n, _ in watched],
+    )
+
+
+def _last_after(op: Any, value: Any) -> Any:
+    """Where the rounding of ``value`` goes: after ``op``."""
+    del value
+    return op
+
+
+def _redirect(value: Any, new: Any) -> None:
+    """Every use of ``value`` reads ``new`` instead, but the rounding's own first
+    operator (which must read ``value``)."""
+    first = _first_reader(new, value)
+    value.replace_all_uses_with(new)
+    for op, index in first:
+        op.operand(index).set_source(value)
+
+
+def _first_reader(new: Any, value: Any) -> list[tuple[Any, int]]:
+    """The operators of ``new``'s construction that read ``value`` (and which operand)."""
+    seen: set[int] = set()
+    stack, found = [new.get_defining_op()], []
+    while stack:
+        op = stack.pop()
+        # op.id(): Python's id() of a wrapper can be reused once it is freed
+        if op is None or op.id() in seen:
+            continue
+        seen.add(op.id())
+        for i, source in enumerate(op.operands_source()):
+            if source is None:
+                continue
+            if source.id == value.id:
+                found.append((op, i))
+            elif source.initialized():
+                stack.append(source.get_defining_op())
+    return found
+
+
+def _scale_loss_gradient(
+    ops: Sequence[Any], loss: Any, scaling: float, replaced: dict[int, Any]
+) -> None:
+    """Multiply the backward pass's seed (``full_like(loss, 1.0)``) by ``scaling``."""
+    import paddle
+
+    loss_ids = {loss.id, getattr(replaced.get(loss.id), "id", loss.id)}
+    for op in ops:
+        if op.name() != "pd_op.full_like":
+            continue
+        source = op.operands_source()[0]
+        if source is None or source.id not in loss_ids:
+            continue
+        seed = op.result(0)
+        paddle.pir.set_insertion_point_after(op)
+        scaled = paddle.scale(seed, scale=float(scaling))
+        _redirect(seed, scaled)
+        return
