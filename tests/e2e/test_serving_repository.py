@@ -163,10 +163,12 @@ def test_one_server_serves_every_model_of_the_repository(
         ]
         assert http.get_model_config("mlp", "1")["dynamic_batching"]["preferred_batch_size"] == [8]
         # control mode none: no load or unload
-        with pytest.raises(InferenceServerException, match="control mode is 'none'"):
+        with pytest.raises(InferenceServerException, match="control mode is 'none'") as info:
             http.unload_model("cnn")
-        with pytest.raises(InferenceServerException, match="control mode is 'none'"):
+        assert info.value.status() == "400"
+        with pytest.raises(InferenceServerException, match="control mode is 'none'") as info:
             grpc.load_model("cnn")
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert http.is_model_ready("cnn")
         # unknown model or version: 404 / NOT_FOUND
         status, _, body = raw(srv, "POST", "/v2/models/nope/infer", b"{}")
@@ -282,6 +284,22 @@ def test_load_and_unload_while_another_model_serves(
             http.load_model("mlp")
             assert index(http)[("mlp", "1")] == ("READY", "")
             assert index(http)[("mlp", "2")] == ("READY", "")
+            if round_ == 0:
+                # loaded again with another version policy: version 1 unloads, 2 stays
+                config = repo / "mlp" / "config.json"
+                saved = config.read_text()
+                config.write_text(
+                    json.dumps(
+                        {"micro_batch_size": 8, "version_policy": {"specific": {"versions": [2]}}}
+                    )
+                )
+                try:
+                    http.load_model("mlp")
+                finally:
+                    config.write_text(saved)
+                assert index(http)[("mlp", "1")] == ("UNAVAILABLE", "unloaded")
+                assert index(http)[("mlp", "2")] == ("READY", "")
+                http.load_model("mlp")  # the policy "all" again
             for key in ("mlp/1", "mlp/2"):
                 xm = feed(models, key, 3, 7 + round_)
                 got = http_infer(http, "mlp", xm, key.split("/")[1])
@@ -311,8 +329,16 @@ def test_load_and_unload_while_another_model_serves(
         assert state == "UNAVAILABLE" and "not a paddle-ipu package" in reason
         with pytest.raises(InferenceServerException, match="not a paddle-ipu package"):
             grpc.load_model("broken")
-        with pytest.raises(InferenceServerException, match="no model 'absent'"):
+        with pytest.raises(InferenceServerException, match="no model 'absent'") as info:
             http.load_model("absent")
+        assert info.value.status() == "404"
+        status, _, body = raw(
+            srv,
+            "POST",
+            "/v2/repository/models/cnn/load",
+            json.dumps({"parameters": {"config": "{}"}}).encode(),
+        )
+        assert status == 400 and "['config'] are not supported" in json.loads(body)["error"]
         assert http.is_model_ready("cnn")
         http.close()
         grpc.close()
