@@ -214,9 +214,14 @@ class GrpcService:
         for key, value in request.parameters.items():
             kind = value.WhichOneof("parameter_choice")
             params[key] = getattr(value, kind) if kind else None
-        status, answer = self._owner.control(
-            action, request.model_name, {"parameters": params} if params else {}
-        )
+        try:
+            status, answer = self._owner.control(
+                action, request.model_name, {"parameters": params} if params else {}
+            )
+        except Exception as exc:
+            context.abort(
+                self._grpc.StatusCode.INTERNAL, f"{action} of {request.model_name!r}: {exc}"
+            )
         if status != 200:
             context.abort(self._code(status), json.loads(answer).get("error", answer))
 

@@ -350,7 +350,11 @@ class InferenceServer:
             if job is None:
                 return
             ident, action, model, body = job
-            status, answer = self.control(action, model, bytes(body))
+            try:
+                status, answer = self.control(action, model, bytes(body))
+            except Exception as exc:  # answered: a client never waits for nothing
+                log.exception("the %s of model %r failed", action, model)
+                status, answer = 500, json.dumps({"error": f"{action} of {model!r}: {exc}"})
             self.server.control_done(ident, status, answer)
 
     def control(self, action: str, model: str, body: bytes | dict[str, Any]) -> tuple[int, str]:

@@ -235,6 +235,27 @@ CLIENT = textwrap.dedent(
 )
 
 
+def start_client(
+    srv: ServerProcess, model: str, x: np.ndarray, built: Built, work: Path
+) -> subprocess.Popen[str]:
+    """CLIENT in its own process, 8 threads sending ``x`` to ``model`` until
+    ``work/stop`` exists; returns once it has started."""
+    work.mkdir(exist_ok=True)
+    np.save(work / "x.npy", x)
+    np.save(work / "y.npy", reference(built, {"x": x}))
+    (work / "client.py").write_text(CLIENT)
+    client = subprocess.Popen(
+        [sys.executable, str(work / "client.py"), srv.url, model, str(work / "x.npy"),
+         str(work / "y.npy"), str(work / "stop"), "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )  # fmt: skip
+    assert client.stdout is not None and client.stdout.readline().strip() == "started"
+    return client
+
+
 def test_load_and_unload_while_another_model_serves(
     repo: Path, models: dict[str, Built], tmp_path: Path
 ) -> None:
@@ -248,29 +269,8 @@ def test_load_and_unload_while_another_model_serves(
         "2",
     )
     stop_file = tmp_path / "stop"
-    x = feed(models, "cnn/1", 2, 5)
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "y.npy", reference(models["cnn/1"], {"x": x}))
-    script = tmp_path / "client.py"
-    script.write_text(CLIENT)
-    client = subprocess.Popen(
-        [
-            sys.executable,
-            str(script),
-            srv.url,
-            "cnn",
-            str(tmp_path / "x.npy"),
-            str(tmp_path / "y.npy"),
-            str(stop_file),
-            "8",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-    )
+    client = start_client(srv, "cnn", feed(models, "cnn/1", 2, 5), models["cnn/1"], tmp_path)
     try:
-        assert client.stdout is not None and client.stdout.readline().strip() == "started"
         http = httpclient.InferenceServerClient(srv.url)
         grpc = grpcclient.InferenceServerClient(srv.grpc_url)
         states = index(http)
@@ -304,7 +304,25 @@ def test_load_and_unload_while_another_model_serves(
                 xm = feed(models, key, 3, 7 + round_)
                 got = http_infer(http, "mlp", xm, key.split("/")[1])
                 np.testing.assert_allclose(got, reference(models[key], {"x": xm}), **TOL)
+            if round_ == 1:
+                # unloaded under its own load: each request answered right, or refused
+                # (404 / 503) once the unload began; nothing else
+                xm = feed(models, "mlp/2", 2, 11)
+                own = start_client(srv, "mlp", xm, models["mlp/2"], tmp_path / "own")
+                time.sleep(1.0)
             http.unload_model("mlp")
+            if round_ == 1:
+                (tmp_path / "own" / "stop").write_text("")
+                out, err = own.communicate(timeout=120)
+                mine = json.loads(out.strip().splitlines()[-1])
+                assert mine["wrong"] == 0 and mine["ok"] > 0, (mine, err)
+                assert all("unload" in m or "not available" in m for m in mine["failed"]), mine[
+                    "failed"
+                ][:5]
+                print(
+                    f"the unloaded model answered {mine['ok']} requests, refused "
+                    f"{len(mine['failed'])}"
+                )
             assert index(http)[("mlp", "1")] == ("UNAVAILABLE", "unloaded")
             with pytest.raises(InferenceServerException, match="unloaded"):
                 http_infer(http, "mlp", feed(models, "mlp/1", 1, 0))
