@@ -215,7 +215,7 @@ void RegisterServing(py::module_& m) {
             return out;
           },
           "[(name, version, state, reason)] in name and version order.")
-      .def("index_json", &Server::IndexJson)
+      .def("index_json", &Server::IndexJson, py::arg("ready_only") = false)
       .def("metadata_json", [](Server& s, FrontEnd& fe) { return s.MetadataJson(fe); })
       .def(
           "stats_json",

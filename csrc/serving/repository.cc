@@ -3,6 +3,8 @@
 // (paddle_ipu/serving/repository.py: compiling and starting a model takes the GIL and
 // seconds) through a queue of ControlJobs; the answer comes back to the connection's
 // IO thread. The IO thread never waits for it.
+#include <boost/json/parse.hpp>
+
 #include "connection.h"
 #include "listener.h"
 #include "server.h"
@@ -16,7 +18,22 @@ namespace paddle_ipu {
 namespace serving {
 
 void Connection::Repository(HttpRequest& req, std::string_view rest) {
-  if (rest == "/index") return Write(http::status::ok, srv_->IndexJson(), "application/json");
+  if (rest == "/index") {
+    // An empty body, or {"ready": bool}: true keeps the READY versions.
+    bool ready_only = false;
+    if (req.body().find_first_not_of(" \t\r\n") != std::string::npos) {
+      boost::system::error_code ec;
+      const boost::json::value doc = boost::json::parse(req.body(), ec);
+      const boost::json::object* o = ec ? nullptr : doc.if_object();
+      const boost::json::value* r = o ? o->if_contains("ready") : nullptr;
+      if (!o || (r && !r->is_bool())) {
+        return Error(400, "the index request's body must be a JSON object, with \"ready\" a "
+                          "boolean if given");
+      }
+      ready_only = r && r->get_bool();
+    }
+    return Write(http::status::ok, srv_->IndexJson(ready_only), "application/json");
+  }
   constexpr std::string_view kModels = "/models/";
   std::string_view action;
   std::string_view model;

@@ -212,10 +212,11 @@ std::vector<ModelEntry> Server::Entries() const {
   return entries_;
 }
 
-std::string Server::IndexJson() const {
+std::string Server::IndexJson(bool ready_only) const {
   std::string s = "[";
   bool first = true;
   for (const ModelEntry& e : Entries()) {
+    if (ready_only && e.state != "READY") continue;
     s += std::string(first ? "" : ",") + "{\"name\":" + Quote(e.name) +
          ",\"version\":" + Quote(e.version) + ",\"state\":" + Quote(e.state) +
          ",\"reason\":" + Quote(e.reason) + "}";

@@ -76,7 +76,8 @@ class Server {
   std::vector<ModelEntry> Entries() const;
 
   // -- JSON and text of the routes ------------------------------------------------
-  std::string IndexJson() const;
+  // Every entry, or the READY ones.
+  std::string IndexJson(bool ready_only = false) const;
   // Model metadata: the version's, with every READY version of the model listed.
   std::string MetadataJson(const FrontEnd& fe) const;
   // Triton's statistics of every model ("" name), of every version of one (""

@@ -196,9 +196,7 @@ class GrpcService:
         return self._parse(text, self._pb.ModelStatisticsResponse())
 
     def _index(self, request: Any, context: Any) -> Any:
-        models = json.loads(self._server_core.index_json())
-        if request.ready:
-            models = [m for m in models if m["state"] == "READY"]
+        models = json.loads(self._server_core.index_json(bool(request.ready)))
         return self._parse(json.dumps({"models": models}), self._pb.RepositoryIndexResponse())
 
     def _code(self, status: int) -> Any:

@@ -26,7 +26,9 @@ from support.serving_models import ServerProcess, raw, reference, save
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
+grpclib = pytest.importorskip("grpc")
 
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from paddle_ipu.serving.model_runtime import ModelRuntime  # noqa: E402
@@ -277,6 +279,15 @@ def test_load_and_unload_while_another_model_serves(
         assert states[("cnn", "1")] == ("READY", "")
         assert states[("mlp", "2")] == ("UNAVAILABLE", "unloaded")
         assert not http.is_model_ready("mlp")
+        # the index of the READY ones: {"ready": true}, gRPC's ready flag
+        status, _, body = raw(srv, "POST", "/v2/repository/index", b'{"ready": true}')
+        assert status == 200
+        assert json.loads(body) == [{"name": "cnn", "version": "1", "state": "READY", "reason": ""}]
+        assert raw(srv, "POST", "/v2/repository/index", b"[1]")[0] == 400
+        with grpclib.insecure_channel(srv.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            got = stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True))
+        assert [(m.name, m.version, m.state) for m in got.models] == [("cnn", "1", "READY")]
         status, _, body = raw(srv, "POST", "/v2/models/mlp/infer", b"{}")
         assert status == 404 and "unloaded" in json.loads(body)["error"]
 
