@@ -460,3 +460,41 @@ def test_load_needs_a_repository(two_packages: Any) -> None:
 def _static() -> Iterator[None]:
     paddle.enable_static()
     yield
+
+
+def test_a_model_while_it_loads_is_loading_and_answers_503(repo: Path) -> None:
+    from paddle_ipu.serving.repository import ModelRepository
+
+    repository = ModelRepository(repo, control_mode="explicit")
+    gate = threading.Event()
+    real = repository._runtime
+
+    def slow(name: str, version: int, config: Any) -> Any:
+        assert gate.wait(60)
+        return real(name, version, config)
+
+    repository._runtime = slow  # type: ignore[method-assign]
+    srv = InferenceServer(port=0, repository=repository).start()
+    try:
+        answers: list[Any] = []
+        loader = threading.Thread(
+            target=lambda: answers.append(raw(srv, "POST", "/v2/repository/models/cnn/load"))
+        )
+        loader.start()
+        deadline = time.monotonic() + 30
+        state = ""
+        while state != "LOADING" and time.monotonic() < deadline:
+            doc = json.loads(raw(srv, "POST", "/v2/repository/index")[2])
+            state = next(m["state"] for m in doc if m["name"] == "cnn")
+        assert state == "LOADING"
+        status, headers, body = raw(srv, "POST", "/v2/models/cnn/infer", b"{}")
+        assert status == 503 and "is loading" in json.loads(body)["error"]
+        assert headers["Retry-After"] == "1"
+        gate.set()
+        loader.join(60)
+        assert answers[0][0] == 200, answers
+        doc = json.loads(raw(srv, "POST", "/v2/repository/index")[2])
+        assert {"name": "cnn", "version": "1", "state": "READY", "reason": ""} in doc
+    finally:
+        gate.set()
+        srv.stop()
