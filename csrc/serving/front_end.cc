@@ -49,7 +49,17 @@ FrontEnd::FrontEnd(py::object queue, ModelPlan plan)
   config_ = ModelConfigJson(plan_);
 }
 
-FrontEnd::~FrontEnd() = default;
+// The last owner may be an IO thread (a connection that served the model, after an
+// unload): the queue's Python object is released with the GIL.
+FrontEnd::~FrontEnd() {
+  if (Py_IsInitialized()) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    queue_obj_ = py::object();
+    PyGILState_Release(gil);
+  } else {
+    queue_obj_.release();  // no interpreter left to give it back to
+  }
+}
 
 bool FrontEnd::ready() const {
   return ready_.load() && !draining_.load() && !ClosedOf(queue_.get());
