@@ -114,6 +114,8 @@ class Config:
         self.seq_buckets: list[int] = []
         #: input shapes compiled at create_predictor (a model with open dimensions)
         self.input_shapes: list[dict[str, list[int]]] = []
+        #: IpuStrategy options of the predictor's executors (set_ipu_strategy_options)
+        self.strategy_options: dict[str, Any] = {}
         self.max_specialisations = DEFAULT_MAX_SPECIALISATIONS
         self.pad_values: dict[str, float] = {}
         if model is not None:
@@ -287,6 +289,19 @@ class Config:
                 entry[str(name)] = [int(d) for d in shape]
             parsed.append(entry)
         self.input_shapes = parsed
+
+    def set_ipu_strategy_options(self, options: dict[str, Any]) -> None:
+        """IpuStrategy options for the executors the predictor runs (``set_options``'s
+        names, see docs/strategy.md), beyond what Paddle Inference's IPU methods set:
+        ``host_fp16_arithmetic`` (``"float16"``, the IPU's, by default; ``"float32"``
+        keeps only weights and constants in float16), ``host_num_threads``,
+        ``random_seed`` ...  Checked now: an unknown option or value raises here."""
+        from paddle_ipu.strategy import IpuStrategy
+
+        if not isinstance(options, dict):
+            raise OptionError(f"set_ipu_strategy_options: expected a dict, got {options!r}")
+        IpuStrategy.unpatched().set_options(dict(options))  # the check
+        self.strategy_options = {**self.strategy_options, **options}
 
     def set_ipu_max_specialisations(self, count: int) -> None:
         """How many input shapes the model may be compiled for (default
