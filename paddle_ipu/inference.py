@@ -117,6 +117,8 @@ class Config:
         #: IpuStrategy options of the predictor's executors (set_ipu_strategy_options)
         self.strategy_options: dict[str, Any] = {}
         self.max_specialisations = DEFAULT_MAX_SPECIALISATIONS
+        #: bounds of the open dimensions (None: an inference.yml beside the model)
+        self.shape_ranges: dict[str, list[list[int]]] | None = None
         self.pad_values: dict[str, float] = {}
         if model is not None:
             self.set_model(model, params)
@@ -302,6 +304,25 @@ class Config:
             raise OptionError(f"set_ipu_strategy_options: expected a dict, got {options!r}")
         IpuStrategy.unpatched().set_options(dict(options))  # the check
         self.strategy_options = {**self.strategy_options, **options}
+
+    def set_ipu_shape_ranges(self, ranges: dict[str, Any]) -> None:
+        """Bounds of the inputs' open dimensions: input name -> ``[min, max]`` or
+        ``[min, opt, max]`` shapes (the form of ``set_trt_dynamic_shape_info`` and of a
+        PaddleX export's ``trt_dynamic_shapes``).  A run whose input falls outside them
+        raises a FeedError naming the input before anything compiles; the batch is not
+        bounded (rows run in micro-batches).  Unset, the ranges of an ``inference.yml``
+        beside the model are used when it has them; ``{}`` turns bounds off."""
+        if not isinstance(ranges, dict) or not all(
+            isinstance(v, (list, tuple))
+            and len(v) in (2, 3)
+            and all(isinstance(s, (list, tuple)) and all(isinstance(d, int) for d in s) for s in v)
+            for v in ranges.values()
+        ):
+            raise OptionError(
+                "set_ipu_shape_ranges: expected input name -> [min, max] or [min, opt, max] "
+                f"shapes (lists of ints), got {ranges!r}"
+            )
+        self.shape_ranges = {str(k): [list(s) for s in v] for k, v in ranges.items()}
 
     def set_ipu_max_specialisations(self, count: int) -> None:
         """How many input shapes the model may be compiled for (default

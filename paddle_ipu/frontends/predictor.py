@@ -120,6 +120,7 @@ class _Shared:
             pad_values=config.pad_values,
             input_shapes=config.input_shapes,
             max_specialisations=config.max_specialisations,
+            shape_ranges=config.shape_ranges,
         )
         return package
 
