@@ -68,8 +68,9 @@ STRUCTURAL_OPS = frozenset(
 
 _NMS = (
     "non-maximum suppression keeps a number of boxes that depends on the data, and the IPU "
-    "compiles static shapes (running it on the host after the compiled graph is not built "
-    "yet): export the detector without it -- PaddleDetection's exporter takes "
+    "compiles static shapes (a saved PIR model run through paddle_ipu.inference or a "
+    "package runs it on the host after the compiled graph; a program compiled here does "
+    "not): export the detector without it -- PaddleDetection's exporter takes "
     "-o exclude_nms=True -- and run NMS on the boxes and scores it then returns, after the "
     "predictor (on the CPU: paddle.vision.ops.nms, or Paddle's multiclass_nms3 kernel)"
 )
