@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -298,7 +299,9 @@ def _tail_program(
     with tempfile.TemporaryDirectory(prefix="paddle_ipu_tail_") as directory:
         prefix = os.path.join(directory, "tail")
         exe = paddle.static.Executor(paddle.CPUPlace())
-        with paddle.static.scope_guard(paddle.static.Scope()):
+        with paddle.static.scope_guard(paddle.static.Scope()), warnings.catch_warnings():
+            # the tail has no weights, which Paddle warns about
+            warnings.filterwarnings("ignore", message="no variable in your model")
             paddle.static.save_inference_model(prefix, feeds, outputs, exe, program=clone)
         with open(prefix + ".json", "rb") as f:
             return f.read(), names
