@@ -41,7 +41,7 @@ class HostTail:
         self.feeds = list(feeds)
         self.outputs = [(str(n), str(d), tuple(int(x) for x in s)) for n, d, s in outputs]
         self.ops = list(ops)
-        self._loaded: tuple[Any, Any, list[str], list[Any]] | None = None
+        self._loaded: tuple[Any, Any, Any, list[str], list[Any]] | None = None
         self._lock = threading.Lock()
         #: seconds spent in the tail's runs, and how many (for the docs' measurement)
         self.seconds = 0.0
@@ -66,7 +66,7 @@ class HostTail:
         except (KeyError, TypeError, ValueError) as exc:
             raise PackageError(f"the package's host tail is not readable: {exc}") from exc
 
-    def _load(self) -> tuple[Any, Any, list[str], list[Any]]:
+    def _load(self) -> tuple[Any, Any, Any, list[str], list[Any]]:
         if self._loaded is not None:
             return self._loaded
         import paddle
@@ -81,7 +81,8 @@ class HostTail:
             with static_mode(), paddle.static.scope_guard(scope):
                 exe = paddle.static.Executor(paddle.CPUPlace())
                 program, feeds, fetches = paddle.static.load_inference_model(prefix, exe)
-        self._loaded = (program, scope, [str(f) for f in feeds], list(fetches))
+        # one executor: it keeps the program's interpreter between runs
+        self._loaded = (program, exe, scope, [str(f) for f in feeds], list(fetches))
         return self._loaded
 
     def run(
@@ -89,8 +90,6 @@ class HostTail:
     ) -> list[np.ndarray]:
         """The model's outputs: the tail run on ``compiled_outputs`` (the compiled
         graph's, in order) and ``feed`` (the request's)."""
-        import paddle
-
         from paddle_ipu.compiler.compile import static_mode
 
         given: dict[str, np.ndarray] = {}
@@ -105,10 +104,9 @@ class HostTail:
                     f"not give (it gives {sorted(feed)}) and the compiled graph does not take"
                 )
         with self._lock:
-            program, scope, names, fetches = self._load()
+            program, exe, scope, names, fetches = self._load()
             start = time.perf_counter()
             with static_mode():
-                exe = paddle.static.Executor(paddle.CPUPlace())
                 out = exe.run(
                     program,
                     feed={n: given[n] for n in names},
