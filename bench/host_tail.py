@@ -1,15 +1,15 @@
 """What the host tail of a detector costs: NMS on Paddle's CPU kernels after the graph.
 
-A detector-like model (a random conv backbone of stride 8 and a head of 4 box offsets
-and ``--classes`` class logits per location, decoded on a grid, Paddle's
+A detector-like model -- a random conv backbone of stride 8, a head of 4 box offsets
+and ``--classes`` class logits per location decoded on a grid, Paddle's
 ``multiclass_nms3`` as PaddleDetection's exporter writes it (score threshold 0.3, top
-1000 per class, keep 100), boxes scaled back by ``scale_factor``; ``--shift`` lowers the
-class logits, so that fewer scores pass the threshold, as in a trained detector) is saved under PIR and run through ``paddle_ipu.inference`` on the
-host backend: the conv part as the compiled graph, NMS and what follows on the host
-(:mod:`paddle_ipu.serving.host_tail`).  Prints the median time of a whole
-``predictor.run`` and of the host tail inside it, how many boxes NMS kept, and the median
-of the whole model on Paddle Inference's CPU predictor, oneDNN off (it must keep as
-many boxes).
+1000 per class, keep 100), boxes scaled back by ``scale_factor`` -- is saved under PIR
+and run through ``paddle_ipu.inference`` on the host backend: the conv part as the
+compiled graph, NMS and what follows on the host (:mod:`paddle_ipu.serving.host_tail`).
+``--shift`` lowers the class logits so that fewer scores pass the threshold, as in a
+trained detector.  Prints the median time of a whole ``predictor.run`` and of the host
+tail inside it, how many boxes NMS kept, and the median of the whole model on Paddle
+Inference's CPU predictor, oneDNN off (it must keep as many boxes).
 
     python bench/host_tail.py [--size 320] [--classes 80] [--batch 1] [--repeat 20] [--shift 0]
 """
