@@ -16,10 +16,16 @@ static shapes.  :func:`split_tail` cuts such a PIR program in two:
   its feeds, giving the model's fetches in their order) that Paddle's CPU kernels run
   after the compiled graph (:mod:`paddle_ipu.serving.host_tail`).
 
+A legacy program (a ``.pdmodel``) is split through its PIR translation (the one the
+compiler reads it by): the tail is cut from the translation, and the static part is
+compiled from the legacy program with the variables that hold what the tail reads as
+its fetches.
+
 The tail stays small by construction, and the split is refused (naming the operator
 and the exporter's switch) where it would not be: where weights or a convolution or
 matrix product run after a data-dependent operator (the data-dependent result feeds
-back into the model's own compute), and for legacy ``.pdmodel`` programs.
+back into the model's own compute), and where the tail reads a value without the batch
+dimension that it cannot compute itself.
 """
 
 from __future__ import annotations
@@ -115,15 +121,7 @@ def split_tail(
     import paddle
 
     if not isinstance(program, paddle.pir.Program):
-        found = _legacy_data_dependent(program)
-        if not found:
-            return None
-        raise CompileError(
-            f"{', '.join(found)}: {DATA_DEPENDENT['pd_op.' + found[0]]}, and the IPU compiles "
-            "static shapes; a saved model in PIR (.json, Paddle 3's save_inference_model) runs "
-            "it on the host after the compiled graph, a legacy .pdmodel does not: save the "
-            f"model again under PIR, or {EXPORT_HINT}"
-        )
+        return _split_legacy(program, feeds, fetches, fetch_names)
     block = program.global_block()
     ops = [op for op in block.ops if op.name() != "pd_op.fetch"]
     tail_ids: set[int] = set()
@@ -307,6 +305,49 @@ def _tail_program(
             return f.read(), names
 
 
-def _legacy_data_dependent(program: Any) -> list[str]:
+def _split_legacy(
+    program: Any, feeds: Sequence[Any], fetches: Sequence[Any], fetch_names: Sequence[str]
+) -> TailSplit | None:
+    """A legacy program (a ``.pdmodel``) split through its PIR translation (the one the
+    compiler reads it by: :mod:`.legacy_reader`): the tail is cut from the translation;
+    the static part's fetches are the legacy variables that hold what it reads."""
     block = program.global_block()
-    return [op.type for op in block.ops if "pd_op." + op.type in DATA_DEPENDENT]
+    if not any("pd_op." + op.type in DATA_DEPENDENT for op in block.ops):
+        return None
+    from paddle_ipu.compiler.legacy_reader import pir_mode, translate
+
+    feed_names = [str(getattr(f, "name", f)) for f in feeds]
+    legacy_fetches = [str(getattr(f, "name", f)) for f in fetches]
+    translation = translate(program, feed_names, legacy_fetches)
+    with pir_mode():
+        pir_block = translation.program.global_block()
+        data = {
+            str(op.attrs()["name"]): op.result(0)
+            for op in pir_block.ops
+            if op.name() in ("pd_op.data", "pd_op.feed")
+        }
+        pir_fetches = [v if not isinstance(v, str) else data.get(v) for v in translation.fetch_list]
+        if any(v is None for v in pir_fetches):
+            raise CompileError(
+                f"{legacy_fetches}: a fetch of a parameter, with data-dependent operators "
+                f"in the program, is not supported; {EXPORT_HINT}"
+            )
+        split = split_tail(translation.program, [data[n] for n in feed_names], pir_fetches,
+                           fetch_names)  # fmt: skip
+    assert split is not None
+    # the legacy variable whose final value each cut value is (the static part is
+    # compiled from the legacy program, by these names)
+    final = {vs[-1].id: name for name, vs in translation.values.items() if vs}
+    names: list[str] = []
+    for value in split.static_fetches:
+        name = final.get(value.id)
+        if name is None:
+            raise CompileError(
+                f"{split.first[0]}: {DATA_DEPENDENT[split.first[0]]}; the host tail after it "
+                f"reads a value of shape {list(value.shape)} that no variable of the legacy "
+                f"program holds: the split is not supported here; save the model again under "
+                f"PIR, or {EXPORT_HINT}"
+            )
+        names.append(name)
+    split.static_fetches = names
+    return split
