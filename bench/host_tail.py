@@ -17,6 +17,7 @@ Inference's CPU predictor, oneDNN off (it must keep as many boxes).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -79,6 +80,8 @@ def main() -> None:
     from paddle_ipu import inference
 
     with tempfile.TemporaryDirectory() as directory:
+        # a compile cache of its own: the model is saved anew in each run
+        os.environ["PADDLE_IPU_CACHE_DIR"] = str(Path(directory) / "cache")
         prefix = str(Path(directory) / "det")
         save(prefix, args.classes, args.shift)
         config = inference.Config(prefix + ".json", prefix + ".pdiparams")

@@ -345,4 +345,11 @@ def test_the_package_keeps_the_tail(detector: Path, tmp_path: Path) -> None:
     # the compiled graph stops before NMS
     assert "pd_op.multiclass_nms3" not in package.meta["source_ops"]
     assert "pd_op.multiclass_nms3" in loaded.tail.ops
+    # nothing passes the score threshold: an empty result, as Paddle's kernel gives it
+    assert package.model is not None
+    graph_outputs = [np.zeros(s.shape, s.numpy_dtype) for s in package.model.outputs]
+    feed = {"image": np.zeros((1, 3, 16, 16), np.float32)}
+    feed["scale_factor"] = np.ones((1, 2), np.float32)
+    bbox, num = loaded.tail.run(feed, graph_outputs)
+    assert bbox.shape == (0, 6) and num.tolist() == [0]
     shutil.rmtree(tmp_path, ignore_errors=True)
