@@ -116,9 +116,9 @@ def _load_or_compile(
     return package
 
 
-def _refuse_tail(package: Any, command: str, why: str) -> None:
-    """Refuse a package whose outputs have data-dependent sizes (a host tail) where
-    ``command`` needs fixed output shapes, naming the outputs."""
+def _refuse_tail(package: Any, why: str) -> None:
+    """Refuse a package whose outputs have data-dependent sizes (a host tail) where the
+    command needs fixed output shapes, naming the outputs."""
     from paddle_ipu.errors import NotSupportedError
 
     tail = package.tail
@@ -126,7 +126,7 @@ def _refuse_tail(package: Any, command: str, why: str) -> None:
         return
     sized = [f"{name} {list(shape)}" for name, _, shape in tail.outputs]
     raise NotSupportedError(
-        f"{command}: the model's outputs {', '.join(sized)} have data-dependent sizes "
+        f"the model's outputs {', '.join(sized)} have data-dependent sizes "
         f"({', '.join(sorted(set(tail.ops) & _DATA_DEPENDENT_OPS)) or 'its host tail'} "
         f"runs on the host after the compiled graph), and {why}; run it with paddle-ipu run "
         "or paddle_ipu.inference, or export the detector without NMS (PaddleDetection's "
@@ -293,7 +293,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
-    _refuse_tail(package, "paddle-ipu bench", "the bench times the compiled graph's fixed outputs")
+    _refuse_tail(package, "the bench times the compiled graph's fixed outputs")
     rng = np.random.default_rng(0)
     if package.model is None:
         from paddle_ipu.errors import OptionError
@@ -384,7 +384,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         input_shapes=_input_shapes(args.input_shapes),
         max_specialisations=args.max_specialisations,
     )
-    _refuse_tail(package, "paddle-ipu serve", _SERVE_WHY)
+    _refuse_tail(package, _SERVE_WHY)
     # The host backend's threads sleep between runs: spinning would take the cores the
     # IO threads and the gRPC server need (measured: about 2x the requests/s).
     runtime = runtime_for(
@@ -456,7 +456,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
         input_shapes=_input_shapes(args.input_shapes),
         max_specialisations=args.max_specialisations,
     )
-    _refuse_tail(package, "paddle-ipu serve", _SERVE_WHY)
+    _refuse_tail(package, _SERVE_WHY)
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
     children = [subprocess.Popen(argv) for _ in range(args.workers)]
 

@@ -37,11 +37,14 @@ class HostTail:
         feeds: Sequence[str],
         outputs: Sequence[tuple[str, str, Sequence[int]]],
         ops: Sequence[str] = (),
+        note: str = "",
     ) -> None:
         self.program = bytes(program)
         self.feeds = list(feeds)
         self.outputs = [(str(n), str(d), tuple(int(x) for x in s)) for n, d, s in outputs]
         self.ops = list(ops)
+        #: which operators run on the host and why (the compile log's line)
+        self.note = note
         self._loaded: tuple[Any, dict[str, np.dtype]] | None = None
         self._lock = threading.Lock()
         #: seconds spent in the tail's runs, and how many (for the docs' measurement)
@@ -57,13 +60,15 @@ class HostTail:
             "feeds": self.feeds,
             "outputs": [[n, d, list(s)] for n, d, s in self.outputs],
             "ops": self.ops,
+            "note": self.note,
         }
 
     @classmethod
     def from_json(cls, meta: Mapping[str, Any], program: bytes) -> HostTail:
         try:
             outputs = [(str(n), str(d), tuple(s)) for n, d, s in meta["outputs"]]
-            return cls(program, [str(f) for f in meta["feeds"]], outputs, meta.get("ops", []))
+            feeds = [str(f) for f in meta["feeds"]]
+            return cls(program, feeds, outputs, meta.get("ops", []), str(meta.get("note", "")))
         except (KeyError, TypeError, ValueError) as exc:
             raise PackageError(f"the package's host tail is not readable: {exc}") from exc
 

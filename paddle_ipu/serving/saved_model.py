@@ -179,6 +179,8 @@ def compile_model(
         )
     elif progress:
         progress(len(STAGES), len(STAGES), "found in the compile cache")
+    if package.tail is not None:  # said once per compile (or compile-cache hit)
+        log.info("%s: %s", prefix, package.tail.note)
     policy = package.policy
     ranges, source = _shape_ranges(prefix, shape_ranges)
     if policy is not None:
@@ -269,14 +271,12 @@ def _compile_package(
     stage()
     loaded = _load(prefix)
     stage()
-    if loaded.tail is not None:
-        if lengths:
-            raise OptionError(
-                f"seq_buckets with {prefix!r}, whose outputs have data-dependent sizes "
-                f"({', '.join(loaded.tail.first)}): buckets cut outputs back to a request's "
-                "length, which a data-dependent output does not have"
-            )
-        log.info("%s: %s", prefix, loaded.tail.describe())
+    if loaded.tail is not None and lengths:
+        raise OptionError(
+            f"seq_buckets with {prefix!r}, whose outputs have data-dependent sizes "
+            f"({', '.join(loaded.tail.first)}): buckets cut outputs back to a request's "
+            "length, which a data-dependent output does not have"
+        )
     policy = ShapePolicy(loaded.declared, max_specialisations)
     model: CompiledModel | None = None
     buckets: dict[int, CompiledModel] = {}
@@ -324,7 +324,9 @@ def _compile_package(
     package = Package(main, options, meta, packaged, sequence, policy=policy)
     if loaded.tail is not None:
         split = loaded.tail
-        package.tail = HostTail(split.program, split.feeds, split.outputs, split.ops)
+        package.tail = HostTail(
+            split.program, split.feeds, split.outputs, split.ops, split.describe()
+        )
     if sequence is not None:
         meta["buckets"] = sequence.to_json()
     return package
