@@ -353,3 +353,52 @@ def test_the_package_keeps_the_tail(detector: Path, tmp_path: Path) -> None:
     bbox, num = loaded.tail.run(feed, graph_outputs)
     assert bbox.shape == (0, 6) and num.tolist() == [0]
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# A linear layer, then the indices and the values of its positive outputs: nonzero and
+# masked_select, whose output sizes depend on the data.
+SELECT = """
+import paddle
+paddle.enable_static()
+paddle.seed(3)
+main, startup = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, startup):
+    x = paddle.static.data("x", [-1, 8], "float32")
+    y = paddle.nn.Linear(8, 6)(x)
+    index = paddle.nonzero(y > 0.0)
+    values = paddle.masked_select(y, y > 0.0) * 2.0
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(startup)
+paddle.static.save_inference_model({prefix!r}, [x], [index, values], exe, program=main)
+"""
+
+
+def test_nonzero_and_masked_select_run_on_the_host_as_paddle_inference_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import paddle.inference as paddle_infer
+
+    from paddle_ipu import inference
+
+    prefix = tmp_path / "select"
+    proc = run_python(SELECT.format(prefix=str(prefix)), {"PADDLE_IPU_AUTOLOAD": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(tmp_path / "cache"))
+    x = np.random.default_rng(5).standard_normal((5, 8)).astype(np.float32)
+    outputs = {}
+    for route in ("cpu", "ipu"):
+        module = inference if route == "ipu" else paddle_infer
+        config = module.Config(str(prefix) + ".json", str(prefix) + ".pdiparams")
+        if route == "ipu":
+            config.enable_ipu(1, 2)  # micro-batches of 2 rows: 5 rows run in 3
+        predictor = module.create_predictor(config)
+        handle = predictor.get_input_handle(predictor.get_input_names()[0])
+        handle.reshape(list(x.shape))
+        handle.copy_from_cpu(x)
+        predictor.run()
+        names = predictor.get_output_names()
+        outputs[route] = [predictor.get_output_handle(n).copy_to_cpu() for n in names]
+    (cpu_index, cpu_values), (index, values) = outputs["cpu"], outputs["ipu"]
+    assert 0 < len(cpu_index) < x.shape[0] * 6  # some outputs are positive, not all
+    np.testing.assert_array_equal(index, cpu_index)
+    np.testing.assert_allclose(values, cpu_values, rtol=1e-5, atol=1e-6)
