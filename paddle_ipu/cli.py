@@ -264,7 +264,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     package = load_package(args.package)
     feed = _parse_inputs(args.input)
-    with runtime_for(package, args.backend, timeout_ms=0.001) as runtime:
+    with runtime_for(package, args.backend, timeout_ms=0.001, compiled_outputs=True) as runtime:
         outputs = runtime.run(feed)
         names = [s.paddle_name or s.name for s in runtime.executor.model.outputs]
     if package.tail is not None:  # data-dependent outputs: the host tail gives them

@@ -95,7 +95,10 @@ class _Shared:
                 from paddle_ipu.serving.bucketed_runtime import runtime_for
 
                 self.runtime = runtime_for(
-                    self.package, executor_options=options, timeout_ms=config.timeout_ms
+                    self.package,
+                    executor_options=options,
+                    timeout_ms=config.timeout_ms,
+                    compiled_outputs=True,  # run() runs the host tail, if any, after it
                 )
             elif self.sequence is not None:
                 self._executors(config.micro_batch_size, self.package)
