@@ -378,8 +378,9 @@ paddle.static.save_inference_model({prefix!r}, [x], [index, values], exe, progra
 """
 
 
+@pytest.mark.parametrize("model_runtime", [False, True], ids=["executor", "model_runtime"])
 def test_nonzero_and_masked_select_run_on_the_host_as_paddle_inference_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_runtime: bool
 ) -> None:
     import paddle.inference as paddle_infer
 
@@ -396,6 +397,7 @@ def test_nonzero_and_masked_select_run_on_the_host_as_paddle_inference_does(
         config = module.Config(str(prefix) + ".json", str(prefix) + ".pdiparams")
         if route == "ipu":
             config.enable_ipu(1, 2)  # micro-batches of 2 rows: 5 rows run in 3
+            config.set_ipu_config(ipu_enable_model_runtime_executor=model_runtime)
         predictor = module.create_predictor(config)
         handle = predictor.get_input_handle(predictor.get_input_names()[0])
         handle.reshape(list(x.shape))
@@ -403,6 +405,8 @@ def test_nonzero_and_masked_select_run_on_the_host_as_paddle_inference_does(
         predictor.run()
         names = predictor.get_output_names()
         outputs[route] = [predictor.get_output_handle(n).copy_to_cpu() for n in names]
+        if route == "ipu":
+            predictor.close()
     (cpu_index, cpu_values), (index, values) = outputs["cpu"], outputs["ipu"]
     assert 0 < len(cpu_index) < x.shape[0] * 6  # some outputs are positive, not all
     np.testing.assert_array_equal(index, cpu_index)
