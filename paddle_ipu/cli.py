@@ -119,6 +119,7 @@ def _load_or_compile(
 def _refuse_tail(package: Any, why: str) -> None:
     """Refuse a package whose outputs have data-dependent sizes (a host tail) where the
     command needs fixed output shapes, naming the outputs."""
+    from paddle_ipu.compiler.tail import DATA_DEPENDENT
     from paddle_ipu.errors import NotSupportedError
 
     tail = package.tail
@@ -127,19 +128,11 @@ def _refuse_tail(package: Any, why: str) -> None:
     sized = [f"{name} {list(shape)}" for name, _, shape in tail.outputs]
     raise NotSupportedError(
         f"the model's outputs {', '.join(sized)} have data-dependent sizes "
-        f"({', '.join(sorted(set(tail.ops) & _DATA_DEPENDENT_OPS)) or 'its host tail'} "
+        f"({', '.join(sorted(set(tail.ops) & set(DATA_DEPENDENT))) or 'its host tail'} "
         f"runs on the host after the compiled graph), and {why}; run it with paddle-ipu run "
         "or paddle_ipu.inference, or export the detector without NMS (PaddleDetection's "
         "exporter: -o exclude_nms=True)"
     )
-
-
-_DATA_DEPENDENT_OPS = frozenset(
-    {
-        "pd_op.multiclass_nms3", "pd_op.multiclass_nms", "pd_op.matrix_nms", "pd_op.nms",
-        "pd_op.nonzero", "pd_op.masked_select", "pd_op.unique",
-    }
-)  # fmt: skip
 
 
 def _max_specialisations(value: int | None) -> int:
