@@ -217,6 +217,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if package.per_shape:
         shapes = list(package.shapes) or "none yet"
         extra = f" (input shapes {shapes}; feeds {package.declared_shapes()})"
+    if package.tail is not None:
+        tail = package.tail
+        extra += f" (outputs {tail.output_names} from a host tail of {len(tail.ops)} operators)"
     print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{extra}")
     if args.report:
         from paddle_ipu.compiler.memory import memory_report

@@ -250,6 +250,7 @@ def test_cli_compile_and_run_give_the_cpus_detections(
         env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert "from a host tail of" in compiled.stdout, compiled.stdout
     rng = np.random.default_rng(2)  # run2 of the oracle: 2 rows, 24x20
     np.save(tmp_path / "image.npy", rng.random((2, 3, 24, 20), dtype=np.float32))
     np.save(tmp_path / "sf.npy", np.tile(np.float32([[1.5, 0.5]]), (2, 1)))
