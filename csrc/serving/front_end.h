@@ -11,11 +11,15 @@
 // finished run's requests come back to their IO thread in one post. No Python object
 // is made or touched per request.
 //
+// A FrontEnd is one model version: its plan, queue, counters and metadata. The
+// Server (server.h) holds the set of them a server serves, its listeners and IO
+// threads, and routes every request to its model.
+//
 // Policies: the queue's bound answers 503 with Retry-After at once (never blocks an
 // IO thread); a request not started within its timeout is taken out of the queue and
 // answered 504; a request whose client closed the connection is taken out of the
-// queue before it runs; stop_accepting() + drain() answer what is in flight and
-// close idle connections.
+// queue before it runs; Close() + Drain() refuse new requests and wait for those in
+// flight (a model's unload, or the server's stop).
 #pragma once
 
 #include <pybind11/pytypes.h>
@@ -67,7 +71,7 @@ Error RunError(const Request& r);
 // The answer of a request not started within `seconds` (504).
 std::string TimeoutMessage(double seconds);
 
-class FrontEnd {
+class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
  public:
   FrontEnd(pybind11::object queue, ModelPlan plan);
   ~FrontEnd();
@@ -79,6 +83,9 @@ class FrontEnd {
   const std::string& server_metadata() const { return server_metadata_; }
   const std::string& config() const { return config_; }
   bool draining() const { return draining_.load(); }
+  // Refuses new requests (503) from now on: the model is unloading or the server
+  // stopping; Drain() waits for those admitted.
+  void Close() { draining_ = true; }
   bool ready() const;
   void set_ready(bool ready) { ready_ = ready; }
   // Triton's statistics JSON and the Prometheus text of /metrics, from one copy of
@@ -92,17 +99,14 @@ class FrontEnd {
   // An admitted request was answered (or left the queue unanswered).
   void Answered();
 
-  // HTTP (listener.cc).
-  int StartHttp(const std::string& host, int port, int threads, bool reuse_port);
-  void StopAccepting();
+  // Waits until every admitted request is answered; false on timeout (negative: no
+  // limit).
   bool Drain(double timeout);
-  void Shutdown();
 
   // gRPC (grpc_call.cc).
   std::shared_ptr<GrpcCall> GrpcInfer(std::string msg);
 
-  std::atomic<int64_t> active{0};       // requests admitted, not answered
-  std::atomic<int64_t> connections{0};  // open HTTP connections
+  std::atomic<int64_t> active{0};  // requests admitted, not answered
 
   void NotifyDrain();
 
@@ -112,7 +116,6 @@ class FrontEnd {
   ModelPlan plan_;
   Counters counters_;
   std::string metadata_, server_metadata_, config_;
-  std::vector<std::shared_ptr<Listener>> listeners_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> ready_{true};
   std::mutex drain_mu_;

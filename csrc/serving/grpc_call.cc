@@ -68,20 +68,32 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
   cv_.wait(lock, [this] { return done_; });
 }
 
-int GrpcCall::Result(FrontEnd* fe, double timeout) {
+std::shared_ptr<GrpcCall> GrpcCall::Refused(const Error& e, std::shared_ptr<Counters> counters) {
+  auto call = std::make_shared<GrpcCall>();
+  call->job_ = std::make_shared<Job>();
+  call->job_->start = std::chrono::steady_clock::now();
+  call->unrouted_ = std::move(counters);
+  call->Fail(e);
+  return call;
+}
+
+Counters* GrpcCall::counters() const { return fe_ ? fe_->counters() : unrouted_.get(); }
+
+int GrpcCall::Result(double timeout) {
   // The first of: the call's deadline, the request's timeout parameter, the server's
   // request timeout.
   double t = timeout;
-  for (double other : {job_->req.timeout_s, fe->plan().request_timeout_s}) {
+  const double server_timeout = fe_ ? fe_->plan().request_timeout_s : 0.0;
+  for (double other : {job_->req.timeout_s, server_timeout}) {
     if (other > 0 && (t <= 0 || other < t)) t = other;
   }
-  Wait(t, fe->counters());
+  Wait(t, counters());
   const int status = status_;
   const int64_t rows = status == 200 && job_ ? job_->req.rows : 0;
-  fe->counters()->Done(status, rows, std::chrono::steady_clock::now() - job_->start);
+  counters()->Done(status, rows, std::chrono::steady_clock::now() - job_->start);
   if (admitted_) {  // it left the queue: one less in flight
     admitted_ = false;
-    fe->Answered();
+    fe_->Answered();
   }
   return GrpcCode(status);
 }
@@ -90,7 +102,7 @@ const std::string& GrpcCall::response() const { return job_->grpc.body; }
 
 std::string GrpcCall::message() const { return ValidUtf8(message_); }
 
-bool GrpcCall::Cancel(Counters* counters) {
+bool GrpcCall::Cancel() {
   RequestPtr r;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -102,7 +114,7 @@ bool GrpcCall::Cancel(Counters* counters) {
   if (!done_) {
     Done(499, "the client cancelled the call");
     cv_.notify_all();
-    counters->Add(&CounterValues::disconnected);
+    counters()->Add(&CounterValues::disconnected);
   }
   return true;
 }
@@ -113,6 +125,7 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg) {
   job->start = std::chrono::steady_clock::now();
   job->body = std::move(msg);
   call->job_ = job;
+  call->fe_ = shared_from_this();
   const ModelPlan& m = plan_;
   if (draining_) {
     call->Fail({503, kShuttingDown});

@@ -8,6 +8,7 @@
 #include "listener.h"
 #include "metadata.h"
 #include "requests.h"
+#include "server.h"
 #include "text.h"
 
 namespace asio = boost::asio;
@@ -19,7 +20,6 @@ namespace serving {
 
 void Connection::Route() {
   auto& req = parser_->get();
-  const ModelPlan& m = fe_->plan();
   std::string_view target(req.target().data(), req.target().size());
   if (const size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
   const bool get = req.method() == http::verb::get;
@@ -42,26 +42,29 @@ void Connection::Route() {
   }
   if (target == "/v2/health/ready") {
     if (!only(get, "GET")) return;
-    if (fe_->ready()) return Write(http::status::ok, std::string(), nullptr);
+    if (srv_->ready()) return Write(http::status::ok, std::string(), nullptr);
     return Error(503, "the server is not ready (starting, or draining before it stops)", true);
   }
   if (target == "/v2") {
-    if (only(get, "GET")) json(fe_->server_metadata());
+    if (only(get, "GET")) json(srv_->server_metadata());
     return;
   }
   if (target == "/metrics") {
     if (only(get, "GET")) {
-      Write(http::status::ok, fe_->Prometheus(),
+      Write(http::status::ok, srv_->Prometheus(),
             "text/plain; version=0.0.4; charset=utf-8");
     }
     return;
   }
-  if (target == "/v2/repository/index") {
-    if (only(post, "POST")) json(RepositoryIndexJson(m, fe_->ready()));
+  constexpr std::string_view kRepository = "/v2/repository";
+  if (target.substr(0, kRepository.size()) == kRepository &&
+      (target.size() == kRepository.size() || target[kRepository.size()] == '/')) {
+    if (only(post, "POST")) Repository(req, target.substr(kRepository.size()));
     return;
   }
   if (target == "/v2/models/stats") {
-    if (only(get, "GET")) json(fe_->StatisticsJson());
+    serving::Error e;
+    if (only(get, "GET")) json(srv_->StatisticsJson({}, {}, &e));
     return;
   }
   constexpr std::string_view kModels = "/v2/models/";
@@ -73,37 +76,41 @@ void Connection::Route() {
   const size_t slash = rest.find('/');
   const std::string_view name = rest.substr(0, slash);
   rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
-  if (name != m.name) {
-    if (post) Count(404, 0);
-    return Error(404, "unknown model " + Quote(name) + ": this server serves " + Quote(m.name));
-  }
+  std::string_view version;
   constexpr std::string_view kVersions = "/versions/";
   if (rest.substr(0, kVersions.size()) == kVersions) {
     rest = rest.substr(kVersions.size());
     const size_t s2 = rest.find('/');
-    const std::string_view v = rest.substr(0, s2);
-    if (v != m.version) {
-      if (post) Count(404, 0);
-      return Error(404, "model " + Quote(m.name) + " has no version " + Quote(v) +
-                            ": it has version " + Quote(m.version));
-    }
+    version = rest.substr(0, s2);
     rest = s2 == std::string_view::npos ? std::string_view() : rest.substr(s2);
   }
+  serving::Error missing;
+  if (rest == "/stats") {  // every version of the model, unless one is named
+    if (!only(get, "GET")) return;
+    std::string stats = srv_->StatisticsJson(name, version, &missing);
+    if (missing) return Error(missing.status, missing.message, missing.status == 503);
+    return json(std::move(stats));
+  }
+  model_ = srv_->Find(name, version, &missing);
+  if (!model_) {
+    if (rest == "/ready" && get && missing.status == 503) {
+      return Error(503, missing.message, true);
+    }
+    if (post) Count(missing.status, 0);
+    return Error(missing.status, missing.message, missing.status == 503);
+  }
+  const ModelPlan& m = model_->plan();
   if (rest.empty()) {
-    if (only(get, "GET")) json(fe_->metadata());
+    if (only(get, "GET")) json(srv_->MetadataJson(*model_));
     return;
   }
   if (rest == "/ready") {
     if (!only(get, "GET")) return;
-    if (fe_->ready()) return Write(http::status::ok, std::string(), nullptr);
+    if (model_->ready()) return Write(http::status::ok, std::string(), nullptr);
     return Error(503, "model " + Quote(m.name) + " is not ready", true);
   }
   if (rest == "/config") {
-    if (only(get, "GET")) json(fe_->config());
-    return;
-  }
-  if (rest == "/stats") {
-    if (only(get, "GET")) json(fe_->StatisticsJson());
+    if (only(get, "GET")) json(model_->config());
     return;
   }
   if (rest == "/infer") {
@@ -115,8 +122,8 @@ void Connection::Route() {
 }
 
 void Connection::Infer(HttpRequest& req) {
-  const ModelPlan& m = fe_->plan();
-  if (fe_->draining()) {
+  const ModelPlan& m = model_->plan();
+  if (srv_->draining()) {
     Count(503, 0);
     return Error(503, kShuttingDown, true);
   }
@@ -156,7 +163,7 @@ void Connection::Infer(HttpRequest& req) {
   job->connection = shared_from_this();
   job->io = io_->shared_from_this();
   RequestPtr r = MakeRequest(m, job, job->http.out, io_, job);
-  if (serving::Error e = fe_->Admit(r)) {
+  if (serving::Error e = model_->Admit(r)) {
     Count(e.status, 0);
     return Error(e.status, e.message, e.status == 503);
   }
