@@ -412,3 +412,27 @@ def test_nonzero_and_masked_select_run_on_the_host_as_paddle_inference_does(
     assert 0 < len(cpu_index) < x.shape[0] * 6  # some outputs are positive, not all
     np.testing.assert_array_equal(index, cpu_index)
     np.testing.assert_allclose(values, cpu_values, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_repository_does_not_serve_a_data_dependent_output(
+    detector: Path, oracle: tuple[dict, dict], tmp_path: Path
+) -> None:
+    from support.serving_models import ServerProcess, raw
+
+    from paddle_ipu.serving.saved_model import compile_model
+
+    package, _ = compile_model(
+        str(detector), cache=False, input_shapes=[{"image": [-1, 3, 16, 16]}]
+    )
+    (tmp_path / "repo" / "det" / "1").mkdir(parents=True)
+    package.save(tmp_path / "repo" / "det" / "1" / "model.pdipu")
+    srv = ServerProcess(f"--model-repository={tmp_path / 'repo'}", grpc=False)
+    try:
+        status, _, body = raw(srv, "POST", "/v2/repository/index", b"")
+    finally:
+        srv.terminate()
+    assert status == 200, body
+    (entry,) = json.loads(body)
+    assert (entry["name"], entry["state"]) == ("det", "UNAVAILABLE"), entry
+    assert "data-dependent sizes" in entry["reason"], entry
+    assert oracle[1]["names"][0] in entry["reason"], entry
