@@ -43,7 +43,7 @@ from paddle_ipu.errors import CompileError
 
 log = logging.getLogger("paddle_ipu")
 
-__all__ = ["DATA_DEPENDENT", "TailSplit", "split_tail"]
+__all__ = ["COMPILED_PREFIX", "DATA_DEPENDENT", "TailSplit", "split_tail"]
 
 _NMS = "non-maximum suppression keeps a number of boxes that depends on the data"
 
@@ -56,6 +56,9 @@ DATA_DEPENDENT: dict[str, str] = {
     "pd_op.masked_select": "the number of selected elements depends on the data",
     "pd_op.unique": "the number of distinct values depends on the data",
 }
+
+#: the tail's feeds that the compiled graph gives: this prefix and the output's index
+COMPILED_PREFIX = "paddle_ipu_compiled_"
 
 #: the exporter switch named in every refusal
 EXPORT_HINT = (
@@ -87,7 +90,7 @@ class TailSplit:
     ops: list[str]
     #: values of the program: what the compiled static part computes, in order
     static_fetches: list[Any]
-    #: the tail program's feeds: ``tail_in_<i>`` for static_fetches[i], and the model's
+    #: the tail program's feeds: COMPILED_PREFIX + i for static_fetches[i], and the model's
     #: feeds the tail reads, by name
     feeds: list[str]
     #: the tail program (a saved PIR ``.json``), its fetches the model's
@@ -274,7 +277,7 @@ def _tail_program(
     names: list[str] = []
     with paddle.static.program_guard(clone):
         for i, value in enumerate(cut):
-            name = f"tail_in_{i}"
+            name = f"{COMPILED_PREFIX}{i}"
             data = paddle.static.data(name, list(value.shape), value.dtype)
             data.get_defining_op().move_before(first_op)
             mapping.look_up(value).replace_all_uses_with(data)

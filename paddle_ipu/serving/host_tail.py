@@ -21,15 +21,16 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._util import dtypes
+from paddle_ipu.compiler.tail import COMPILED_PREFIX
 from paddle_ipu.errors import PackageError
 
 __all__ = ["HostTail"]
 
 
 class HostTail:
-    """The tail program (``program``: a saved PIR ``.json``), its feeds (``tail_in_<i>``:
-    the compiled graph's output ``i``; any other name: the model's feed) and the
-    model's outputs (name, dtype, declared shape)."""
+    """The tail program (``program``: a saved PIR ``.json``), its feeds
+    (``paddle_ipu_compiled_<i>``: the compiled graph's output ``i``; any other name: the
+    model's feed) and the model's outputs (name, dtype, declared shape)."""
 
     def __init__(
         self,
@@ -110,8 +111,8 @@ class HostTail:
 
         given: dict[str, np.ndarray] = {}
         for name in self.feeds:
-            if name.startswith("tail_in_"):
-                given[name] = np.asarray(compiled_outputs[int(name[len("tail_in_") :])])
+            if name.startswith(COMPILED_PREFIX):
+                given[name] = np.asarray(compiled_outputs[int(name[len(COMPILED_PREFIX) :])])
             elif name in feed:
                 given[name] = np.asarray(feed[name])
             else:
