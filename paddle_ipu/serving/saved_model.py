@@ -30,6 +30,7 @@ import numpy as np
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.compile import static_mode
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.compiler.tail import split_tail
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
 from paddle_ipu.executor.shapes import (
     DEFAULT_MAX_SPECIALISATIONS,
@@ -38,6 +39,7 @@ from paddle_ipu.executor.shapes import (
     read_inference_yml,
 )
 from paddle_ipu.serving import cache as compile_cache
+from paddle_ipu.serving.host_tail import HostTail
 from paddle_ipu.serving.package import PACKAGE_FORMAT, Package, spec_json
 
 log = logging.getLogger("paddle_ipu")
@@ -177,6 +179,8 @@ def compile_model(
         )
     elif progress:
         progress(len(STAGES), len(STAGES), "found in the compile cache")
+    if package.tail is not None:  # said once per compile (or compile-cache hit)
+        log.info("%s: %s", prefix, package.tail.note)
     policy = package.policy
     ranges, source = _shape_ranges(prefix, shape_ranges)
     if policy is not None:
@@ -267,6 +271,12 @@ def _compile_package(
     stage()
     loaded = _load(prefix)
     stage()
+    if loaded.tail is not None and lengths:
+        raise OptionError(
+            f"seq_buckets with {prefix!r}, whose outputs have data-dependent sizes "
+            f"({', '.join(loaded.tail.first)}): buckets cut outputs back to a request's "
+            "length, which a data-dependent output does not have"
+        )
     policy = ShapePolicy(loaded.declared, max_specialisations)
     model: CompiledModel | None = None
     buckets: dict[int, CompiledModel] = {}
@@ -282,7 +292,7 @@ def _compile_package(
             from paddle_ipu.pipeline import compile_model as compile_program
 
             model = compile_program(
-                loaded.program, loaded.feeds, loaded.fetches, scope=loaded.scope,
+                loaded.program, loaded.feeds, loaded.compiled_fetches, scope=loaded.scope,
                 micro_batch_size=micro_batch_size,
             )  # fmt: skip
     stage()
@@ -312,6 +322,11 @@ def _compile_package(
     if model is not None:
         main = packaged[lengths[-1]] if lengths else _packaged(model, micro_batch_size)
     package = Package(main, options, meta, packaged, sequence, policy=policy)
+    if loaded.tail is not None:
+        split = loaded.tail
+        package.tail = HostTail(
+            split.program, split.feeds, split.outputs, split.ops, split.describe()
+        )
     if sequence is not None:
         meta["buckets"] = sequence.to_json()
     return package
@@ -339,7 +354,7 @@ def compile_shape(package: Package, key: str, store: bool = True) -> CompiledMod
 
     with loaded.guard():
         model = compile_program(
-            loaded.program, loaded.feeds, loaded.fetches, scope=loaded.scope,
+            loaded.program, loaded.feeds, loaded.compiled_fetches, scope=loaded.scope,
             micro_batch_size=micro_batch_size, input_shapes=policy.input_shapes(key),
         )  # fmt: skip
     graph = _packaged(model, micro_batch_size)
@@ -368,6 +383,13 @@ class _Loaded:
     feed_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
     fetch_names: list[str] = dataclasses.field(default_factory=list)
     fetch_dtypes: list[str] = dataclasses.field(default_factory=list)
+    #: the data-dependent tail split off (:mod:`paddle_ipu.compiler.tail`), or None
+    tail: Any = None
+
+    @property
+    def compiled_fetches(self) -> list[Any]:
+        """What the compiled graph computes: the fetches, or what the host tail reads."""
+        return list(self.tail.static_fetches) if self.tail is not None else self.fetches
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -413,13 +435,14 @@ def _load(prefix: str) -> _Loaded:
                 feed_dtypes = {n: dtypes.name_of(v.dtype) for n, v in values.items()}
                 fetch_names = [_fetch_name(program, f, legacy) for f in fetches]
                 fetch_dtypes = [dtypes.name_of(f.dtype) for f in fetches]
+                tail = split_tail(program, list(values.values()), list(fetches), fetch_names)
         except IpuError:
             raise
         except Exception as exc:
             raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
         loaded = _Loaded(
             program, list(feeds), list(fetches), scope, legacy, declared,
-            feed_dtypes, fetch_names, fetch_dtypes,
+            feed_dtypes, fetch_names, fetch_dtypes, tail,
         )  # fmt: skip
         while len(_loaded) >= _LOADED_MAX:
             _loaded.pop(next(iter(_loaded)))
