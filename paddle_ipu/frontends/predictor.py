@@ -164,7 +164,8 @@ class _Shared:
         where they follow an open dimension."""
         package = self.package
         model = package.model
-        if self.shapes is not None and package.policy is not None:
+        per_shape = package.per_shape and self.runtime is not None  # a ShapeRuntime
+        if (self.shapes is not None or per_shape) and package.policy is not None:
             meta = package.meta
             inputs = [
                 Tensor(name, np.dtype(feed["dtype"]), feed["shape"], True)

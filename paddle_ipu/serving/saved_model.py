@@ -177,8 +177,11 @@ def compile_model(
         package = _compile_package(
             prefix, options, backend, versions, lengths, pads, max_specialisations, progress
         )
-    elif progress:
-        progress(len(STAGES), len(STAGES), "found in the compile cache")
+    else:
+        # the same files may have been saved elsewhere since: more shapes compile from here
+        package.meta["source"] = os.path.abspath(prefix)
+        if progress:
+            progress(len(STAGES), len(STAGES), "found in the compile cache")
     if package.tail is not None:  # said once per compile (or compile-cache hit)
         log.info("%s: %s", prefix, package.tail.note)
     policy = package.policy

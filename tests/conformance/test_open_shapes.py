@@ -317,3 +317,47 @@ def test_shape_ranges_that_do_not_fit_the_model_are_refused(exported: str) -> No
             compile_model(exported, cache=False, shape_ranges=ranges)
     with pytest.raises(OptionError, match="set_ipu_shape_ranges: expected"):
         inference.Config(exported).set_ipu_shape_ranges({"x": [1, 3, 8, 8]})
+
+
+def test_the_predictors_model_runtime_takes_open_shapes(
+    saved: tuple[str, Any], cache_dir: Any
+) -> None:
+    """``ipu_enable_model_runtime_executor`` on a model compiled per input shape: the
+    handles report the declared shapes before any shape is compiled, and runs of two
+    shapes answer as Paddle's CPU executor does."""
+    from paddle_ipu import inference
+
+    prefix, cpu = saved
+    config = inference.Config(prefix)
+    config.enable_ipu()
+    config.set_ipu_config(ipu_enable_model_runtime_executor=True)
+    predictor = inference.create_predictor(config)
+    (name,) = predictor.get_input_names()
+    assert predictor.get_input_handle(name).shape() == [-1, 3, -1, -1]
+    for image in (_image(3, 32, 48), _image(2, 20, 36)):
+        for got, want in zip(predictor.run([image]), cpu(image)):
+            np.testing.assert_allclose(got, want, **TOL)
+    predictor.close()
+
+
+def test_a_cache_hit_compiles_new_shapes_from_where_the_model_is_now(
+    saved: tuple[str, Any], cache_dir: Any, tmp_path: Any
+) -> None:
+    """The compile cache keys a model by its files: the same files saved at another
+    path (the first one deleted since) hit the cache, and a shape not compiled yet
+    compiles from the new path."""
+    import shutil
+
+    from paddle_ipu.serving.saved_model import compile_model
+
+    prefix, _ = saved
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d in (first, second):
+        d.mkdir()
+        for suffix in (".json", ".pdiparams"):
+            shutil.copy(prefix + suffix, d / ("model" + suffix))
+    compile_model(str(first / "model"), input_shapes=[{"x": [-1, 3, 32, 48]}])
+    shutil.rmtree(first)
+    package, _ = compile_model(str(second / "model"), input_shapes=[{"x": [-1, 3, 24, 40]}])
+    assert package.source == str(second / "model")
+    assert sorted(package.shapes) == ["x=3x24x40", "x=3x32x48"]
