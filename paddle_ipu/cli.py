@@ -116,6 +116,25 @@ def _load_or_compile(
     return package
 
 
+def _refuse_tail(package: Any, why: str) -> None:
+    """Refuse a package whose outputs have data-dependent sizes (a host tail) where the
+    command needs fixed output shapes, naming the outputs."""
+    from paddle_ipu.compiler.tail import DATA_DEPENDENT
+    from paddle_ipu.errors import NotSupportedError
+
+    tail = package.tail
+    if tail is None:
+        return
+    sized = [f"{name} {list(shape)}" for name, _, shape in tail.outputs]
+    raise NotSupportedError(
+        f"the model's outputs {', '.join(sized)} have data-dependent sizes "
+        f"({', '.join(sorted(set(tail.ops) & set(DATA_DEPENDENT))) or 'its host tail'} "
+        f"runs on the host after the compiled graph), and {why}; run it with paddle-ipu run "
+        "or paddle_ipu.inference, or export the detector without NMS (PaddleDetection's "
+        "exporter: -o exclude_nms=True)"
+    )
+
+
 def _max_specialisations(value: int | None) -> int:
     from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
 
@@ -198,6 +217,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if package.per_shape:
         shapes = list(package.shapes) or "none yet"
         extra = f" (input shapes {shapes}; feeds {package.declared_shapes()})"
+    if package.tail is not None:
+        tail = package.tail
+        extra += f" (outputs {tail.output_names} from a host tail of {len(tail.ops)} operators)"
     print(f"{path}: {how} in {time.perf_counter() - t0:.2f} s{extra}")
     if args.report:
         from paddle_ipu.compiler.memory import memory_report
@@ -238,9 +260,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     package = load_package(args.package)
     feed = _parse_inputs(args.input)
-    with runtime_for(package, args.backend, timeout_ms=0.001) as runtime:
+    with runtime_for(package, args.backend, timeout_ms=0.001, compiled_outputs=True) as runtime:
         outputs = runtime.run(feed)
         names = [s.paddle_name or s.name for s in runtime.executor.model.outputs]
+    if package.tail is not None:  # data-dependent outputs: the host tail gives them
+        outputs = package.tail.run(feed, outputs)
+        names = package.tail.output_names
     for name, value in zip(names, outputs):
         if args.output_dir:
             from pathlib import Path
@@ -264,6 +289,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from paddle_ipu.serving.package import load_package
 
     package = load_package(args.package)
+    _refuse_tail(package, "the bench times the compiled graph's fixed outputs")
     rng = np.random.default_rng(0)
     if package.model is None:
         from paddle_ipu.errors import OptionError
@@ -363,6 +389,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         input_shapes=_input_shapes(args.input_shapes),
         max_specialisations=args.max_specialisations,
     )
+    _refuse_tail(package, _SERVE_WHY)
     # The host backend's threads sleep between runs: spinning would take the cores the
     # IO threads and the gRPC server need (measured: about 2x the requests/s).
     runtime = runtime_for(
@@ -386,6 +413,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         reuse_port=args.reuse_port,
     ).serve_forever()
     return 0
+
+
+_SERVE_WHY = (
+    "the server answers each request with tensors of the shapes it declares in the "
+    "model's metadata (the C++ request path lays every answer out before the run)"
+)
 
 
 def _serve_repository(args: argparse.Namespace) -> int:
@@ -455,7 +488,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     if args.port == 0 or args.grpc_port == 0:
         raise OptionError("--workers > 1 needs fixed ports: every worker listens on the same ones")
     # Compile (or fill the cache) once, before the workers load it.
-    _load_or_compile(
+    package = _load_or_compile(
         args.model,
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
@@ -463,6 +496,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
         input_shapes=_input_shapes(args.input_shapes),
         max_specialisations=args.max_specialisations,
     )
+    _refuse_tail(package, _SERVE_WHY)
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
     children = [subprocess.Popen(argv) for _ in range(args.workers)]
 

@@ -68,18 +68,25 @@ STRUCTURAL_OPS = frozenset(
 
 _NMS = (
     "non-maximum suppression keeps a number of boxes that depends on the data, and the IPU "
-    "compiles static shapes (running it on the host after the compiled graph is not built "
-    "yet): export the detector without it -- PaddleDetection's exporter takes "
+    "compiles static shapes (a saved model run through paddle_ipu.inference or a "
+    "package runs it on the host after the compiled graph; a program compiled here does "
+    "not): export the detector without it -- PaddleDetection's exporter takes "
     "-o exclude_nms=True -- and run NMS on the boxes and scores it then returns, after the "
     "predictor (on the CPU: paddle.vision.ops.nms, or Paddle's multiclass_nms3 kernel)"
 )
 
 # Operators paddle2onnx converts but that do not compile or do not match
 # Paddle's CPU kernel (found by tests/conformance); refused up front.
+_DATA_SIZED = (
+    "its output size depends on the data; the IPU needs static shapes (a saved PIR or "
+    "legacy model run through paddle_ipu.inference or a package runs it, and what follows "
+    "it, on the host after the compiled graph)"
+)
+
 DENIED: dict[str, str] = {
-    "unique": "its output size depends on the data; the IPU needs static shapes",
-    "nonzero": "its output size depends on the data; the IPU needs static shapes",
-    "masked_select": "its output size depends on the data; the IPU needs static shapes",
+    "unique": _DATA_SIZED,
+    "nonzero": _DATA_SIZED,
+    "masked_select": _DATA_SIZED,
     "repeat_interleave_with_tensor_index": (
         "its output size depends on the repeats tensor; the IPU needs static shapes"
     ),

@@ -80,6 +80,7 @@ class _Shared:
             options["enable_half_partial"] = True
         if config.num_threads is not None:  # set_cpu_math_library_num_threads
             options["host_num_threads"] = config.num_threads
+        options.update(config.strategy_options)  # set_ipu_strategy_options
         self.options = options
         #: the script turned Paddle's INFO lines off (disable_glog_info): ours too
         self.quiet = bool(config.glog_info_disabled())
@@ -94,7 +95,10 @@ class _Shared:
                 from paddle_ipu.serving.bucketed_runtime import runtime_for
 
                 self.runtime = runtime_for(
-                    self.package, executor_options=options, timeout_ms=config.timeout_ms
+                    self.package,
+                    executor_options=options,
+                    timeout_ms=config.timeout_ms,
+                    compiled_outputs=True,  # run() runs the host tail, if any, after it
                 )
             elif self.sequence is not None:
                 self._executors(config.micro_batch_size, self.package)
@@ -119,6 +123,7 @@ class _Shared:
             pad_values=config.pad_values,
             input_shapes=config.input_shapes,
             max_specialisations=config.max_specialisations,
+            shape_ranges=config.shape_ranges,
         )
         return package
 
@@ -159,7 +164,8 @@ class _Shared:
         where they follow an open dimension."""
         package = self.package
         model = package.model
-        if self.shapes is not None and package.policy is not None:
+        per_shape = package.per_shape and self.runtime is not None  # a ShapeRuntime
+        if (self.shapes is not None or per_shape) and package.policy is not None:
             meta = package.meta
             inputs = [
                 Tensor(name, np.dtype(feed["dtype"]), feed["shape"], True)
@@ -174,7 +180,7 @@ class _Shared:
                 outputs = [
                     Tensor(f["name"], np.dtype(f["dtype"]), [], False) for f in meta["fetches"]
                 ]
-            return inputs, outputs
+            return inputs, self._tail_handles(outputs)
         assert model is not None
         if self.runtime is not None:
             executor = self.runtime.executor
@@ -197,17 +203,30 @@ class _Shared:
                 for handle in handles:
                     for axis in axes.get(handle.name, ()):
                         handle._shape[axis] = -1
-        return inputs, outputs
+        return inputs, self._tail_handles(outputs)
+
+    def _tail_handles(self, outputs: list[Tensor]) -> list[Tensor]:
+        """The output handles: the host tail's outputs where the model has one (their
+        declared shapes, -1 where the data decides), else ``outputs``."""
+        tail = self.package.tail
+        if tail is None:
+            return outputs
+        return [Tensor(name, np.dtype(dtype), shape, False) for name, dtype, shape in tail.outputs]
 
     def output_names(self) -> list[str]:
+        """The compiled graph's outputs (what the host tail reads, where there is one)."""
         model = self.package.model
         if model is None:  # compiled per input shape, none yet: the saved model's fetches
             return [f["name"] for f in self.package.meta.get("fetches", [])]
         return [s.paddle_name or s.name for s in model.outputs]
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The model's outputs: the compiled graph's, then the host tail's (a model
+        whose outputs have data-dependent sizes; :mod:`paddle_ipu.serving.host_tail`)."""
         with quiet_info(self.quiet):
-            return self._run(feed)
+            outputs = self._run(feed)
+            tail = self.package.tail
+            return tail.run(feed, outputs) if tail is not None else outputs
 
     def _run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         if self.runtime is not None:

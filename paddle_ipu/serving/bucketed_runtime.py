@@ -159,13 +159,25 @@ def runtime_for(
     backend: str | None = None,
     *,
     executor_options: Mapping[str, Any] | None = None,
+    compiled_outputs: bool = False,
     **runtime_options: Any,
 ) -> ModelRuntime | BucketedRuntime | ShapeRuntime:
     """The model runtime of a package: a :class:`ModelRuntime` over its executor, a
     :class:`BucketedRuntime` when it holds buckets of sequence lengths, or a
     :class:`~paddle_ipu.serving.shaped.ShapeRuntime` when it is compiled per input shape.
     ``executor_options`` are strategy options of the executors; the keyword arguments
-    are :class:`ModelRuntime`'s."""
+    are :class:`ModelRuntime`'s.  A package with a host tail (outputs of data-dependent
+    sizes: :mod:`paddle_ipu.serving.host_tail`) is refused unless ``compiled_outputs``
+    says that the caller runs the tail on the runtime's outputs (what the compiled graph
+    gives is what the tail reads, not the model's outputs)."""
+    tail = getattr(package, "tail", None)
+    if tail is not None and not compiled_outputs:
+        raise NotSupportedError(
+            f"the package's outputs {tail.output_names} have data-dependent sizes: its "
+            "compiled graph gives what its host tail reads, not these outputs; run it "
+            "through paddle_ipu.inference or paddle-ipu run (or runtime_for(..., "
+            "compiled_outputs=True) and package.tail.run(feed, outputs))"
+        )
     if getattr(package, "sequence", None) is not None:
         return BucketedRuntime(
             package, backend, executor_options=executor_options, **runtime_options

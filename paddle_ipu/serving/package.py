@@ -11,7 +11,11 @@ one or more compiled graphs of one model and its weights, once:
   weight initializers without data;
 - ``weights.safetensors``: every weight of every graph, once: graphs that hold the same
   array (the model's parameters) share it; what differs per shape (a constant folded
-  for one size) is stored beside.
+  for one size) is stored beside;
+- ``tail.json`` (a model whose outputs have data-dependent sizes, such as a detector
+  ending in non-maximum suppression): the operators from the first data-dependent one
+  to the outputs, a PIR program that Paddle's CPU kernels run after the compiled graph
+  (:mod:`paddle_ipu.serving.host_tail`); the graphs then compute what it reads.
 
 The graphs are of three kinds:
 
@@ -55,11 +59,13 @@ from paddle_ipu.compiler.model import CompiledModel, IndexRange, TensorSpec
 from paddle_ipu.compiler.weights import serialize_with_weights, split_weights
 from paddle_ipu.errors import NotSupportedError, PackageError
 from paddle_ipu.executor.shapes import SequenceBuckets, ShapePolicy
+from paddle_ipu.serving.host_tail import HostTail
 
 __all__ = ["PACKAGE_FORMAT", "Package", "SequenceBuckets", "load_package"]
 
-PACKAGE_FORMAT = 2
+PACKAGE_FORMAT = 3
 _WEIGHTS = "weights.safetensors"
+_TAIL = "tail.json"
 
 
 @dataclass
@@ -80,6 +86,17 @@ class Package:
     sequence: SequenceBuckets | None = None
     shapes: dict[str, CompiledModel] = field(default_factory=dict)
     policy: ShapePolicy | None = None
+    #: the operators run on the host after the graphs (None: the graphs give the outputs)
+    tail: HostTail | None = None
+
+    @property
+    def output_names(self) -> list[str]:
+        """The model's outputs: the host tail's, else the graph's."""
+        if self.tail is not None:
+            return self.tail.output_names
+        if self.model is None:
+            return [str(f["name"]) for f in self.meta.get("fetches", [])]
+        return [s.paddle_name or s.name for s in self.model.outputs]
 
     @property
     def per_shape(self) -> bool:
@@ -167,6 +184,11 @@ class Package:
             meta["buckets"] = self.sequence.to_json()
         weights_file = _save_blobs(blobs)
         meta["weights_sha256"] = hashlib.sha256(weights_file).hexdigest()
+        if self.tail is not None:
+            meta["tail"] = dict(
+                self.tail.to_json(), sha256=hashlib.sha256(self.tail.program).hexdigest()
+            )
+            files[_TAIL] = self.tail.program
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, sort_keys=True))
@@ -263,6 +285,8 @@ def load_package(path: str | os.PathLike[str]) -> Package:
                 files[_WEIGHTS] = zf.read(_WEIGHTS)
                 for entry in meta["graphs"]:
                     files[entry["file"]] = zf.read(entry["file"])
+                if "tail" in meta:
+                    files[_TAIL] = zf.read(_TAIL)
     except FileNotFoundError as exc:
         raise PackageError(f"no package at {str(p)!r}") from exc
     except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
@@ -296,6 +320,9 @@ def load_package(path: str | os.PathLike[str]) -> Package:
     if "buckets" in meta:
         package.sequence = SequenceBuckets.from_json(meta["buckets"])
         package.model = package.buckets[package.sequence.lengths[-1]]
+    if "tail" in meta:
+        check(_TAIL, files[_TAIL], meta["tail"].get("sha256"))
+        package.tail = HostTail.from_json(meta["tail"], files[_TAIL])
     return package
 
 

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -29,10 +30,19 @@ import numpy as np
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.compile import static_mode
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.compiler.tail import split_tail
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
-from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS, SequenceBuckets, ShapePolicy
+from paddle_ipu.executor.shapes import (
+    DEFAULT_MAX_SPECIALISATIONS,
+    SequenceBuckets,
+    ShapePolicy,
+    read_inference_yml,
+)
 from paddle_ipu.serving import cache as compile_cache
+from paddle_ipu.serving.host_tail import HostTail
 from paddle_ipu.serving.package import PACKAGE_FORMAT, Package, spec_json
+
+log = logging.getLogger("paddle_ipu")
 
 __all__ = [
     "STAGES",
@@ -132,6 +142,7 @@ def compile_model(
     pad_values: Mapping[str, float] | None = None,
     input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
     max_specialisations: int = DEFAULT_MAX_SPECIALISATIONS,
+    shape_ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> tuple[Package, bool]:
     """Compile the saved inference model at ``prefix`` (``prefix.json`` and
     ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
@@ -142,7 +153,10 @@ def compile_model(
     value), the others pad with 0.  A model whose feeds leave other dimensions open is
     compiled per input shape: ``input_shapes`` are the shapes to compile now (feed ->
     shape; the batch may be left -1), the others are compiled on first use
-    (:func:`compile_shape`), at most ``max_specialisations`` in all."""
+    (:func:`compile_shape`), at most ``max_specialisations`` in all; ``shape_ranges``
+    (feed -> ``[min, max]`` or ``[min, opt, max]`` shapes) bound the open dimensions a
+    request may bring (None: the ``trt_dynamic_shapes`` of an ``inference.yml`` beside
+    the model, as PaddleX exports ship it, if there is one; ``{}``: no bounds)."""
     _check_options(micro_batch_size, batches_per_step)
     lengths, pads = check_buckets(seq_buckets, pad_values)
     options: dict[str, Any] = {
@@ -163,12 +177,26 @@ def compile_model(
         package = _compile_package(
             prefix, options, backend, versions, lengths, pads, max_specialisations, progress
         )
-    elif progress:
-        progress(len(STAGES), len(STAGES), "found in the compile cache")
+    else:
+        # the same files may have been saved elsewhere since: more shapes compile from here
+        package.meta["source"] = os.path.abspath(prefix)
+        if progress:
+            progress(len(STAGES), len(STAGES), "found in the compile cache")
+    if package.tail is not None:  # said once per compile (or compile-cache hit)
+        log.info("%s: %s", prefix, package.tail.note)
     policy = package.policy
+    ranges, source = _shape_ranges(prefix, shape_ranges)
     if policy is not None:
         policy = dataclasses.replace(policy, max_specialisations=max_specialisations)
+        policy = policy.with_ranges(ranges or {})
+        if policy.ranges:
+            log.info("%s: input shape ranges from %s: %s", prefix, source, ranges)
         package.policy = policy
+    elif ranges and shape_ranges is not None:
+        raise OptionError(
+            f"shape ranges: {prefix!r} has no open dimensions besides the batch "
+            f"(its feeds: {package.declared_shapes()}), which the ranges do not bound"
+        )
     added = False
     for shapes in input_shapes:
         if policy is None or not package.per_shape:
@@ -185,6 +213,18 @@ def compile_model(
     if cache:
         package.meta["cache_key"] = key
     return package, hit and not added
+
+
+def _shape_ranges(
+    prefix: str, given: Mapping[str, Sequence[Sequence[int]]] | None
+) -> tuple[Mapping[str, Sequence[Sequence[int]]] | None, str]:
+    """The ranges to bound a model's open dimensions with, and where they come from."""
+    if given is not None:
+        return given, "the caller"
+    path = os.path.join(os.path.dirname(os.path.abspath(prefix)), "inference.yml")
+    if not os.path.isfile(path):
+        return None, ""
+    return read_inference_yml(path), path
 
 
 def _full_shapes(
@@ -234,6 +274,12 @@ def _compile_package(
     stage()
     loaded = _load(prefix)
     stage()
+    if loaded.tail is not None and lengths:
+        raise OptionError(
+            f"seq_buckets with {prefix!r}, whose outputs have data-dependent sizes "
+            f"({', '.join(loaded.tail.first)}): buckets cut outputs back to a request's "
+            "length, which a data-dependent output does not have"
+        )
     policy = ShapePolicy(loaded.declared, max_specialisations)
     model: CompiledModel | None = None
     buckets: dict[int, CompiledModel] = {}
@@ -249,7 +295,7 @@ def _compile_package(
             from paddle_ipu.pipeline import compile_model as compile_program
 
             model = compile_program(
-                loaded.program, loaded.feeds, loaded.fetches, scope=loaded.scope,
+                loaded.program, loaded.feeds, loaded.compiled_fetches, scope=loaded.scope,
                 micro_batch_size=micro_batch_size,
             )  # fmt: skip
     stage()
@@ -279,6 +325,11 @@ def _compile_package(
     if model is not None:
         main = packaged[lengths[-1]] if lengths else _packaged(model, micro_batch_size)
     package = Package(main, options, meta, packaged, sequence, policy=policy)
+    if loaded.tail is not None:
+        split = loaded.tail
+        package.tail = HostTail(
+            split.program, split.feeds, split.outputs, split.ops, split.describe()
+        )
     if sequence is not None:
         meta["buckets"] = sequence.to_json()
     return package
@@ -306,7 +357,7 @@ def compile_shape(package: Package, key: str, store: bool = True) -> CompiledMod
 
     with loaded.guard():
         model = compile_program(
-            loaded.program, loaded.feeds, loaded.fetches, scope=loaded.scope,
+            loaded.program, loaded.feeds, loaded.compiled_fetches, scope=loaded.scope,
             micro_batch_size=micro_batch_size, input_shapes=policy.input_shapes(key),
         )  # fmt: skip
     graph = _packaged(model, micro_batch_size)
@@ -335,6 +386,13 @@ class _Loaded:
     feed_dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
     fetch_names: list[str] = dataclasses.field(default_factory=list)
     fetch_dtypes: list[str] = dataclasses.field(default_factory=list)
+    #: the data-dependent tail split off (:mod:`paddle_ipu.compiler.tail`), or None
+    tail: Any = None
+
+    @property
+    def compiled_fetches(self) -> list[Any]:
+        """What the compiled graph computes: the fetches, or what the host tail reads."""
+        return list(self.tail.static_fetches) if self.tail is not None else self.fetches
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -380,13 +438,14 @@ def _load(prefix: str) -> _Loaded:
                 feed_dtypes = {n: dtypes.name_of(v.dtype) for n, v in values.items()}
                 fetch_names = [_fetch_name(program, f, legacy) for f in fetches]
                 fetch_dtypes = [dtypes.name_of(f.dtype) for f in fetches]
+                tail = split_tail(program, list(values.values()), list(fetches), fetch_names)
         except IpuError:
             raise
         except Exception as exc:
             raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
         loaded = _Loaded(
             program, list(feeds), list(fetches), scope, legacy, declared,
-            feed_dtypes, fetch_names, fetch_dtypes,
+            feed_dtypes, fetch_names, fetch_dtypes, tail,
         )  # fmt: skip
         while len(_loaded) >= _LOADED_MAX:
             _loaded.pop(next(iter(_loaded)))
