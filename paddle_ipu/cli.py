@@ -375,6 +375,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         request_timeout_ms=args.request_timeout_ms,
         max_body_mb=args.max_body_mb,
         reuse_port=args.reuse_port,
+        instances=args.instances or 1,
+        access_log=args.access_log,
+        warmup=args.warmup,
+        drain_grace_s=args.drain_grace_s,
     ).serve_forever()
     return 0
 
@@ -392,6 +396,13 @@ def _serve_buckets(args: argparse.Namespace, runtime: Any) -> int:
             "--grpc-port or --workers with buckets of sequence lengths or a model compiled "
             "per input shape: such a package is served over HTTP by one process (the Python "
             "server; the C++ request path checks one fixed shape per tensor)"
+        )
+    if args.access_log is not None or args.warmup or args.drain_grace_s:
+        runtime.close()
+        raise NotSupportedError(
+            "--access-log, --warmup and --drain-grace-s are options of the C++ server; a "
+            "package with buckets of sequence lengths or compiled per input shape is served "
+            "by the Python server, which has none of them"
         )
     PythonInferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
     return 0
@@ -434,7 +445,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
 
 
 def _worker_argv(args: argparse.Namespace) -> list[str]:
-    out = ["serve", args.model, "--workers", "1", "--reuse-port"]
+    out = ["serve", args.model, "--workers", "1", "--reuse-port", "--instances", str(args.workers)]
     if args.spin:
         out.append("--spin")
     for flag in (
@@ -449,6 +460,9 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
         "threads",
         "request_timeout_ms",
         "max_body_mb",
+        "access_log",
+        "warmup",
+        "drain_grace_s",
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -569,11 +583,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (64)")
     p.add_argument(
+        "--access-log",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="one JSON line per inference request, appended to PATH (no PATH: stderr)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="graph runs made before readiness turns 200 (0)",
+    )
+    p.add_argument(
+        "--drain-grace-s",
+        type=float,
+        default=0.0,
+        help="on SIGTERM: readiness 503 at once, listeners close after this long (0)",
+    )
+    p.add_argument(
         "--spin",
         action="store_true",
         help="let the host backend's threads spin between runs (off: they sleep)",
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    # A --workers process: how many serve the model (the configuration's instance_group).
+    p.add_argument("--instances", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--name", default="model", help="the model name in URLs (model)")
     p.add_argument("--micro-batch", type=int, default=16, help="when compiling a prefix (16)")
     p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")

@@ -50,6 +50,22 @@ FrontEnd::FrontEnd(py::object queue, ModelPlan plan)
 
 FrontEnd::~FrontEnd() { Shutdown(); }
 
+void FrontEnd::OpenAccessLog(const std::string& path) {
+  if (!listeners_.empty()) throw std::runtime_error("open the access log before starting");
+  log_ = std::make_unique<AccessLog>(path);
+}
+
+void FrontEnd::Record(AccessEntry e, std::chrono::steady_clock::time_point start,
+                      const Request* ran) {
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (ran) RanTimes(*ran, &e.queue_s, &e.compute_s);  // gRPC: the call set them
+  counters_.Done(e.status, e.rows, took, e.queue_s, e.compute_s);
+  if (!log_) return;
+  if (e.version.empty() && e.model == plan_.name) e.version = plan_.version;  // the one served
+  e.latency_s = std::chrono::duration<double>(took).count();
+  log_->Write(e);
+}
+
 bool FrontEnd::ready() const {
   return ready_.load() && !draining_.load() && !ClosedOf(queue_.get());
 }
@@ -59,7 +75,7 @@ std::string FrontEnd::StatisticsJson() {
 }
 
 std::string FrontEnd::Prometheus() {
-  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()));
+  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()), active.load());
 }
 
 Error FrontEnd::Admit(const RequestPtr& r) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../core/queue.h"
+#include "access_log.h"
 #include "answers.h"
 #include "metrics.h"
 #include "plan.h"
@@ -92,6 +93,16 @@ class FrontEnd {
   // An admitted request was answered (or left the queue unanswered).
   void Answered();
 
+  // An inference request was answered: the counters, and the access log's line
+  // (latency from `start`; `ran`: the queue's request when it ran, else nullptr).
+  void Record(AccessEntry e, std::chrono::steady_clock::time_point start, const Request* ran);
+  // Writes a line per inference request to `path` ("-": standard error) from now on.
+  void OpenAccessLog(const std::string& path);
+  bool logging() const { return log_ != nullptr; }
+  void FlushAccessLog() {
+    if (log_) log_->Flush();
+  }
+
   // HTTP (listener.cc).
   int StartHttp(const std::string& host, int port, int threads, bool reuse_port);
   void StopAccepting();
@@ -99,7 +110,8 @@ class FrontEnd {
   void Shutdown();
 
   // gRPC (grpc_call.cc).
-  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg);
+  // `trace`: the call's traceparent metadata ("" when none), for the access log.
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
 
   std::atomic<int64_t> active{0};       // requests admitted, not answered
   std::atomic<int64_t> connections{0};  // open HTTP connections
@@ -117,6 +129,7 @@ class FrontEnd {
   std::atomic<bool> ready_{true};
   std::mutex drain_mu_;
   std::condition_variable drained_;
+  std::unique_ptr<AccessLog> log_;  // set before the front ends start, if at all
 };
 
 }  // namespace serving

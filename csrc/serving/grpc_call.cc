@@ -37,6 +37,7 @@ void GrpcCall::Done(int status, std::string message) {
 }
 
 void GrpcCall::Finish(const Request& r) {
+  RanTimes(r, &queue_s_, &compute_s_);
   if (r.state == RequestState::kDone) return Done(200, std::string());
   Error e = RunError(r);
   Done(e.status, std::move(e.message));
@@ -78,7 +79,17 @@ int GrpcCall::Result(FrontEnd* fe, double timeout) {
   Wait(t, fe->counters());
   const int status = status_;
   const int64_t rows = status == 200 && job_ ? job_->req.rows : 0;
-  fe->counters()->Done(status, rows, std::chrono::steady_clock::now() - job_->start);
+  AccessEntry e;
+  e.protocol = "grpc";
+  e.status = status;
+  e.rows = rows;
+  e.id = job_->req.id;
+  e.model = job_->req.model;
+  e.version = job_->req.version;
+  e.trace = trace_;
+  e.queue_s = queue_s_;
+  e.compute_s = compute_s_;
+  fe->Record(e, job_->start, nullptr);
   if (admitted_) {  // it left the queue: one less in flight
     admitted_ = false;
     fe->Answered();
@@ -107,8 +118,9 @@ bool GrpcCall::Cancel(Counters* counters) {
   return true;
 }
 
-std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg) {
+std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace) {
   auto call = std::make_shared<GrpcCall>();
+  call->trace_ = std::move(trace);
   auto job = std::make_shared<Job>();
   job->start = std::chrono::steady_clock::now();
   job->body = std::move(msg);

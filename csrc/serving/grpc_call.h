@@ -57,6 +57,8 @@ class GrpcCall : public NativeSink, public std::enable_shared_from_this<GrpcCall
   RequestPtr request_;
   std::shared_ptr<Job> job_;
   bool admitted_ = false;  // counted in FrontEnd::active until Result() returns
+  double queue_s_ = -1, compute_s_ = -1;  // when it ran (RanTimes)
+  std::string trace_;  // the call's traceparent metadata, for the access log
 };
 
 }  // namespace serving

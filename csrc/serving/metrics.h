@@ -16,6 +16,19 @@
 namespace paddle_ipu {
 namespace serving {
 
+// A Prometheus histogram of seconds: buckets from 100 us to 10 s in 1-2-5 steps.
+struct Histogram {
+  static constexpr int kBounds = 16;
+  static const double kBound[kBounds];
+  int64_t counts[kBounds + 1] = {};  // per bucket (not cumulative); the last: above 10 s
+  double sum = 0;
+  int64_t count = 0;
+  void Observe(double seconds);
+};
+
+// A request's time in the queue and in graph runs, in seconds; -1 when it never ran.
+void RanTimes(const Request& r, double* queue_s, double* compute_s);
+
 // The values of the counters, as one copy.
 struct CounterValues {
   int64_t success = 0;
@@ -25,17 +38,21 @@ struct CounterValues {
   int64_t fail_ns = 0;
   int64_t last_inference_ms = 0;
   std::vector<std::pair<int, int64_t>> by_status;  // (status, count)
-  double duration_s = 0;
   int64_t rejected_busy = 0;   // 503: the queue was full
   int64_t timed_out = 0;       // 504: not started within the request's timeout
   int64_t disconnected = 0;    // the client went away before its request ran
+  Histogram request_seconds;   // every answered request: arrival to answer
+  Histogram queue_seconds;     // requests that ran: arrival to their first run
+  Histogram compute_seconds;   // requests that ran: the graph runs they were part of
 };
 
 // The counters, updated by the IO threads and the gRPC server's threads.
 class Counters {
  public:
-  // A request answered with `status`.
-  void Done(int status, int64_t rows, std::chrono::steady_clock::duration took);
+  // A request answered with `status`, after `took`; `queue_s` and `compute_s`: its
+  // time in the queue and in graph runs when it ran (else < 0).
+  void Done(int status, int64_t rows, std::chrono::steady_clock::duration took,
+            double queue_s = -1, double compute_s = -1);
   // Adds one to a refusal's counter (rejected_busy, timed_out or disconnected).
   void Add(int64_t CounterValues::*counter);
   CounterValues Copy();
@@ -46,7 +63,9 @@ class Counters {
 };
 
 std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s);
-std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s);
+// `requests_in_flight`: requests admitted to the queue, not answered.
+std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
+                       int64_t requests_in_flight);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -66,6 +66,7 @@ class GrpcService:
         self._pb = pb
         self._mc = mc
         self._front = server.front_end
+        self._log = server.access_log is not None
         self._name = server.name
         self._version = server.version
         self._codes = {code.value[0]: code for code in grpc.StatusCode}
@@ -122,7 +123,12 @@ class GrpcService:
     # -- inference ------------------------------------------------------------------
     def _infer(self, data: bytes, context: Any) -> bytes:
         front = self._front
-        call = front.grpc_infer(data)
+        trace = ""
+        if self._log:  # the access log names the call's W3C trace context
+            for key, value in context.invocation_metadata():
+                if key == "traceparent":
+                    trace = str(value)
+        call = front.grpc_infer(data, trace)
         # Called when the call ends for any reason: a client that went away loses its
         # request before it runs (after an answer, cancel() finds nothing to do).
         context.add_callback(lambda: call.cancel(front))
