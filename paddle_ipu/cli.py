@@ -346,6 +346,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise OptionError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1:
         return _serve_workers(args)
+    if args.metrics_port is not None:
+        raise OptionError(
+            "--metrics-port gathers the metrics of --workers > 1 processes; one process "
+            "answers GET /metrics on --port itself"
+        )
     package = _load_or_compile(
         args.model,
         args.micro_batch,
@@ -365,7 +370,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     if getattr(runtime, "sequence", None) is not None or package.per_shape:
         return _serve_buckets(args, runtime)
-    InferenceServer(
+    server = InferenceServer(
         runtime,
         name=args.name,
         host=args.host,
@@ -379,7 +384,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         warmup=args.warmup,
         drain_grace_s=args.drain_grace_s,
-    ).serve_forever()
+    )
+    sock = None
+    if args.worker_metrics_socket:  # a --workers process: the parent gathers its metrics
+        from paddle_ipu.serving.workers import WorkerMetricsSocket
+
+        sock = WorkerMetricsSocket(args.worker_metrics_socket, server.prometheus)
+    try:
+        server.serve_forever()
+    finally:
+        if sock is not None:
+            sock.close()
     return 0
 
 
@@ -413,6 +428,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     spreads the connections), each with its own model runtime, so that every core can
     run the graph and the interpreter.  SIGTERM/SIGINT are passed on to every worker,
     which drains; the exit status is the worst of theirs."""
+    import os
     import signal
     import subprocess
     import sys
@@ -431,7 +447,25 @@ def _serve_workers(args: argparse.Namespace) -> int:
         max_specialisations=args.max_specialisations,
     )
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
-    children = [subprocess.Popen(argv) for _ in range(args.workers)]
+    sockets: list[str] = []
+    metrics = None
+    if args.metrics_port is not None:
+        import tempfile
+
+        from paddle_ipu.serving.workers import WorkersMetricsServer
+
+        where = tempfile.mkdtemp(prefix="paddle-ipu-workers-")
+        sockets = [os.path.join(where, f"worker-{i}.sock") for i in range(args.workers)]
+        metrics = WorkersMetricsServer(args.host, args.metrics_port, sockets)
+        print(
+            f"paddle-ipu: metrics of {args.workers} workers on "
+            f"http://{args.host}:{metrics.port}/metrics",
+            flush=True,
+        )
+    children = [
+        subprocess.Popen(argv + (["--worker-metrics-socket", sockets[i]] if sockets else []))
+        for i in range(args.workers)
+    ]
 
     def forward(sig: int, _frame: Any) -> None:
         for child in children:
@@ -441,6 +475,11 @@ def _serve_workers(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
     codes = [child.wait() for child in children]
+    if metrics is not None:
+        import shutil
+
+        metrics.close()
+        shutil.rmtree(os.path.dirname(sockets[0]), ignore_errors=True)
     return max(abs(c) for c in codes)
 
 
@@ -608,8 +647,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="let the host backend's threads spin between runs (off: they sleep)",
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
-    # A --workers process: how many serve the model (the configuration's instance_group).
+    # A --workers process: how many serve the model (the configuration's instance_group),
+    # and where the parent asks for its metrics (--metrics-port).
     p.add_argument("--instances", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-metrics-socket", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="with --workers: every worker's /metrics in one scrape on this port",
+    )
     p.add_argument("--name", default="model", help="the model name in URLs (model)")
     p.add_argument("--micro-batch", type=int, default=16, help="when compiling a prefix (16)")
     p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")

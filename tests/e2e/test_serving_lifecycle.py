@@ -215,6 +215,59 @@ def test_config_instance_group_counts_the_workers(package: str) -> None:
     assert proc.returncode == 0, err
 
 
+@pytest.mark.slow
+def test_metrics_port_gathers_every_worker_in_one_scrape(package: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paddle_ipu", "serve", package, "--name", "mlp",
+         "--port", str(port), "--workers", "2", "--metrics-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        served, metrics_url = 0, ""
+        for line in proc.stdout:
+            if line.startswith("paddle-ipu: metrics of 2 workers on "):
+                metrics_url = line.split()[-1]
+            served += line.startswith("paddle-ipu: serving")
+            if served == 2:
+                break
+        assert metrics_url.endswith("/metrics")
+        import http.client
+
+        n = 24
+        for i in range(n):  # new connections: the kernel spreads them over both
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+            conn.request("POST", "/v2/models/mlp/infer", infer_body(np.full((1, 16), i, "f4")))
+            assert conn.getresponse().status == 200
+            conn.close()
+        import urllib.request
+
+        with urllib.request.urlopen(metrics_url, timeout=WAIT) as r:
+            text = r.read().decode()
+        families = {f.name: f for f in prometheus_parser.text_string_to_metric_families(text)}
+        up = {s.labels["worker"]: s.value for s in families["paddle_ipu_worker_up"].samples}
+        assert up == {"0": 1.0, "1": 1.0}
+        ok = {
+            s.labels["worker"]: s.value
+            for s in families["paddle_ipu_requests"].samples
+            if s.labels.get("status") == "200"
+        }
+        assert set(ok) == {"0", "1"} and sum(ok.values()) == n
+        counts = [
+            s.value
+            for s in families["paddle_ipu_request_duration_seconds"].samples
+            if s.name.endswith("_count")
+        ]
+        assert len(counts) == 2 and sum(counts) == n
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+
+
 # -- metrics -----------------------------------------------------------------------------
 
 # The load: a client in its own process, 4 connections (threads), JSON requests of one
