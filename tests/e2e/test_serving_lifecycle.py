@@ -59,6 +59,36 @@ def server(package: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     assert code == 0, out + err
 
 
+def wait_for_lines(proc: subprocess.Popen[str], prefix: str, count: int) -> list[str]:
+    """Read `proc`'s stdout until `count` lines start with `prefix` (a thread reads, so
+    that a server that never says so fails the test instead of hanging it)."""
+    import queue
+    import threading
+
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                lines.put(line)
+        except (ValueError, OSError):
+            pass  # closed by communicate() at the end of the test
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + WAIT
+    while sum(line.startswith(prefix) for line in seen) < count:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            raise AssertionError(f"no {count} lines {prefix!r} in {WAIT} s: {seen}") from None
+        assert line is not None, f"the server ended: {seen}"
+        seen.append(line)
+    return seen
+
+
 def infer_body(x: np.ndarray, **extra: Any) -> bytes:
     doc = {
         "inputs": [
@@ -198,12 +228,7 @@ def test_config_instance_group_counts_the_workers(package: str) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        served = 0
-        for line in proc.stdout:
-            served += line.startswith("paddle-ipu: serving")
-            if served == 3:
-                break
+        wait_for_lines(proc, "paddle-ipu: serving", 3)
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         for _ in range(3):  # whichever worker answers
             group = client.get_model_config("mlp")["instance_group"]
@@ -226,14 +251,12 @@ def test_metrics_port_gathers_every_worker_in_one_scrape(package: str) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        served, metrics_url = 0, ""
-        for line in proc.stdout:
-            if line.startswith("paddle-ipu: metrics of 2 workers on "):
-                metrics_url = line.split()[-1]
-            served += line.startswith("paddle-ipu: serving")
-            if served == 2:
-                break
+        lines = wait_for_lines(proc, "paddle-ipu: serving", 2)
+        (metrics_url,) = [
+            line.split()[-1]
+            for line in lines
+            if line.startswith("paddle-ipu: metrics of 2 workers on ")
+        ]
         assert metrics_url.endswith("/metrics")
         import http.client
 
