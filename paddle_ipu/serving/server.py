@@ -245,6 +245,8 @@ class InferenceServer:
         try:
             feed = self._warmup_feed()
             for _ in range(self.warmup):
+                if self._stopped:  # stopped while warming up: never ready
+                    return
                 self.runtime.run(feed)
         except BaseException as exc:  # reported by serve_forever; never ready
             self.warmup_error = exc

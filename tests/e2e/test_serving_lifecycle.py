@@ -528,3 +528,12 @@ def test_sigterm_turns_readiness_503_and_serves_through_the_grace(package: str, 
     out, err = srv.proc.communicate(timeout=WAIT)  # no second SIGTERM: it is stopping
     assert srv.proc.returncode == 0, err
     assert "draining (serving 2 s more)" in out and "stopped" in out
+
+
+def test_sigterm_during_the_warmup_stops_without_finishing_it(package: str) -> None:
+    srv = ServerProcess(package, "--name", "mlp", "--warmup", "100000000")
+    assert raw(srv, "GET", "/v2/health/ready")[0] == 503
+    t0 = time.monotonic()
+    code, out, err = srv.terminate()
+    assert code == 0, err
+    assert time.monotonic() - t0 < WAIT / 2 and "stopped" in out
