@@ -221,3 +221,21 @@ def test_graceful_stop_answers_requests_in_flight(package: Any, mlp: Built) -> N
     assert runtime.closed
     with pytest.raises(OSError):
         raw(srv, "GET", "/v2/health/live")
+
+
+def test_lifecycle_options_are_checked(package: Any, tmp_path: Any) -> None:
+    from paddle_ipu.errors import OptionError
+
+    runtime = ModelRuntime(package.executor(), timeout_ms=2.0)
+    try:
+        for kwargs, match in (
+            ({"warmup": -1}, "warmup must be >= 0"),
+            ({"drain_grace_s": -0.5}, "drain_grace_s must be >= 0"),
+            ({"instances": 0}, "instances must be >= 1"),
+        ):
+            with pytest.raises(OptionError, match=match):
+                InferenceServer(runtime, name="mlp", port=0, **kwargs)
+        with pytest.raises(OSError, match="cannot open the access log"):
+            InferenceServer(runtime, name="mlp", port=0, access_log=str(tmp_path / "no" / "a.log"))
+    finally:
+        runtime.close()
