@@ -231,6 +231,8 @@ setup(
         "paddle2onnx>=2.1,<2.2",
         "onnxconverter-common>=1.14,<1.17",
         "safetensors>=0.4,<1",
+        # the input shape ranges of a PaddleX export's inference.yml
+        "pyyaml>=6,<7",
     ],
     ext_modules=[CMakeExtension("paddle_ipu._core")],
     cmdclass={"build_ext": CMakeBuild, "build_py": BuildPy},

@@ -344,6 +344,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise OptionError(f"--workers must be >= 1, got {args.workers}")
+    if (args.model is None) == (args.model_repository is None):
+        raise OptionError(
+            "serve takes a model (a package or a saved model prefix) or "
+            "--model-repository DIR, one of the two"
+        )
+    if args.model_repository is not None:
+        return _serve_repository(args)
+    if args.model_control_mode != "none" or args.load_model:
+        raise OptionError("--model-control-mode and --load-model apply to --model-repository")
     if args.workers > 1:
         return _serve_workers(args)
     if args.metrics_port is not None:
@@ -395,6 +404,50 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if sock is not None:
             sock.close()
+    return 0
+
+
+def _serve_repository(args: argparse.Namespace) -> int:
+    """``--model-repository DIR``: every model of a directory in Triton's layout, in
+    one process (paddle_ipu/serving/repository.py)."""
+    from paddle_ipu.errors import OptionError
+    from paddle_ipu.serving.repository import ModelRepository
+    from paddle_ipu.serving.server import InferenceServer
+
+    if (
+        args.workers > 1
+        or args.metrics_port is not None
+        or args.seq_buckets
+        or args.input_shapes
+        or args.pad_value
+    ):
+        raise OptionError(
+            "--model-repository takes --workers 1 (no --metrics-port), and no --seq-buckets, "
+            "--pad-value or --input-shapes (a model's options are in its config.json)"
+        )
+    repository = ModelRepository(
+        args.model_repository,
+        control_mode=args.model_control_mode,
+        load=args.load_model,
+        micro_batch_size=args.micro_batch,
+        timeout_ms=args.timeout_ms,
+        num_buffers=args.num_buffers,
+        backend=args.backend,
+        spin=args.spin,
+    )
+    InferenceServer(
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        threads=args.threads,
+        request_timeout_ms=args.request_timeout_ms,
+        max_body_mb=args.max_body_mb,
+        reuse_port=args.reuse_port,
+        repository=repository,
+        access_log=args.access_log,
+        warmup=args.warmup,
+        drain_grace_s=args.drain_grace_s,
+    ).serve_forever()
     return 0
 
 
@@ -608,7 +661,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve", help="serve a model over HTTP and gRPC (KServe v2 / Triton protocol)"
     )
-    p.add_argument("model", help="a package file, or a saved inference model prefix")
+    p.add_argument("model", nargs="?", help="a package file, or a saved inference model prefix")
+    p.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="serve every model of DIR, in Triton's layout: DIR/<model>/<version>/model.pdipu "
+        "(or model.json + model.pdiparams), DIR/<model>/config.json (see docs/serving.md)",
+    )
+    p.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit"),
+        default="none",
+        help="none: load every model at start, refuse load/unload requests; explicit: "
+        "load/unload on request (none)",
+    )
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="in explicit mode, a model to load at start (repeatable)",
+    )
     p.add_argument("--port", type=int, default=8000, help="HTTP port (8000)")
     p.add_argument("--grpc-port", type=int, default=None, help="also serve gRPC on this port")
     p.add_argument("--host", default="127.0.0.1")

@@ -114,7 +114,11 @@ class Config:
         self.seq_buckets: list[int] = []
         #: input shapes compiled at create_predictor (a model with open dimensions)
         self.input_shapes: list[dict[str, list[int]]] = []
+        #: IpuStrategy options of the predictor's executors (set_ipu_strategy_options)
+        self.strategy_options: dict[str, Any] = {}
         self.max_specialisations = DEFAULT_MAX_SPECIALISATIONS
+        #: bounds of the open dimensions (None: an inference.yml beside the model)
+        self.shape_ranges: dict[str, list[list[int]]] | None = None
         self.pad_values: dict[str, float] = {}
         if model is not None:
             self.set_model(model, params)
@@ -287,6 +291,38 @@ class Config:
                 entry[str(name)] = [int(d) for d in shape]
             parsed.append(entry)
         self.input_shapes = parsed
+
+    def set_ipu_strategy_options(self, options: dict[str, Any]) -> None:
+        """IpuStrategy options for the executors the predictor runs (``set_options``'s
+        names, see docs/strategy.md), beyond what Paddle Inference's IPU methods set:
+        ``host_fp16_arithmetic`` (``"float16"``, the IPU's, by default; ``"float32"``
+        keeps only weights and constants in float16), ``host_num_threads``,
+        ``random_seed`` ...  Checked now: an unknown option or value raises here."""
+        from paddle_ipu.strategy import IpuStrategy
+
+        if not isinstance(options, dict):
+            raise OptionError(f"set_ipu_strategy_options: expected a dict, got {options!r}")
+        IpuStrategy.unpatched().set_options(dict(options))  # the check
+        self.strategy_options = {**self.strategy_options, **options}
+
+    def set_ipu_shape_ranges(self, ranges: dict[str, Any]) -> None:
+        """Bounds of the inputs' open dimensions: input name -> ``[min, max]`` or
+        ``[min, opt, max]`` shapes (the form of ``set_trt_dynamic_shape_info`` and of a
+        PaddleX export's ``trt_dynamic_shapes``).  A run whose input falls outside them
+        raises a FeedError naming the input before anything compiles; the batch is not
+        bounded (rows run in micro-batches).  Unset, the ranges of an ``inference.yml``
+        beside the model are used when it has them; ``{}`` turns bounds off."""
+        if not isinstance(ranges, dict) or not all(
+            isinstance(v, (list, tuple))
+            and len(v) in (2, 3)
+            and all(isinstance(s, (list, tuple)) and all(isinstance(d, int) for d in s) for s in v)
+            for v in ranges.values()
+        ):
+            raise OptionError(
+                "set_ipu_shape_ranges: expected input name -> [min, max] or [min, opt, max] "
+                f"shapes (lists of ints), got {ranges!r}"
+            )
+        self.shape_ranges = {str(k): [list(s) for s in v] for k, v in ranges.items()}
 
     def set_ipu_max_specialisations(self, count: int) -> None:
         """How many input shapes the model may be compiled for (default

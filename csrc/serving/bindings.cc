@@ -1,6 +1,8 @@
-// The Python side of the serving front ends: ServingFrontEnd (made from a
-// ServingQueue and the plan paddle_ipu/serving/http.py writes), GrpcInferCall, and
-// kserve_datatypes (the datatype table of dtypes.h).
+// The Python side of the serving front ends: ServingFrontEnd (one model version, made
+// from a ServingQueue and the plan paddle_ipu/serving/server.py writes), ServingServer
+// (the models a server serves, its HTTP listeners, the repository's state and its
+// load / unload requests), GrpcInferCall, and kserve_datatypes (the datatype table of
+// dtypes.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +11,7 @@
 #include "grpc_call.h"
 #include "metadata.h"
 #include "requests.h"
+#include "server.h"
 #include "text.h"
 
 namespace py = pybind11;
@@ -95,43 +98,56 @@ void RegisterServing(py::module_& m) {
         "The KServe v2 datatypes a served model's tensors may have, one row each:\n"
         "(v2 name, numpy dtype name, item size in bytes), e.g. ('FP32', 'float32', 4).");
 
+  // A call belongs to the front end that took it; `front_end`, when given, must be
+  // that one.
+  auto check_call = [](GrpcCall& c, const py::object& fe) {
+    if (!fe.is_none() && fe.cast<FrontEnd*>() != c.front_end()) {
+      throw py::value_error("this call was not made by that ServingFrontEnd");
+    }
+  };
   py::class_<GrpcCall, std::shared_ptr<GrpcCall>>(
-      m, "GrpcInferCall", "A ModelInfer call in the serving queue (made by ServingFrontEnd.grpc_infer).")
+      m, "GrpcInferCall", "A ModelInfer call in the serving queue (made by grpc_infer).")
       .def(
           "result",
-          [](GrpcCall& c, double timeout, FrontEnd& fe) -> py::tuple {
+          [check_call](GrpcCall& c, double timeout, const py::object& fe) -> py::tuple {
+            check_call(c, fe);
             int code;
             {
               py::gil_scoped_release nogil;
-              code = c.Result(&fe, timeout);
+              code = c.Result(timeout);
             }
             if (code == 0) return py::make_tuple(0, py::bytes(c.response()));
             return py::make_tuple(code, py::str(c.message()));
           },
-          py::arg("timeout"), py::arg("front_end"),
+          py::arg("timeout"), py::arg("front_end") = py::none(),
           "Wait for the answer (without the GIL); a request not started within timeout\n"
           "seconds (> 0) is taken out of the queue. (0, response bytes) or (gRPC code, message).")
       .def(
-          "cancel", [](GrpcCall& c, FrontEnd& fe) { return c.Cancel(fe.counters()); },
-          py::arg("front_end"), "Drop the request if it has not started (the client went away).");
+          "cancel",
+          [check_call](GrpcCall& c, const py::object& fe) {
+            check_call(c, fe);
+            return c.Cancel();
+          },
+          py::arg("front_end") = py::none(),
+          "Drop the request if it has not started (the client went away).");
 
-  py::class_<FrontEnd>(m, "ServingFrontEnd",
-                       "The KServe v2 front ends over a ServingQueue: HTTP (Boost.Beast) and the\n"
-                       "gRPC ModelInfer path; requests never touch Python (see csrc/serving).")
+  py::class_<FrontEnd, std::shared_ptr<FrontEnd>>(
+      m, "ServingFrontEnd",
+      "One model version over its ServingQueue, for the KServe v2 front ends: HTTP\n"
+      "(Boost.Beast, through a ServingServer) and the gRPC ModelInfer path; requests never\n"
+      "touch Python (see csrc/serving).")
       .def(py::init([](py::object queue, const py::dict& plan) {
-             return std::make_unique<FrontEnd>(queue, PlanFrom(plan));
+             return std::make_shared<FrontEnd>(queue, PlanFrom(plan));
            }),
            py::arg("queue"), py::arg("plan"))
-      .def("start_http", &FrontEnd::StartHttp, py::arg("host"), py::arg("port"),
-           py::arg("threads") = 1, py::arg("reuse_port") = false,
-           py::call_guard<py::gil_scoped_release>(),
-           "Listen on host:port with `threads` IO threads; returns the port.")
-      .def("stop_accepting", &FrontEnd::StopAccepting,
-           "Drain: close the listening sockets and idle connections; answer what is in flight.")
+      .def("close", &FrontEnd::Close,
+           "Refuse new requests (503) from now on: the model unloads or the server stops.")
       .def("drain", &FrontEnd::Drain, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
-           "Wait until every admitted request is answered and every connection closed;\n"
-           "False on timeout (negative: no limit).")
-      .def("shutdown", &FrontEnd::Shutdown, py::call_guard<py::gil_scoped_release>())
+           "Wait until every admitted request is answered; False on timeout (negative: no\n"
+           "limit).")
+      .def("shutdown", &FrontEnd::Close, "As close().")
+      .def_property_readonly("name", [](FrontEnd& f) { return f.plan().name; })
+      .def_property_readonly("version", [](FrontEnd& f) { return f.plan().version; })
       .def("set_ready", &FrontEnd::set_ready, py::arg("ready"))
       .def_property_readonly("ready", &FrontEnd::ready)
       .def_property_readonly("active", [](FrontEnd& f) { return f.active.load(); })
@@ -145,14 +161,9 @@ void RegisterServing(py::module_& m) {
           py::arg("message"), py::arg("traceparent") = std::string(),
           "Parse, check and queue a serialized ModelInferRequest (traceparent: the\n"
           "call's W3C trace context, for the access log).")
-      .def("open_access_log", &FrontEnd::OpenAccessLog, py::arg("path"),
-           "Write one JSON line per inference request to path ('-': standard error).")
-      .def("flush_access_log", [](FrontEnd& f) { f.FlushAccessLog(); },
-           py::call_guard<py::gil_scoped_release>())
       .def("server_metadata_json", [](FrontEnd& f) { return f.server_metadata(); })
       .def("metadata_json", [](FrontEnd& f) { return f.metadata(); })
       .def("config_json", [](FrontEnd& f) { return f.config(); })
-      .def("index_json", [](FrontEnd& f) { return RepositoryIndexJson(f.plan(), f.ready()); })
       .def("stats_json", &FrontEnd::StatisticsJson)
       .def("prometheus", &FrontEnd::Prometheus)
       .def(
@@ -175,6 +186,99 @@ void RegisterServing(py::module_& m) {
             return ParsedTuple(f.plan(), e, r);
           },
           py::arg("message"), "As parse_http, for a serialized ModelInferRequest.");
+
+  py::class_<Server>(m, "ServingServer",
+                     "The models a KServe v2 server serves (a ServingFrontEnd per version), its\n"
+                     "HTTP listeners and IO threads, the routing of requests to their model, and\n"
+                     "the model repository's state and load / unload requests.")
+      .def(py::init<std::string, int64_t>(), py::arg("server_version"), py::arg("max_body"))
+      .def("add_model", &Server::AddModel, py::arg("front_end"),
+           "Serve a front end as its plan's name and version (READY).")
+      .def("set_state", &Server::SetState, py::arg("name"), py::arg("version"), py::arg("state"),
+           py::arg("reason") = "",
+           "A repository entry's state (READY, LOADING, UNLOADING, UNAVAILABLE) and reason;\n"
+           "its front end is dropped unless UNLOADING.")
+      .def("forget", &Server::Forget, py::arg("name"), py::arg("version"))
+      .def(
+          "find",
+          [](Server& s, const std::string& name, const std::string& version) {
+            Error e;
+            std::shared_ptr<FrontEnd> fe = s.Find(name, version, &e, true);
+            return py::make_tuple(fe ? py::cast(fe) : py::none(), e.status, e.message);
+          },
+          py::arg("name"), py::arg("version") = "",
+          "(front end, 0, '') or (None, HTTP status, message): the version serving name\n"
+          "(version '': the newest READY one); the message quotes names as Python does.")
+      .def(
+          "entries",
+          [](Server& s) {
+            py::list out;
+            for (const ModelEntry& e : s.Entries()) {
+              out.append(py::make_tuple(e.name, e.version, e.state, e.reason));
+            }
+            return out;
+          },
+          "[(name, version, state, reason)] in name and version order.")
+      .def("index_json", &Server::IndexJson)
+      .def("metadata_json", [](Server& s, FrontEnd& fe) { return s.MetadataJson(fe); })
+      .def(
+          "stats_json",
+          [](Server& s, const std::string& name, const std::string& version) {
+            Error e;
+            std::string doc = s.StatisticsJson(name, version, &e);
+            return py::make_tuple(e.status, e ? e.message : doc);
+          },
+          py::arg("name") = "", py::arg("version") = "",
+          "(0, statistics JSON) or (HTTP status, message).")
+      .def("prometheus", &Server::Prometheus)
+      .def("server_metadata_json", [](Server& s) { return s.server_metadata(); })
+      .def_property_readonly("ready", &Server::ready)
+      .def("set_ready", &Server::set_ready, py::arg("ready"))
+      .def_property_readonly("active", &Server::active)
+      .def("start_http", &Server::StartHttp, py::arg("host"), py::arg("port"),
+           py::arg("threads") = 1, py::arg("reuse_port") = false,
+           py::call_guard<py::gil_scoped_release>(),
+           "Listen on host:port with `threads` IO threads; returns the port.")
+      .def("stop_accepting", &Server::StopAccepting,
+           "Drain: close the listening sockets and idle connections; answer what is in flight.")
+      .def("drain", &Server::Drain, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+           "Wait until every model's admitted requests are answered and every connection\n"
+           "closed; False on timeout (negative: no limit).")
+      .def("shutdown", &Server::Shutdown, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "grpc_infer",
+          [](Server& s, py::bytes msg, std::string traceparent) {
+            std::string data = msg;
+            py::gil_scoped_release nogil;
+            return s.GrpcInfer(std::move(data), std::move(traceparent));
+          },
+          py::arg("message"), py::arg("traceparent") = std::string(),
+          "Route a serialized ModelInferRequest to its model; parse, check and queue it\n"
+          "(traceparent: the call's W3C trace context, for the access log).")
+      .def("open_access_log", &Server::OpenAccessLog, py::arg("path"),
+           "Write one JSON line per inference request to path ('-': standard error),\n"
+           "before start_http.")
+      .def("flush_access_log", &Server::FlushAccessLog, py::call_guard<py::gil_scoped_release>())
+      .def("enable_control", &Server::EnableControl,
+           "Hand HTTP load / unload requests to next_control() (else they are refused).")
+      .def(
+          "next_control",
+          [](Server& s, double timeout) -> py::object {
+            std::shared_ptr<ControlJob> job;
+            {
+              py::gil_scoped_release nogil;
+              job = s.NextControl(timeout);
+            }
+            if (!job) return py::none();
+            return py::make_tuple(job->id, job->action, job->model, py::bytes(job->body));
+          },
+          py::arg("timeout"),
+          "The next HTTP load / unload request: (id, action, model, body bytes), or None\n"
+          "on timeout or once close_control() was called.")
+      .def("control_done", &Server::ControlDone, py::arg("id"), py::arg("status"),
+           py::arg("body"), "Answer load / unload request `id`: an HTTP status and a JSON body.")
+      .def("close_control", &Server::CloseControl,
+           "No more load / unload requests: those queued are answered 503.");
 }
 
 }  // namespace serving

@@ -7,6 +7,7 @@
 
 #include "front_end.h"
 #include "listener.h"
+#include "server.h"
 #include "text.h"
 
 namespace asio = boost::asio;
@@ -40,16 +41,16 @@ void ModelOfTarget(std::string_view t, std::string_view* model, std::string_view
 
 }  // namespace
 
-Connection::Connection(tcp::socket sock, Listener* io, FrontEnd* fe)
-    : sock_(std::move(sock)), timer_(io->ioc), io_(io), fe_(fe) {
-  fe_->connections += 1;
+Connection::Connection(tcp::socket sock, Listener* io, Server* srv)
+    : sock_(std::move(sock)), timer_(io->ioc), io_(io), srv_(srv) {
+  srv_->connections += 1;
   io_->connections.insert(this);
 }
 
 Connection::~Connection() {
   io_->connections.erase(this);
-  fe_->connections -= 1;
-  fe_->NotifyDrain();
+  srv_->connections -= 1;
+  srv_->NotifyDrain();
 }
 
 void Connection::OnDrain() {
@@ -64,9 +65,10 @@ void Connection::Close() {
 
 void Connection::DoRead() {
   busy_ = false;
-  if (fe_->draining()) return Close();
+  model_.reset();
+  if (srv_->draining()) return Close();
   parser_.emplace();
-  parser_->body_limit(static_cast<uint64_t>(fe_->plan().max_body));
+  parser_->body_limit(static_cast<uint64_t>(srv_->max_body()));
   parser_->header_limit(64 * 1024);
   http::async_read_header(
       sock_, buf_, *parser_,
@@ -80,7 +82,7 @@ void Connection::OnHeader(beast::error_code ec) {
   auto& req = parser_->get();
   const auto expect = req[http::field::expect];
   const bool too_large = parser_->content_length() &&
-                         *parser_->content_length() > static_cast<uint64_t>(fe_->plan().max_body);
+                         *parser_->content_length() > static_cast<uint64_t>(srv_->max_body());
   if (too_large) return OnRead(http::error::body_limit);
   if (!beast::iequals(expect, "100-continue") || parser_->is_done()) return ReadBody();
   continue_.version(11);
@@ -105,7 +107,7 @@ void Connection::OnRead(beast::error_code ec) {
     if (ec == http::error::body_limit) {
       Count(413, 0);
       return Error(413, "the request body is larger than the server's limit of " +
-                            std::to_string(fe_->plan().max_body) + " bytes (--max-body-mb)");
+                            std::to_string(srv_->max_body()) + " bytes (--max-body-mb)");
     }
     if (ec == http::error::header_limit) {
       Count(431, 0);
@@ -128,7 +130,7 @@ void Connection::Write(http::status status, std::string body, const char* type,
   res_ = {};
   res_.version(11);
   res_.result(status);
-  const bool keep = keep_alive_ && !fe_->draining() && !close_after_;
+  const bool keep = keep_alive_ && !srv_->draining() && !close_after_;
   res_.keep_alive(keep);
   res_.set(http::field::server, "paddle-ipu");
   if (type) res_.set(http::field::content_type, type);
@@ -151,16 +153,17 @@ void Connection::Count(int status, int64_t rows, const Request* ran) {
   AccessEntry e;
   e.status = status;
   e.rows = rows;
-  if (fe_->logging() && parser_) {
+  if (srv_->logging() && parser_) {
     const auto& req = parser_->get();
     ModelOfTarget(std::string_view(req.target().data(), req.target().size()), &e.model,
                   &e.version);
+    if (e.version.empty() && model_) e.version = model_->plan().version;  // the one served
     e.id = request_id_;
     if (auto it = req.find("traceparent"); it != req.end()) {
       e.trace = std::string_view(it->value().data(), it->value().size());
     }
   }
-  fe_->Record(e, start_, ran);
+  (model_ ? model_->counters() : srv_->unrouted())->Record(e, start_, ran);
 }
 
 void Connection::Watch() {
@@ -183,7 +186,7 @@ void Connection::OnReadable(beast::error_code ec) {
   gone_ = true;
   Close();
   if (CancelNative(request_.get())) {
-    fe_->counters()->Add(&CounterValues::disconnected);
+    model_->counters()->Add(&CounterValues::disconnected);
     Finished();
   }
   // Otherwise it has started: Answer() drops the result.
@@ -192,7 +195,7 @@ void Connection::OnReadable(beast::error_code ec) {
 void Connection::OnTimeout(beast::error_code ec) {
   if (ec || !request_) return;
   if (!CancelNative(request_.get())) return;  // under way: answered when it is done
-  fe_->counters()->Add(&CounterValues::timed_out);
+  model_->counters()->Add(&CounterValues::timed_out);
   const double t = timeout_s_;
   Finished();
   Count(504, 0);
@@ -208,7 +211,7 @@ void Connection::Finished() {
     beast::error_code ignored;
     sock_.cancel(ignored);
   }
-  fe_->Answered();
+  model_->Answered();
   hold_.reset();  // last: may destroy this connection
 }
 
@@ -217,7 +220,7 @@ void Connection::Answer(const RequestPtr& r) {
   std::shared_ptr<Job> job = job_;
   auto self = shared_from_this();
   Finished();
-  const ModelPlan& m = fe_->plan();
+  const ModelPlan& m = model_->plan();
   if (gone_) return;  // the client went away while it ran
   if (r->state == RequestState::kDone) {
     FinishHttpAnswer(m, job->req, &job->http);

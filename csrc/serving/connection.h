@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "../core/queue.h"
 
@@ -22,12 +23,13 @@ namespace serving {
 constexpr const char* kHeaderLength = "Inference-Header-Content-Length";
 
 class FrontEnd;
+class Server;
 struct Job;
 struct Listener;
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(boost::asio::ip::tcp::socket sock, Listener* io, FrontEnd* fe);
+  Connection(boost::asio::ip::tcp::socket sock, Listener* io, Server* srv);
   ~Connection();
 
   void Start() { DoRead(); }
@@ -35,6 +37,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnDrain();
   // The queue finished `r` (on this connection's IO thread).
   void Answer(const RequestPtr& r);
+  // The repository's load or unload request was done (on this connection's IO
+  // thread; repository.cc).
+  void ControlAnswer(int status, std::string body);
 
  private:
   using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
@@ -48,6 +53,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // routes.cc
   void Route();
   void Infer(HttpRequest& req);
+  // POST /v2/repository/index and /v2/repository/models/{m}/load|unload
+  // (repository.cc); `rest` follows /v2/repository.
+  void Repository(HttpRequest& req, std::string_view rest);
 
   void Write(boost::beast::http::status status, std::string body, const char* type,
              int64_t header_length = -1, bool retry = false, const char* allow = nullptr);
@@ -64,7 +72,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::ip::tcp::socket sock_;
   boost::asio::steady_timer timer_;
   Listener* io_;
-  FrontEnd* fe_;
+  Server* srv_;
+  std::shared_ptr<FrontEnd> model_;  // the model of the request under way
   boost::beast::flat_buffer buf_;
   std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
   boost::beast::http::response<boost::beast::http::string_body> res_;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "metadata.h"
+#include "text.h"
 
 namespace py = pybind11;
 
@@ -48,23 +49,7 @@ FrontEnd::FrontEnd(py::object queue, ModelPlan plan)
   config_ = ModelConfigJson(plan_);
 }
 
-FrontEnd::~FrontEnd() { Shutdown(); }
-
-void FrontEnd::OpenAccessLog(const std::string& path) {
-  if (!listeners_.empty()) throw std::runtime_error("open the access log before starting");
-  log_ = std::make_unique<AccessLog>(path);
-}
-
-void FrontEnd::Record(AccessEntry e, std::chrono::steady_clock::time_point start,
-                      const Request* ran) {
-  const auto took = std::chrono::steady_clock::now() - start;
-  if (ran) RanTimes(*ran, &e.queue_s, &e.compute_s);  // gRPC: the call set them
-  counters_.Done(e.status, e.rows, took, e.queue_s, e.compute_s);
-  if (!log_) return;
-  if (e.version.empty() && e.model == plan_.name) e.version = plan_.version;  // the one served
-  e.latency_s = std::chrono::duration<double>(took).count();
-  log_->Write(e);
-}
+FrontEnd::~FrontEnd() = default;
 
 bool FrontEnd::ready() const {
   return ready_.load() && !draining_.load() && !ClosedOf(queue_.get());
@@ -79,11 +64,19 @@ std::string FrontEnd::Prometheus() {
 }
 
 Error FrontEnd::Admit(const RequestPtr& r) {
+  // Counted before the check, so that Close() + Drain() never miss a request admitted
+  // between the two.
+  active += 1;
+  if (draining_) {
+    Answered();
+    return {503, "model " + Quote(plan_.name) + " version " + Quote(plan_.version) +
+                     " is unloading or the server is stopping: no new requests are accepted"};
+  }
   int64_t in_flight = 0;
-  switch (SubmitNative(queue_.get(), r, &in_flight)) {
-    case 0:
-      active += 1;
-      return {};
+  const int submitted = SubmitNative(queue_.get(), r, &in_flight);
+  if (submitted != 0) Answered();
+  switch (submitted) {
+    case 0: return {};
     case 1:
       counters_.Add(&CounterValues::rejected_busy);
       return {503, "the server is busy: " + std::to_string(in_flight) + " of " +
@@ -107,7 +100,7 @@ void FrontEnd::NotifyDrain() {
 
 bool FrontEnd::Drain(double timeout) {
   std::unique_lock<std::mutex> lock(drain_mu_);
-  auto done = [this] { return active.load() == 0 && connections.load() == 0; };
+  auto done = [this] { return active.load() == 0; };
   if (timeout < 0) {
     drained_.wait(lock, done);
     return true;

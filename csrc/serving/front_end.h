@@ -11,11 +11,15 @@
 // finished run's requests come back to their IO thread in one post. No Python object
 // is made or touched per request.
 //
+// A FrontEnd is one model version: its plan, queue, counters and metadata. The
+// Server (server.h) holds the set of them a server serves, its listeners and IO
+// threads, and routes every request to its model.
+//
 // Policies: the queue's bound answers 503 with Retry-After at once (never blocks an
 // IO thread); a request not started within its timeout is taken out of the queue and
 // answered 504; a request whose client closed the connection is taken out of the
-// queue before it runs; stop_accepting() + drain() answer what is in flight and
-// close idle connections.
+// queue before it runs; Close() + Drain() refuse new requests and wait for those in
+// flight (a model's unload, or the server's stop).
 #pragma once
 
 #include <pybind11/pytypes.h>
@@ -29,7 +33,6 @@
 #include <vector>
 
 #include "../core/queue.h"
-#include "access_log.h"
 #include "answers.h"
 #include "metrics.h"
 #include "plan.h"
@@ -68,7 +71,7 @@ Error RunError(const Request& r);
 // The answer of a request not started within `seconds` (504).
 std::string TimeoutMessage(double seconds);
 
-class FrontEnd {
+class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
  public:
   FrontEnd(pybind11::object queue, ModelPlan plan);
   ~FrontEnd();
@@ -80,6 +83,9 @@ class FrontEnd {
   const std::string& server_metadata() const { return server_metadata_; }
   const std::string& config() const { return config_; }
   bool draining() const { return draining_.load(); }
+  // Refuses new requests (503) from now on: the model is unloading or the server
+  // stopping; Drain() waits for those admitted.
+  void Close() { draining_ = true; }
   bool ready() const;
   void set_ready(bool ready) { ready_ = ready; }
   // Triton's statistics JSON and the Prometheus text of /metrics, from one copy of
@@ -93,28 +99,15 @@ class FrontEnd {
   // An admitted request was answered (or left the queue unanswered).
   void Answered();
 
-  // An inference request was answered: the counters, and the access log's line
-  // (latency from `start`; `ran`: the queue's request when it ran, else nullptr).
-  void Record(AccessEntry e, std::chrono::steady_clock::time_point start, const Request* ran);
-  // Writes a line per inference request to `path` ("-": standard error) from now on.
-  void OpenAccessLog(const std::string& path);
-  bool logging() const { return log_ != nullptr; }
-  void FlushAccessLog() {
-    if (log_) log_->Flush();
-  }
-
-  // HTTP (listener.cc).
-  int StartHttp(const std::string& host, int port, int threads, bool reuse_port);
-  void StopAccepting();
+  // Waits until every admitted request is answered; false on timeout (negative: no
+  // limit).
   bool Drain(double timeout);
-  void Shutdown();
 
   // gRPC (grpc_call.cc).
   // `trace`: the call's traceparent metadata ("" when none), for the access log.
   std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
 
-  std::atomic<int64_t> active{0};       // requests admitted, not answered
-  std::atomic<int64_t> connections{0};  // open HTTP connections
+  std::atomic<int64_t> active{0};  // requests admitted, not answered
 
   void NotifyDrain();
 
@@ -124,12 +117,10 @@ class FrontEnd {
   ModelPlan plan_;
   Counters counters_;
   std::string metadata_, server_metadata_, config_;
-  std::vector<std::shared_ptr<Listener>> listeners_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> ready_{true};
   std::mutex drain_mu_;
   std::condition_variable drained_;
-  std::unique_ptr<AccessLog> log_;  // set before the front ends start, if at all
 };
 
 }  // namespace serving

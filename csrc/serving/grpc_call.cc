@@ -69,14 +69,33 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
   cv_.wait(lock, [this] { return done_; });
 }
 
-int GrpcCall::Result(FrontEnd* fe, double timeout) {
+std::shared_ptr<GrpcCall> GrpcCall::Refused(const Error& e, std::shared_ptr<Counters> counters,
+                                            std::string trace, std::string_view model,
+                                            std::string_view version) {
+  auto call = std::make_shared<GrpcCall>();
+  call->job_ = std::make_shared<Job>();
+  call->job_->start = std::chrono::steady_clock::now();
+  call->trace_ = std::move(trace);
+  // The names, kept in the job's body for the access log's line.
+  call->job_->body = std::string(model) + std::string(version);
+  call->job_->req.model = std::string_view(call->job_->body).substr(0, model.size());
+  call->job_->req.version = std::string_view(call->job_->body).substr(model.size());
+  call->unrouted_ = std::move(counters);
+  call->Fail(e);
+  return call;
+}
+
+Counters* GrpcCall::counters() const { return fe_ ? fe_->counters() : unrouted_.get(); }
+
+int GrpcCall::Result(double timeout) {
   // The first of: the call's deadline, the request's timeout parameter, the server's
   // request timeout.
   double t = timeout;
-  for (double other : {job_->req.timeout_s, fe->plan().request_timeout_s}) {
+  const double server_timeout = fe_ ? fe_->plan().request_timeout_s : 0.0;
+  for (double other : {job_->req.timeout_s, server_timeout}) {
     if (other > 0 && (t <= 0 || other < t)) t = other;
   }
-  Wait(t, fe->counters());
+  Wait(t, counters());
   const int status = status_;
   const int64_t rows = status == 200 && job_ ? job_->req.rows : 0;
   AccessEntry e;
@@ -86,13 +105,14 @@ int GrpcCall::Result(FrontEnd* fe, double timeout) {
   e.id = job_->req.id;
   e.model = job_->req.model;
   e.version = job_->req.version;
+  if (e.version.empty() && fe_) e.version = fe_->plan().version;  // the one served
   e.trace = trace_;
   e.queue_s = queue_s_;
   e.compute_s = compute_s_;
-  fe->Record(e, job_->start, nullptr);
+  counters()->Record(e, job_->start, nullptr);
   if (admitted_) {  // it left the queue: one less in flight
     admitted_ = false;
-    fe->Answered();
+    fe_->Answered();
   }
   return GrpcCode(status);
 }
@@ -101,7 +121,7 @@ const std::string& GrpcCall::response() const { return job_->grpc.body; }
 
 std::string GrpcCall::message() const { return ValidUtf8(message_); }
 
-bool GrpcCall::Cancel(Counters* counters) {
+bool GrpcCall::Cancel() {
   RequestPtr r;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -113,7 +133,7 @@ bool GrpcCall::Cancel(Counters* counters) {
   if (!done_) {
     Done(499, "the client cancelled the call");
     cv_.notify_all();
-    counters->Add(&CounterValues::disconnected);
+    counters()->Add(&CounterValues::disconnected);
   }
   return true;
 }
@@ -125,6 +145,7 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace
   job->start = std::chrono::steady_clock::now();
   job->body = std::move(msg);
   call->job_ = job;
+  call->fe_ = shared_from_this();
   const ModelPlan& m = plan_;
   if (draining_) {
     call->Fail({503, kShuttingDown});

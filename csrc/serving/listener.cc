@@ -1,5 +1,4 @@
-// The HTTP listeners and the front end's HTTP life cycle: start, stop accepting,
-// shut down (see listener.h).
+// The HTTP listeners (see listener.h; the server's HTTP life cycle is in server.cc).
 #include "listener.h"
 
 #include <sys/socket.h>
@@ -7,7 +6,7 @@
 #include <boost/beast/core/error.hpp>
 
 #include "connection.h"
-#include "front_end.h"
+#include "server.h"
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -37,15 +36,15 @@ int Listener::Listen(const std::string& host, int port, bool reuse_port) {
   return acceptor->local_endpoint().port();
 }
 
-void Listener::Accept(FrontEnd* fe) {
-  acceptor->async_accept([this, fe](boost::beast::error_code ec, tcp::socket s) {
+void Listener::Accept(Server* srv) {
+  acceptor->async_accept([this, srv](boost::beast::error_code ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
     if (!ec) {
       boost::beast::error_code ignored;
       s.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Connection>(std::move(s), this, fe)->Start();
+      std::make_shared<Connection>(std::move(s), this, srv)->Start();
     }
-    Accept(fe);
+    Accept(srv);
   });
 }
 
@@ -65,39 +64,6 @@ void Listener::Deliver(std::vector<RequestPtr>&& finished) {
       if (auto c = job->connection.lock()) c->Answer(r);
     }
   });
-}
-
-int FrontEnd::StartHttp(const std::string& host, int port, int threads, bool reuse_port) {
-  if (!listeners_.empty()) throw std::runtime_error("the HTTP front end is already started");
-  if (threads < 1) throw std::invalid_argument("threads must be >= 1");
-  for (int i = 0; i < threads; ++i) {
-    auto l = std::make_shared<Listener>();
-    port = l->Listen(host, port, threads > 1 || reuse_port);
-    listeners_.push_back(std::move(l));
-  }
-  for (auto& l : listeners_) {
-    Listener* p = l.get();
-    p->Accept(this);
-    p->thread = std::thread([p] { p->ioc.run(); });
-  }
-  return port;
-}
-
-void FrontEnd::StopAccepting() {
-  draining_ = true;
-  for (auto& l : listeners_) l->StopAccepting();
-}
-
-void FrontEnd::Shutdown() {
-  draining_ = true;
-  for (auto& l : listeners_) {
-    l->guard.reset();
-    l->ioc.stop();
-  }
-  for (auto& l : listeners_) {
-    if (l->thread.joinable()) l->thread.join();
-  }
-  listeners_.clear();  // destroys what was left pending (connections, answers)
 }
 
 }  // namespace serving

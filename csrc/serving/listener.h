@@ -18,7 +18,7 @@ namespace paddle_ipu {
 namespace serving {
 
 class Connection;
-class FrontEnd;
+class Server;
 
 struct Listener : NativeSink, std::enable_shared_from_this<Listener> {
   boost::asio::io_context ioc{1};
@@ -30,8 +30,8 @@ struct Listener : NativeSink, std::enable_shared_from_this<Listener> {
 
   // Binds and listens on `host` (an address) and `port` (0: a free one); returns the port.
   int Listen(const std::string& host, int port, bool reuse_port);
-  // Accepts connections for `fe` until the acceptor closes.
-  void Accept(FrontEnd* fe);
+  // Accepts connections for `srv` until the acceptor closes.
+  void Accept(Server* srv);
   // Closes the acceptor, and the connections that wait for a request.
   void StopAccepting();
   // Posts the answers of finished requests to their connections.

@@ -1,5 +1,4 @@
-// Server and model metadata, the model configuration, the repository index (see
-// metadata.h).
+// Server and model metadata, the model configuration (see metadata.h).
 #include "metadata.h"
 
 #include "text.h"
@@ -73,11 +72,6 @@ std::string ModelConfigJson(const ModelPlan& m) {
        std::to_string(m.micro_batch_size) + "\"},\"auto_batching\":{\"string_value\":\"" +
        (m.auto_batch ? "true" : "false") + "\"}}";
   return s + "}";
-}
-
-std::string RepositoryIndexJson(const ModelPlan& m, bool ready) {
-  return "[{\"name\":" + Quote(m.name) + ",\"version\":" + Quote(m.version) + ",\"state\":\"" +
-         (ready ? "READY" : "UNAVAILABLE") + "\",\"reason\":\"\"}]";
 }
 
 }  // namespace serving

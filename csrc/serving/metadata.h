@@ -1,5 +1,6 @@
 // The JSON of the GET routes that describe the server and the model: server and
-// model metadata, Triton's model configuration, the repository index.
+// model metadata, Triton's model configuration (the repository index is the
+// server's: server.h).
 #pragma once
 
 #include <string>
@@ -12,7 +13,6 @@ namespace serving {
 std::string ServerMetadataJson(const ModelPlan& m);
 std::string ModelMetadataJson(const ModelPlan& m);
 std::string ModelConfigJson(const ModelPlan& m);
-std::string RepositoryIndexJson(const ModelPlan& m, bool ready);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -74,6 +74,16 @@ void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duratio
   std::sort(v_.by_status.begin(), v_.by_status.end());
 }
 
+void Counters::Record(AccessEntry e, std::chrono::steady_clock::time_point start,
+                      const Request* ran) {
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (ran) RanTimes(*ran, &e.queue_s, &e.compute_s);
+  Done(e.status, e.rows, took, e.queue_s, e.compute_s);
+  if (!log_) return;
+  e.latency_s = std::chrono::duration<double>(took).count();
+  log_->Write(e);
+}
+
 void Counters::Add(int64_t CounterValues::*counter) {
   std::lock_guard<std::mutex> lock(mu_);
   v_.*counter += 1;

@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../core/queue.h"
+#include "access_log.h"
 #include "plan.h"
 
 namespace paddle_ipu {
@@ -53,6 +55,12 @@ class Counters {
   // time in the queue and in graph runs when it ran (else < 0).
   void Done(int status, int64_t rows, std::chrono::steady_clock::duration took,
             double queue_s = -1, double compute_s = -1);
+  // An inference request was answered: Done(), and the access log's line when there
+  // is a log (latency from `start`; `ran`: the queue's request when it ran, else its
+  // times are e.queue_s and e.compute_s).
+  void Record(AccessEntry e, std::chrono::steady_clock::time_point start, const Request* ran);
+  // The access log this model's requests (or the unrouted ones) are written to.
+  void set_log(std::shared_ptr<AccessLog> log) { log_ = std::move(log); }
   // Adds one to a refusal's counter (rejected_busy, timed_out or disconnected).
   void Add(int64_t CounterValues::*counter);
   CounterValues Copy();
@@ -60,6 +68,7 @@ class Counters {
  private:
   std::mutex mu_;
   CounterValues v_;
+  std::shared_ptr<AccessLog> log_;  // set before requests come, if at all
 };
 
 std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s);

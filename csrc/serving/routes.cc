@@ -8,6 +8,7 @@
 #include "listener.h"
 #include "metadata.h"
 #include "requests.h"
+#include "server.h"
 #include "text.h"
 
 namespace asio = boost::asio;
@@ -19,7 +20,6 @@ namespace serving {
 
 void Connection::Route() {
   auto& req = parser_->get();
-  const ModelPlan& m = fe_->plan();
   std::string_view target(req.target().data(), req.target().size());
   if (const size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
   const bool get = req.method() == http::verb::get;
@@ -43,29 +43,32 @@ void Connection::Route() {
   }
   if (target == "/v2/health/ready") {
     if (!only(get, "GET")) return;
-    if (fe_->ready()) return json("{\"ready\":true}");
+    if (srv_->ready()) return json("{\"ready\":true}");
     return Write(http::status::service_unavailable,
                  "{\"ready\":false,\"error\":\"the server is not ready (warming up, or "
                  "draining before it stops)\"}",
                  "application/json", -1, true);
   }
   if (target == "/v2") {
-    if (only(get, "GET")) json(fe_->server_metadata());
+    if (only(get, "GET")) json(srv_->server_metadata());
     return;
   }
   if (target == "/metrics") {
     if (only(get, "GET")) {
-      Write(http::status::ok, fe_->Prometheus(),
+      Write(http::status::ok, srv_->Prometheus(),
             "text/plain; version=0.0.4; charset=utf-8");
     }
     return;
   }
-  if (target == "/v2/repository/index") {
-    if (only(post, "POST")) json(RepositoryIndexJson(m, fe_->ready()));
+  constexpr std::string_view kRepository = "/v2/repository";
+  if (target.substr(0, kRepository.size()) == kRepository &&
+      (target.size() == kRepository.size() || target[kRepository.size()] == '/')) {
+    if (only(post, "POST")) Repository(req, target.substr(kRepository.size()));
     return;
   }
   if (target == "/v2/models/stats") {
-    if (only(get, "GET")) json(fe_->StatisticsJson());
+    serving::Error e;
+    if (only(get, "GET")) json(srv_->StatisticsJson({}, {}, &e));
     return;
   }
   constexpr std::string_view kModels = "/v2/models/";
@@ -77,40 +80,44 @@ void Connection::Route() {
   const size_t slash = rest.find('/');
   const std::string_view name = rest.substr(0, slash);
   rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
-  if (name != m.name) {
-    if (post) Count(404, 0);
-    return Error(404, "unknown model " + Quote(name) + ": this server serves " + Quote(m.name));
-  }
+  std::string_view version;
   constexpr std::string_view kVersions = "/versions/";
   if (rest.substr(0, kVersions.size()) == kVersions) {
     rest = rest.substr(kVersions.size());
     const size_t s2 = rest.find('/');
-    const std::string_view v = rest.substr(0, s2);
-    if (v != m.version) {
-      if (post) Count(404, 0);
-      return Error(404, "model " + Quote(m.name) + " has no version " + Quote(v) +
-                            ": it has version " + Quote(m.version));
-    }
+    version = rest.substr(0, s2);
     rest = s2 == std::string_view::npos ? std::string_view() : rest.substr(s2);
   }
+  serving::Error missing;
+  if (rest == "/stats") {  // every version of the model, unless one is named
+    if (!only(get, "GET")) return;
+    std::string stats = srv_->StatisticsJson(name, version, &missing);
+    if (missing) return Error(missing.status, missing.message, missing.status == 503);
+    return json(std::move(stats));
+  }
+  model_ = srv_->Find(name, version, &missing);
+  if (!model_) {
+    if (rest == "/ready" && get && missing.status == 503) {
+      return Error(503, missing.message, true);
+    }
+    if (post) Count(missing.status, 0);
+    return Error(missing.status, missing.message, missing.status == 503);
+  }
+  const ModelPlan& m = model_->plan();
   if (rest.empty()) {
-    if (only(get, "GET")) json(fe_->metadata());
+    if (only(get, "GET")) json(srv_->MetadataJson(*model_));
     return;
   }
   if (rest == "/ready") {
     if (!only(get, "GET")) return;
-    if (fe_->ready()) return json("{\"name\":" + Quote(m.name) + ",\"ready\":true}");
+    if (model_->ready()) return json("{\"name\":" + Quote(m.name) + ",\"ready\":true}");
     return Write(http::status::service_unavailable,
                  "{\"name\":" + Quote(m.name) + ",\"ready\":false,\"error\":" +
                      Quote("model " + m.name + " is not ready") + "}",
                  "application/json", -1, true);
   }
   if (rest == "/config") {
-    if (only(get, "GET")) json(fe_->config());
-    return;
-  }
-  if (rest == "/stats") {
-    if (only(get, "GET")) json(fe_->StatisticsJson());
+    if (only(get, "GET")) json(model_->config());
     return;
   }
   if (rest == "/infer") {
@@ -122,8 +129,8 @@ void Connection::Route() {
 }
 
 void Connection::Infer(HttpRequest& req) {
-  const ModelPlan& m = fe_->plan();
-  if (fe_->draining()) {
+  const ModelPlan& m = model_->plan();
+  if (srv_->draining()) {
     Count(503, 0);
     return Error(503, kShuttingDown, true);
   }
@@ -149,7 +156,7 @@ void Connection::Infer(HttpRequest& req) {
     blob = std::string_view(job->body).substr(static_cast<size_t>(n));
   }
   serving::Error parsed = ParseHttpInfer(m, head, blob, &job->req);
-  if (fe_->logging()) request_id_ = job->req.id;
+  if (srv_->logging()) request_id_ = job->req.id;
   if (parsed) {
     Count(parsed.status, 0);
     return Error(parsed.status, parsed.message);
@@ -165,7 +172,7 @@ void Connection::Infer(HttpRequest& req) {
   job->connection = shared_from_this();
   job->io = io_->shared_from_this();
   RequestPtr r = MakeRequest(m, job, job->http.out, io_, job);
-  if (serving::Error e = fe_->Admit(r)) {
+  if (serving::Error e = model_->Admit(r)) {
     Count(e.status, 0);
     return Error(e.status, e.message, e.status == 503);
   }

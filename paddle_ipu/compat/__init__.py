@@ -237,6 +237,12 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
         def set_ipu_max_specialisations(self, count: int) -> None:
             self._ipu_settings().set_ipu_max_specialisations(count)
 
+        def set_ipu_shape_ranges(self, ranges: dict[str, Any]) -> None:
+            self._ipu_settings().set_ipu_shape_ranges(ranges)
+
+        def set_ipu_strategy_options(self, options: dict[str, Any]) -> None:
+            self._ipu_settings().set_ipu_strategy_options(options)
+
         def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
             self._ipu_settings().set_ipu_custom_info(*args, **kwargs)
 

@@ -483,6 +483,22 @@ def open_request(
     return rows, arrays
 
 
+def check_shape_range(
+    name: str, shape: Sequence[int], low: Sequence[int], high: Sequence[int], axes: Iterable[int]
+) -> None:
+    """A FeedError naming the input, the dimension, its range and the size received
+    when one of ``axes`` of ``shape`` is outside ``low``..``high`` (a model's declared
+    shape ranges, :class:`paddle_ipu.executor.shapes.ShapePolicy`)."""
+    for axis in axes:
+        size = int(shape[axis])
+        if not low[axis] <= size <= high[axis]:
+            raise FeedError(
+                f"input {name!r}: dimension {axis} must be in {low[axis]}..{high[axis]} "
+                f"(the model's declared shape ranges, from {list(low)} to {list(high)}), "
+                f"got {size} in shape {[int(d) for d in shape]}"
+            )
+
+
 def check_row_split(
     model: str, outputs: Sequence[TensorSpec], micro_batch_size: int, rows_per_run: int
 ) -> None:

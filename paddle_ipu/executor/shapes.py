@@ -14,7 +14,11 @@ compile cache, the weights once for all of them):
   zero, white or edge padding), so no size is padded unless a padding is declared and
   checked to be exact; the number of specialisations is bounded
   (``max_specialisations``) and every one is logged with its cost.  Shapes can be
-  compiled ahead of time (``paddle-ipu compile --input-shapes``).
+  compiled ahead of time (``paddle-ipu compile --input-shapes``);
+- declared ranges (:class:`ShapeRanges`: per feed a smallest and a largest shape, as
+  TensorRT's shape profiles and the ``trt_dynamic_shapes`` of a PaddleX export's
+  ``inference.yml``) refuse a request whose open dimensions fall outside them before
+  anything compiles; the batch is not bounded by them (it runs in micro-batches).
 
 Buckets of sequence lengths (:class:`SequenceBuckets`): a request of any length runs in
 a model compiled for the shortest bucket that holds it, padded to that length, its
@@ -26,6 +30,7 @@ feed contract's (:func:`paddle_ipu.executor.feeds.sequence_length`,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,20 +40,32 @@ import numpy as np
 from paddle_ipu.errors import OptionError
 from paddle_ipu.executor import feeds as feed_contract
 
-__all__ = ["DEFAULT_MAX_SPECIALISATIONS", "SequenceBuckets", "ShapePolicy"]
+__all__ = [
+    "DEFAULT_MAX_SPECIALISATIONS",
+    "SequenceBuckets",
+    "ShapePolicy",
+    "ShapeRanges",
+    "read_inference_yml",
+]
 
 #: how many input shapes a model may be compiled for by default
 DEFAULT_MAX_SPECIALISATIONS = 32
+
+
+#: feed -> (its smallest shape, its largest shape), the batch included
+ShapeRanges = Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]]
 
 
 @dataclass(frozen=True)
 class ShapePolicy:
     """The open dimensions of a model's feeds and how requests meet them (see the module
     docstring).  ``declared`` maps each feed to its declared shape (``-1``: open; an
-    open first dimension is the batch)."""
+    open first dimension is the batch); ``ranges`` bounds the open dimensions
+    (:meth:`with_ranges`)."""
 
     declared: Mapping[str, tuple[int, ...]]
     max_specialisations: int = DEFAULT_MAX_SPECIALISATIONS
+    ranges: ShapeRanges = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (
@@ -81,11 +98,53 @@ class ShapePolicy:
         besides the batch)."""
         return bool(self.open_axes)
 
+    def with_ranges(self, ranges: Mapping[str, Sequence[Sequence[int]]]) -> ShapePolicy:
+        """This policy bounded by ``ranges``: feed -> ``[min, max]`` or ``[min, opt,
+        max]`` full shapes (``trt_dynamic_shapes``' form), checked against the declared
+        shapes (an OptionError naming the feed otherwise); ``{}`` removes the bounds."""
+        checked: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        for name, spec in ranges.items():
+            declared = self.declared.get(name)
+            if declared is None:
+                raise OptionError(
+                    f"shape ranges: no feed {name!r} (the feeds: {sorted(self.declared)})"
+                )
+            shapes = [tuple(int(d) for d in s) for s in spec]
+            if len(shapes) not in (2, 3) or any(len(s) != len(declared) for s in shapes):
+                raise OptionError(
+                    f"shape ranges of {name!r}: expected [min, max] or [min, opt, max] "
+                    f"shapes of rank {len(declared)} (declared {list(declared)}), got "
+                    f"{[list(s) for s in spec]}"
+                )
+            low, high = shapes[0], shapes[-1]
+            for axis, (d, lo, hi) in enumerate(zip(declared, low, high)):
+                if not 1 <= lo <= hi or (d >= 0 and not lo <= d <= hi):
+                    raise OptionError(
+                        f"shape ranges of {name!r}: dimension {axis} ranges {lo}..{hi}, "
+                        f"which does not hold the declared {list(declared)}"
+                    )
+            checked[name] = (low, high)
+        return dataclasses.replace(self, ranges=checked)
+
+    def check_ranges(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """A FeedError naming the feed, the dimension, its range and the size received
+        when an open dimension of ``shapes`` is outside the declared ranges (the batch
+        is not bounded: rows run in micro-batches)."""
+        for name, (low, high) in self.ranges.items():
+            if name not in shapes:
+                continue
+            declared = self.declared[name]
+            batch = name in self.batched
+            axes = [a for a, d in enumerate(declared) if d < 0 and not (a == 0 and batch)]
+            feed_contract.check_shape_range(name, shapes[name], low, high, axes)
+
     def key(self, shapes: Mapping[str, Sequence[int]]) -> str:
         """The specialisation a request of ``shapes`` (feed -> its shape, checked by
         :func:`paddle_ipu.executor.feeds.open_request`) runs in: the feeds with open
         dimensions and their shapes besides the batch, as ``x=3x736x1632`` (``;`` between
-        feeds); ``""`` for a model without open dimensions besides the batch."""
+        feeds); ``""`` for a model without open dimensions besides the batch.  Shapes
+        outside the declared ranges raise a FeedError (:meth:`check_ranges`)."""
+        self.check_ranges(shapes)
         return ";".join(
             f"{name}={'x'.join(str(int(d)) for d in shapes[name][1:])}"
             for name in sorted(self.open_axes)
@@ -111,14 +170,42 @@ class ShapePolicy:
         return {
             "declared": {k: list(v) for k, v in self.declared.items()},
             "max_specialisations": self.max_specialisations,
+            "ranges": {k: [list(lo), list(hi)] for k, (lo, hi) in self.ranges.items()},
         }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> ShapePolicy:
-        return ShapePolicy(
+        policy = ShapePolicy(
             {str(k): tuple(int(x) for x in v) for k, v in d["declared"].items()},
             int(d.get("max_specialisations", DEFAULT_MAX_SPECIALISATIONS)),
         )
+        return policy.with_ranges(d.get("ranges", {}))
+
+
+def read_inference_yml(path: str) -> dict[str, list[list[int]]]:
+    """The ``trt_dynamic_shapes`` of a PaddleX export's ``inference.yml`` (under
+    ``Hpi.backend_configs.paddle_infer``: feed -> ``[min, opt, max]`` shapes); ``{}``
+    when the file has none.  An OptionError naming the file when it cannot be read."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise OptionError(f"{path}: cannot be read as YAML ({exc})") from None
+    node: Any = config
+    for part in ("Hpi", "backend_configs", "paddle_infer", "trt_dynamic_shapes"):
+        node = node.get(part) if isinstance(node, dict) else None
+    if node is None:
+        return {}
+    if not isinstance(node, dict) or not all(
+        isinstance(v, list) and all(isinstance(s, list) for s in v) for v in node.values()
+    ):
+        raise OptionError(
+            f"{path}: trt_dynamic_shapes must map each input to [min, opt, max] shapes, "
+            f"got {node!r}"
+        )
+    return {str(k): [[int(d) for d in s] for s in v] for k, v in node.items()}
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ class _Shared:
             options["enable_half_partial"] = True
         if config.num_threads is not None:  # set_cpu_math_library_num_threads
             options["host_num_threads"] = config.num_threads
+        options.update(config.strategy_options)  # set_ipu_strategy_options
         self.options = options
         #: the script turned Paddle's INFO lines off (disable_glog_info): ours too
         self.quiet = bool(config.glog_info_disabled())
@@ -119,6 +120,7 @@ class _Shared:
             pad_values=config.pad_values,
             input_shapes=config.input_shapes,
             max_specialisations=config.max_specialisations,
+            shape_ranges=config.shape_ranges,
         )
         return package
 

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -30,9 +31,16 @@ from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.compile import static_mode
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
-from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS, SequenceBuckets, ShapePolicy
+from paddle_ipu.executor.shapes import (
+    DEFAULT_MAX_SPECIALISATIONS,
+    SequenceBuckets,
+    ShapePolicy,
+    read_inference_yml,
+)
 from paddle_ipu.serving import cache as compile_cache
 from paddle_ipu.serving.package import PACKAGE_FORMAT, Package, spec_json
+
+log = logging.getLogger("paddle_ipu")
 
 __all__ = [
     "STAGES",
@@ -132,6 +140,7 @@ def compile_model(
     pad_values: Mapping[str, float] | None = None,
     input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
     max_specialisations: int = DEFAULT_MAX_SPECIALISATIONS,
+    shape_ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> tuple[Package, bool]:
     """Compile the saved inference model at ``prefix`` (``prefix.json`` and
     ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
@@ -142,7 +151,10 @@ def compile_model(
     value), the others pad with 0.  A model whose feeds leave other dimensions open is
     compiled per input shape: ``input_shapes`` are the shapes to compile now (feed ->
     shape; the batch may be left -1), the others are compiled on first use
-    (:func:`compile_shape`), at most ``max_specialisations`` in all."""
+    (:func:`compile_shape`), at most ``max_specialisations`` in all; ``shape_ranges``
+    (feed -> ``[min, max]`` or ``[min, opt, max]`` shapes) bound the open dimensions a
+    request may bring (None: the ``trt_dynamic_shapes`` of an ``inference.yml`` beside
+    the model, as PaddleX exports ship it, if there is one; ``{}``: no bounds)."""
     _check_options(micro_batch_size, batches_per_step)
     lengths, pads = check_buckets(seq_buckets, pad_values)
     options: dict[str, Any] = {
@@ -166,9 +178,18 @@ def compile_model(
     elif progress:
         progress(len(STAGES), len(STAGES), "found in the compile cache")
     policy = package.policy
+    ranges, source = _shape_ranges(prefix, shape_ranges)
     if policy is not None:
         policy = dataclasses.replace(policy, max_specialisations=max_specialisations)
+        policy = policy.with_ranges(ranges or {})
+        if policy.ranges:
+            log.info("%s: input shape ranges from %s: %s", prefix, source, ranges)
         package.policy = policy
+    elif ranges and shape_ranges is not None:
+        raise OptionError(
+            f"shape ranges: {prefix!r} has no open dimensions besides the batch "
+            f"(its feeds: {package.declared_shapes()}), which the ranges do not bound"
+        )
     added = False
     for shapes in input_shapes:
         if policy is None or not package.per_shape:
@@ -185,6 +206,18 @@ def compile_model(
     if cache:
         package.meta["cache_key"] = key
     return package, hit and not added
+
+
+def _shape_ranges(
+    prefix: str, given: Mapping[str, Sequence[Sequence[int]]] | None
+) -> tuple[Mapping[str, Sequence[Sequence[int]]] | None, str]:
+    """The ranges to bound a model's open dimensions with, and where they come from."""
+    if given is not None:
+        return given, "the caller"
+    path = os.path.join(os.path.dirname(os.path.abspath(prefix)), "inference.yml")
+    if not os.path.isfile(path):
+        return None, ""
+    return read_inference_yml(path), path
 
 
 def _full_shapes(

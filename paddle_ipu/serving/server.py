@@ -9,7 +9,11 @@ over gRPC (``inference.GRPCInferenceService``), so existing clients
 - ``GET /v2/models/{name}[/versions/{v}]`` (metadata), ``.../ready``, ``.../config``
   (Triton's model configuration: ``max_batch_size``, the dynamic batching and queue
   policy in force), ``.../stats`` and ``GET /v2/models/stats`` (Triton's statistics);
-- ``POST /v2/repository/index``;
+- Triton's model repository extension: ``POST /v2/repository/index`` (every model
+  version the server knows, with its state and reason), ``POST
+  /v2/repository/models/{name}/load`` and ``.../unload`` (with a
+  :class:`~paddle_ipu.serving.repository.ModelRepository` in control mode
+  ``explicit``);
 - ``POST /v2/models/{name}[/versions/{v}]/infer`` with JSON tensors, or with the
   binary tensor extension (``Inference-Header-Content-Length``: a JSON header
   followed by the raw tensors; ``binary_data_size`` per input, ``binary_data`` /
@@ -25,7 +29,14 @@ from C++ (with the W3C ``traceparent`` trace id).
 
 Every error, on every route (unknown ones included), is a JSON ``{"error": ...}``.
 
-The request path is C++ (``paddle_ipu._core.ServingFrontEnd``, csrc/serving): an IO
+One server serves several models (:meth:`InferenceServer.add_model`, or a model
+repository): each model version has its own runtime, queue, plan and counters, and the
+models share the server's IO threads and ports; a request goes to its model by its URL
+(HTTP) or its ``model_name`` / ``model_version`` (gRPC), to the newest ready version
+when it names none.
+
+The request path is C++ (``paddle_ipu._core.ServingServer`` routing to one
+``ServingFrontEnd`` per model version, csrc/serving): an IO
 thread (Boost.Beast) parses and checks a request, and admits it to the runtime's queue
 without the GIL; the queue reads its inputs from the request body and writes its
 outputs into the response body; the runtime's worker takes the GIL once per graph run.
@@ -56,16 +67,20 @@ tritonclient's generated protocol messages); HTTP needs nothing beyond the packa
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paddle_ipu import _core
 from paddle_ipu.errors import NotSupportedError, OptionError
+
+if TYPE_CHECKING:
+    from paddle_ipu.serving.repository import ModelRepository
 
 log = logging.getLogger("paddle_ipu")
 
@@ -82,15 +97,94 @@ def _v2_dtype(dtype: np.dtype, name: str) -> str:
     return v2
 
 
+def _plan(
+    runtime: Any,
+    name: str,
+    version: str,
+    request_timeout_ms: float,
+    max_body: int,
+    instances: int = 1,
+) -> dict[str, Any]:
+    """What the C++ front end checks a request against (the runtime's own checks)."""
+    from paddle_ipu._version import __version__
+
+    rt = runtime
+    model = rt.executor.model
+    feed_shapes, out_shapes = rt.request_shapes()
+
+    def tensors(specs: Any, shapes: Any, units: Any, ranges: bool) -> list[dict[str, Any]]:
+        out = []
+        for spec, shape, unit in zip(specs, shapes, units):
+            tname = spec.paddle_name or spec.name
+            dtype = np.dtype(spec.numpy_dtype)
+            out.append(
+                {
+                    "name": tname,
+                    "datatype": _v2_dtype(dtype, tname),
+                    "shape": [int(d) for d in shape],
+                    "unit_bytes": int(np.prod(unit, dtype=np.int64)) * dtype.itemsize,
+                    "ranges": [
+                        {
+                            "low": int(r.low),
+                            "high": int(r.high),
+                            "allowed": [int(v) for v in r.allowed],
+                            "column": r.column,
+                            "describe": r.describe(),
+                        }
+                        for r in (spec.ranges if ranges else ())
+                    ],
+                }
+            )
+        return out
+
+    return {
+        "name": name,
+        "version": version,
+        "server_version": __version__,
+        "auto_batch": bool(rt.auto_batch),
+        "max_rows": int(rt.max_request_rows),
+        "capacity": int(rt.queue_capacity),
+        "limit": int(rt.queue_limit),
+        "micro_batch_size": int(rt.micro_batch_size),
+        "batch_timeout_us": float(rt.timeout_ms) * 1e3,
+        "request_timeout_s": request_timeout_ms / 1e3,
+        "max_body": max_body,
+        "instance_count": instances,
+        # Triton's kinds: the host backend computes on the CPU; on IPUs the model places
+        # itself (KIND_MODEL).
+        "instance_kind": "KIND_CPU" if rt.executor.backend == "host" else "KIND_MODEL",
+        "inputs": tensors(model.inputs, feed_shapes, rt.unit_shapes()[0], True),
+        "outputs": tensors(model.outputs, out_shapes, rt.unit_shapes()[1], False),
+    }
+
+
+def _check_servable(runtime: Any) -> None:
+    if getattr(runtime, "sequence", None) is not None or not hasattr(runtime, "_queue"):
+        # The request path checks one fixed shape per tensor and feeds one queue; a
+        # bucketed package has a runtime per length (serving.aiohttp_server serves it).
+        raise NotSupportedError(
+            "a package with buckets of sequence lengths (or compiled per input shape) is "
+            "served by "
+            "paddle_ipu.serving.aiohttp_server.PythonInferenceServer (HTTP only; "
+            "`paddle-ipu serve` picks it): this server's request path checks one "
+            "fixed shape per tensor"
+        )
+
+
 class InferenceServer:
-    """Serve one model runtime over HTTP (and gRPC with ``grpc_port``).
+    """Serve model runtimes over HTTP (and gRPC with ``grpc_port``).
+
+    One model: ``InferenceServer(runtime, name=...)``.  Several: :meth:`add_model`
+    (before or after :meth:`start`) and :meth:`remove_model`, or a ``repository``
+    (:class:`~paddle_ipu.serving.repository.ModelRepository`: Triton's layout, loaded
+    at :meth:`start`, load / unload over HTTP and gRPC in its control mode).
 
     Args:
-        runtime: a started :class:`~paddle_ipu.serving.ModelRuntime`.
-        name: the model's name in the URLs.
+        runtime: a started :class:`~paddle_ipu.serving.ModelRuntime`, served as
+            ``name`` / ``version``; None: no model yet.
+        name: that model's name in the URLs.
         host, port: where to listen (port 0: a free port, see :attr:`port`).
-        version: the model version reported (any version in a URL is accepted only
-            if it is this one).
+        version: that model's version.
         grpc_port: also serve KServe v2 over gRPC on this port (0: a free port, see
             :attr:`grpc_port`; None: no gRPC).
         threads: HTTP IO threads (each accepts connections and parses requests).
@@ -98,12 +192,13 @@ class InferenceServer:
             (0: no limit; a request's ``timeout`` parameter overrides it).
         max_body_mb: the largest request body accepted (413 beyond).
         reuse_port: let other processes listen on the same ports (``--workers``).
-        instances: the server processes serving this model on these ports
+        repository: a model repository whose models this server serves.
+        instances: the server processes serving these models on these ports
             (``--workers``), reported as the configuration's ``instance_group`` count.
-        access_log: write one JSON line per inference request (HTTP and gRPC) to this
-            file, appended to (``"-"``: standard error); None: no access log.
-        warmup: graph runs of a full micro-batch of zeros made after :meth:`start`,
-            readiness answering 503 until they are done.
+        access_log: write one JSON line per inference request (HTTP and gRPC, every
+            model) to this file, appended to (``"-"``: standard error); None: none.
+        warmup: graph runs of a full micro-batch of zeros made for every model served
+            at :meth:`start`, readiness answering 503 until they are done.
         drain_grace_s: on :meth:`stop` (SIGTERM), readiness turns 503 at once, but the
             server goes on serving for this long before its listeners close (the time
             a load balancer, e.g. Kubernetes' endpoints, needs to stop sending).
@@ -111,7 +206,7 @@ class InferenceServer:
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: Any = None,
         name: str = "model",
         host: str = "127.0.0.1",
         port: int = 8000,
@@ -122,20 +217,16 @@ class InferenceServer:
         request_timeout_ms: float = 0.0,
         max_body_mb: float = 64.0,
         reuse_port: bool = False,
+        repository: ModelRepository | None = None,
         instances: int = 1,
         access_log: str | None = None,
         warmup: int = 0,
         drain_grace_s: float = 0.0,
     ) -> None:
-        if getattr(runtime, "sequence", None) is not None:
-            # The request path checks one fixed shape per tensor and feeds one queue; a
-            # bucketed package has a runtime per length (serving.aiohttp_server serves it).
-            raise NotSupportedError(
-                "a package with buckets of sequence lengths is served by "
-                "paddle_ipu.serving.aiohttp_server.PythonInferenceServer (HTTP only; "
-                "`paddle-ipu serve` picks it): this server's request path checks one "
-                "fixed shape per tensor"
-            )
+        from paddle_ipu._version import __version__
+
+        if runtime is not None:
+            _check_servable(runtime)
         if threads < 1:
             raise OptionError(f"threads must be >= 1, got {threads}")
         if not request_timeout_ms >= 0:
@@ -158,81 +249,120 @@ class InferenceServer:
         self.request_timeout_ms = float(request_timeout_ms)
         self.max_body = int(max_body_mb * (1 << 20))
         self.reuse_port = reuse_port
+        self.repository = repository
         self.instances = int(instances)
         self.warmup = int(warmup)
         self.drain_grace_s = float(drain_grace_s)
         self.access_log = access_log
-        self.front_end = _core.ServingFrontEnd(runtime._queue, self._plan())
+        self.server = _core.ServingServer(__version__, self.max_body)
         if access_log is not None:
             try:
-                self.front_end.open_access_log(str(access_log))
+                self.server.open_access_log(str(access_log))
             except RuntimeError as exc:
                 raise OSError(str(exc)) from None
-        self._grpc: Any = None
         self._warmup_thread: threading.Thread | None = None
         #: The warm-up's exception, if it failed (the server then never turns ready).
         self.warmup_error: BaseException | None = None
+        # (name, version) -> (runtime, front end): the models served.
+        self._models: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._models_lock = threading.Lock()
+        self._grpc: Any = None
+        self._control: threading.Thread | None = None
         self._started = False
         self._stopped = False
         self._lock = threading.Lock()
+        if runtime is not None:
+            self.add_model(runtime, name, version)
+        if repository is not None:
+            repository.attach(self)
 
-    def _plan(self) -> dict[str, Any]:
-        """What the C++ front end checks a request against (the runtime's own checks)."""
-        from paddle_ipu._version import __version__
+    # -- the models --------------------------------------------------------------
+    def add_model(self, runtime: Any, name: str, version: str = "1") -> None:
+        """Serve a started runtime as ``name`` / ``version`` (READY at once; replaces
+        nothing: that version must not be served already)."""
+        _check_servable(runtime)
+        if not name or "/" in name or not version or "/" in version:
+            raise OptionError(
+                f"a model's name and version must be non-empty and hold no '/': got "
+                f"name {name!r}, version {version!r}"
+            )
+        with self._models_lock:
+            if (name, version) in self._models:
+                raise OptionError(f"model {name!r} version {version!r} is served already")
+            plan = _plan(
+                runtime, name, version, self.request_timeout_ms, self.max_body, self.instances
+            )
+            front = _core.ServingFrontEnd(runtime._queue, plan)
+            self._models[(name, version)] = (runtime, front)
+        self.server.add_model(front)
 
-        rt = self.runtime
-        model = rt.executor.model
-        feed_shapes, out_shapes = rt.request_shapes()
+    def models(self) -> list[tuple[str, str, str, str]]:
+        """Every model version the server knows: (name, version, state, reason)."""
+        return [tuple(e) for e in self.server.entries()]  # type: ignore[misc]
 
-        def tensors(specs: Any, shapes: Any, units: Any, ranges: bool) -> list[dict[str, Any]]:
-            out = []
-            for spec, shape, unit in zip(specs, shapes, units):
-                name = spec.paddle_name or spec.name
-                dtype = np.dtype(spec.numpy_dtype)
-                out.append(
-                    {
-                        "name": name,
-                        "datatype": _v2_dtype(dtype, name),
-                        "shape": [int(d) for d in shape],
-                        "unit_bytes": int(np.prod(unit, dtype=np.int64)) * dtype.itemsize,
-                        "ranges": [
-                            {
-                                "low": int(r.low),
-                                "high": int(r.high),
-                                "allowed": [int(v) for v in r.allowed],
-                                "column": r.column,
-                                "describe": r.describe(),
-                            }
-                            for r in (spec.ranges if ranges else ())
-                        ],
-                    }
+    def front_end(self, name: str, version: str = "") -> Any:
+        """The C++ front end serving ``name`` (``version`` "": the newest ready one)."""
+        fe, _status, message = self.server.find(name, version)
+        if fe is None:
+            raise OptionError(message)
+        return fe
+
+    def remove_model(
+        self, name: str, version: str | None = None, *, timeout: float | None = 60.0
+    ) -> list[str]:
+        """Stop serving ``name`` (every version, or ``version``): new requests are
+        refused (404), those in flight are answered, then its runtime closes.  Other
+        models are not touched.  Returns the versions removed."""
+        return self._unload(name, version, timeout, forget=True)
+
+    def _unload(
+        self,
+        name: str,
+        version: str | None,
+        timeout: float | None,
+        *,
+        forget: bool,
+        reason: str = "unloaded",
+    ) -> list[str]:
+        with self._models_lock:
+            keys = [k for k in self._models if k[0] == name and version in (None, k[1])]
+            if not keys:
+                raise OptionError(
+                    f"model {name!r}"
+                    + (f" version {version!r}" if version else "")
+                    + f" is not served (served: {sorted(self._models)})"
                 )
-            return out
+            taken = [(k, self._models.pop(k)) for k in keys]
+        wait = -1.0 if timeout is None else float(timeout)
+        for (n, v), (runtime, front) in taken:
+            self.server.set_state(n, v, "UNLOADING", "")
+            front.close()
+            if not front.drain(wait):
+                log.warning(
+                    "model %r version %r: %d request(s) still in flight %s s after its "
+                    "unload began",
+                    n,
+                    v,
+                    front.active,
+                    timeout,
+                )
+            runtime.close()
+            if forget:
+                self.server.forget(n, v)
+            else:
+                self.server.set_state(n, v, "UNAVAILABLE", reason)
+        return [k[1] for k, _ in taken]
 
-        return {
-            "name": self.name,
-            "version": self.version,
-            "server_version": __version__,
-            "auto_batch": bool(rt.auto_batch),
-            "max_rows": int(rt.max_request_rows),
-            "capacity": int(rt.queue_capacity),
-            "limit": int(rt.queue_limit),
-            "micro_batch_size": int(rt.micro_batch_size),
-            "batch_timeout_us": float(rt.timeout_ms) * 1e3,
-            "request_timeout_s": self.request_timeout_ms / 1e3,
-            "max_body": self.max_body,
-            "instance_count": self.instances,
-            # Triton's kinds: the host backend computes on the CPU; on IPUs the model
-            # places itself (KIND_MODEL).
-            "instance_kind": "KIND_CPU" if rt.executor.backend == "host" else "KIND_MODEL",
-            "inputs": tensors(model.inputs, feed_shapes, rt.unit_shapes()[0], True),
-            "outputs": tensors(model.outputs, out_shapes, rt.unit_shapes()[1], False),
-        }
+    def served(self) -> dict[tuple[str, str], Any]:
+        """The runtimes served, by (name, version)."""
+        with self._models_lock:
+            return {k: rt for k, (rt, _) in self._models.items()}
 
-    def _warmup_feed(self) -> dict[str, np.ndarray]:
+    # -- the warm-up ---------------------------------------------------------------
+    @staticmethod
+    def _warmup_feed(rt: Any) -> dict[str, np.ndarray]:
         """One full micro-batch (or queue unit) of every input: zeros, or for an input
         that indexes, the lowest value valid for every range it has."""
-        rt = self.runtime
         feed_shapes, _ = rt.request_shapes()
         feed = {}
         for spec, shape in zip(rt.executor.model.inputs, feed_shapes):
@@ -243,50 +373,20 @@ class InferenceServer:
 
     def _warm_up(self) -> None:
         try:
-            feed = self._warmup_feed()
-            for _ in range(self.warmup):
-                if self._stopped:  # stopped while warming up: never ready
-                    return
-                self.runtime.run(feed)
+            for rt in self.served().values():
+                feed = self._warmup_feed(rt)
+                for _ in range(self.warmup):
+                    if self._stopped:  # stopped while warming up: never ready
+                        return
+                    rt.run(feed)
         except BaseException as exc:  # reported by serve_forever; never ready
             self.warmup_error = exc
             log.error("the warm-up failed: %s", exc)
             return
-        log.info("warm-up done: %d run(s)", self.warmup)
+        log.info("warm-up done: %d run(s) per model", self.warmup)
         with self._lock:
             if not self._stopped:
-                self.front_end.set_ready(True)
-
-    # -- lifecycle ---------------------------------------------------------------
-    def start(self) -> InferenceServer:
-        """Serve on background threads; returns once the ports are open (readiness
-        answers 503 until the ``warmup`` runs are done)."""
-        with self._lock:
-            if self._started:
-                raise OptionError("the server is already started")
-            self._started = True
-            if self.warmup:
-                self.front_end.set_ready(False)
-            try:
-                self.port = int(
-                    self.front_end.start_http(
-                        self.host, int(self.port), self.threads, self.reuse_port
-                    )
-                )
-            except RuntimeError as exc:
-                raise OSError(str(exc)) from None
-            if self.grpc_port is not None:
-                from paddle_ipu.serving.grpc_service import GrpcService
-
-                self._grpc = GrpcService(self, self.grpc_port)
-                self.grpc_port = self._grpc.port
-            if self.warmup:
-                self._warmup_thread = threading.Thread(
-                    target=self._warm_up, name="paddle-ipu-warmup", daemon=True
-                )
-                self._warmup_thread.start()
-        log.info("serving %r on http://%s:%d", self.name, self.host, self.port)
-        return self
+                self.server.set_ready(True)
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Wait for the warm-up runs; True when done (or there are none)."""
@@ -295,34 +395,107 @@ class InferenceServer:
             return not self._warmup_thread.is_alive() and self.warmup_error is None
         return True
 
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> InferenceServer:
+        """Serve on background threads; returns once the ports are open (and the
+        repository's models are loaded; readiness answers 503 until the ``warmup``
+        runs are done)."""
+        with self._lock:
+            if self._started:
+                raise OptionError("the server is already started")
+            self._started = True
+            if self.warmup:
+                self.server.set_ready(False)
+            if self.repository is not None:
+                self.repository.start()
+            try:
+                self.port = int(
+                    self.server.start_http(self.host, int(self.port), self.threads, self.reuse_port)
+                )
+            except RuntimeError as exc:
+                raise OSError(str(exc)) from None
+            if self.grpc_port is not None:
+                from paddle_ipu.serving.grpc_service import GrpcService
+
+                self._grpc = GrpcService(self, self.grpc_port)
+                self.grpc_port = self._grpc.port
+            if self.repository is not None:
+                self.server.enable_control()
+                self._control = threading.Thread(
+                    target=self._control_loop, name="paddle-ipu-repository", daemon=True
+                )
+                self._control.start()
+            if self.warmup:
+                self._warmup_thread = threading.Thread(
+                    target=self._warm_up, name="paddle-ipu-warmup", daemon=True
+                )
+                self._warmup_thread.start()
+        log.info("serving %s on http://%s:%d", self._what(), self.host, self.port)
+        return self
+
+    def _what(self) -> str:
+        if self.repository is not None:
+            return f"the model repository {str(self.repository.path)!r}"
+        names = sorted({n for n, _ in self._models})
+        return repr(names[0]) if len(names) == 1 else f"models {names}"
+
+    def _control_loop(self) -> None:
+        """The HTTP load / unload requests, one at a time (gRPC's come through
+        :meth:`control` directly)."""
+        while True:
+            job = self.server.next_control(-1.0)
+            if job is None:
+                return
+            ident, action, model, body = job
+            try:
+                status, answer = self.control(action, model, bytes(body))
+            except Exception as exc:  # answered: a client never waits for nothing
+                log.exception("the %s of model %r failed", action, model)
+                status, answer = 500, json.dumps({"error": f"{action} of {model!r}: {exc}"})
+            self.server.control_done(ident, status, answer)
+
+    def control(self, action: str, model: str, body: bytes | dict[str, Any]) -> tuple[int, str]:
+        """A load or unload request of the repository extension: (HTTP status, JSON
+        answer)."""
+        if self.repository is None:
+            return 400, json.dumps({"error": "this server has no model repository"})
+        return self.repository.control(action, model, body)
+
     def stop(self, timeout: float | None = 60.0) -> None:
         """Graceful stop: readiness turns 503 at once; after ``drain_grace_s`` seconds
         of serving as before, no new connections (idle ones close); requests in flight
-        are answered; then the runtime answers what it has queued and closes.  Waits
+        are answered; then every runtime answers what it has queued and closes.  Waits
         at most ``timeout`` seconds for the requests in flight."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
-            self.front_end.set_ready(False)
+            self.server.set_ready(False)
         wait = -1.0 if timeout is None else float(timeout)
         if self.drain_grace_s > 0:
             time.sleep(self.drain_grace_s)
-        self.front_end.stop_accepting()
+        self.server.stop_accepting()
+        self.server.close_control()
+        if self._control is not None:
+            self._control.join(timeout)
         grpc_done = self._grpc.stop(timeout) if self._grpc is not None else None
-        if not self.front_end.drain(wait):
+        if not self.server.drain(wait):
             log.warning(
                 "%d request(s) were still in flight %s s after the stop began",
-                self.front_end.active,
+                self.server.active,
                 timeout,
             )
         if grpc_done is not None:
             grpc_done.wait(timeout)
         if self._warmup_thread is not None:
             self._warmup_thread.join(timeout)
-        self.runtime.close()
-        self.front_end.shutdown()
-        self.front_end.flush_access_log()
+        with self._models_lock:
+            served = list(self._models.values())
+        for runtime, front in served:
+            front.close()
+            runtime.close()
+        self.server.shutdown()
+        self.server.flush_access_log()
 
     def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully (see :meth:`stop`)."""
@@ -335,7 +508,7 @@ class InferenceServer:
             self.start()
             grpc = f" and grpc://{self.host}:{self.grpc_port}" if self._grpc is not None else ""
             print(
-                f"paddle-ipu: serving {self.name!r} on http://{self.host}:{self.port}{grpc}",
+                f"paddle-ipu: serving {self._what()} on http://{self.host}:{self.port}{grpc}",
                 flush=True,
             )
             while not stop.wait(0.1):
@@ -350,5 +523,5 @@ class InferenceServer:
         print("paddle-ipu: stopped", flush=True)
 
     def prometheus(self) -> str:
-        """The server's and the runtime's counters in Prometheus' text format."""
-        return str(self.front_end.prometheus())
+        """Every model's counters and the server's in Prometheus' text format."""
+        return str(self.server.prometheus())

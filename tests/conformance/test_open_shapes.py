@@ -225,3 +225,95 @@ def test_the_command_line_compiles_input_shapes_and_runs_others(
         np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), want, **TOL)
     assert cli.main(["compile", prefix, "-o", str(out), "--input-shapes", "x=1x3"]) != 0
     assert "--input-shapes must be NAME:DxDxD" in capsys.readouterr().err
+
+
+INFERENCE_YML = """\
+Global:
+  model_name: detector_like
+Hpi:
+  backend_configs:
+    paddle_infer:
+      trt_dynamic_shapes:
+        x:
+        - [1, 3, 16, 16]
+        - [1, 3, 32, 48]
+        - [8, 3, 40, 64]
+    tensorrt:
+      dynamic_shapes:
+        x:
+        - [1, 3, 16, 16]
+        - [1, 3, 32, 48]
+        - [8, 3, 40, 64]
+PreProcess:
+  transform_ops:
+  - NormalizeImage:
+      mean: [0.485, 0.456, 0.406]
+"""
+
+
+@pytest.fixture
+def exported(saved: tuple[str, Any], tmp_path: Any) -> str:
+    """The saved model in a directory laid out as a PaddleX export: the model files
+    and an ``inference.yml`` with its ``trt_dynamic_shapes``."""
+    import shutil
+
+    prefix, _ = saved
+    for suffix in (".json", ".pdiparams"):
+        shutil.copy(prefix + suffix, tmp_path / ("inference" + suffix))
+    (tmp_path / "inference.yml").write_text(INFERENCE_YML)
+    return str(tmp_path / "inference")
+
+
+def test_the_ranges_of_a_paddlex_export_bound_the_open_dimensions(
+    saved: tuple[str, Any], exported: str, cache_dir: Any, caplog: Any
+) -> None:
+    """Inside the ranges, shapes run as Paddle's CPU runs them (a batch over the ranges'
+    8 too: rows run in micro-batches); outside, the run is refused naming the input,
+    the dimension and its range, before anything compiles; ``set_ipu_shape_ranges({})``
+    turns the bounds off."""
+    import logging
+
+    from paddle_ipu import inference
+    from paddle_ipu.errors import FeedError
+
+    _, cpu = saved
+    config = inference.Config(exported)
+    config.enable_ipu(ipu_micro_batch_size=2)
+    with caplog.at_level(logging.INFO, logger="paddle_ipu"):
+        predictor = inference.create_predictor(config)
+    assert any("inference.yml" in r.getMessage() for r in caplog.records)
+    for image in (_image(12, 32, 48), _image(1, 16, 16), _image(3, 40, 64)):
+        for got, want in zip(predictor.run([image]), cpu(image)):
+            np.testing.assert_allclose(got, want, **TOL)
+    seen = predictor._shared.shapes.specialisations()
+    for h, w, axis, size in ((48, 48, 2, 48), (20, 8, 3, 8)):
+        with pytest.raises(FeedError, match=rf"'x': dimension {axis} must be in .*got {size}"):
+            predictor.run([_image(1, h, w)])
+    assert predictor._shared.shapes.specialisations() == seen  # nothing compiled
+    predictor.close()
+
+    config = inference.Config(exported)
+    config.enable_ipu()
+    config.set_ipu_shape_ranges({})
+    predictor = inference.create_predictor(config)
+    image = _image(1, 48, 48)
+    for got, want in zip(predictor.run([image]), cpu(image)):
+        np.testing.assert_allclose(got, want, **TOL)
+    predictor.close()
+
+
+def test_shape_ranges_that_do_not_fit_the_model_are_refused(exported: str) -> None:
+    from paddle_ipu import inference
+    from paddle_ipu.errors import OptionError
+    from paddle_ipu.serving.saved_model import compile_model
+
+    for ranges, match in (
+        ({"y": [[1, 3, 8, 8], [1, 3, 9, 9]]}, "no feed 'y'"),
+        ({"x": [[1, 8, 8], [1, 9, 9]]}, "rank 4"),
+        ({"x": [[1, 2, 8, 8], [1, 2, 9, 9]]}, "dimension 1 ranges 2..2"),
+        ({"x": [[1, 3, 9, 8], [1, 3, 8, 9]]}, "dimension 2 ranges 9..8"),
+    ):
+        with pytest.raises(OptionError, match=match):
+            compile_model(exported, cache=False, shape_ranges=ranges)
+    with pytest.raises(OptionError, match="set_ipu_shape_ranges: expected"):
+        inference.Config(exported).set_ipu_shape_ranges({"x": [1, 3, 8, 8]})

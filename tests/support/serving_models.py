@@ -56,8 +56,15 @@ class ServerProcess:
     clients over loopback), on free ports it reports when it is ready."""
 
     def __init__(
-        self, model: str, *args: str, env: dict[str, str] | None = None, grpc: bool = True
+        self,
+        model: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        grpc: bool = True,
+        command: list[str] | None = None,
     ) -> None:
+        """``command``: the whole command line instead of ``python -m paddle_ipu serve
+        model --port 0 ...`` (a deployment's own command)."""
         import os
         import subprocess
         import sys
@@ -65,6 +72,7 @@ class ServerProcess:
 
         argv = [sys.executable, "-m", "paddle_ipu", "serve", model, "--port", "0"]
         argv += [*args] if "--grpc-port" in args or not grpc else [*args, "--grpc-port", "0"]
+        argv = command if command is not None else argv
         self.proc = subprocess.Popen(
             argv,
             cwd=tempfile.gettempdir(),

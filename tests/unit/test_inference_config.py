@@ -141,3 +141,17 @@ def test_paddles_own_config_enables_the_ipu() -> None:
     assert config.use_ipu()
     with pytest.raises(OptionError, match="ipu_batches_per_step"):
         config.enable_ipu(ipu_batches_per_step=0)
+
+
+def test_strategy_options_are_checked_when_set_and_kept() -> None:
+    config = inference.Config()
+    config.set_ipu_strategy_options({"host_fp16_arithmetic": "float32"})
+    config.set_ipu_strategy_options({"host_num_threads": 1})
+    assert config.strategy_options == {"host_fp16_arithmetic": "float32", "host_num_threads": 1}
+    with pytest.raises(OptionError, match="no_such_option"):
+        config.set_ipu_strategy_options({"no_such_option": 1})
+    with pytest.raises(OptionError, match="host_fp16_arithmetic"):
+        config.set_ipu_strategy_options({"host_fp16_arithmetic": "bfloat16"})
+    with pytest.raises(OptionError, match="expected a dict"):
+        config.set_ipu_strategy_options([("host_num_threads", 1)])  # type: ignore[arg-type]
+    assert config.strategy_options == {"host_fp16_arithmetic": "float32", "host_num_threads": 1}

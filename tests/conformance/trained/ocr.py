@@ -61,10 +61,13 @@ def new_pipeline() -> Any:
 
 
 @contextlib.contextmanager
-def ported_engine(**ipu_config: Any) -> Iterator[None]:
+def ported_engine(
+    strategy_options: dict[str, Any] | None = None, **ipu_config: Any
+) -> Iterator[None]:
     """Pipelines made inside run their engine's Config with ``enable_ipu()`` (and
-    ``set_ipu_config(**ipu_config)`` when given) added just before
-    ``create_predictor`` -- the package's engine changed by that line, nothing else."""
+    ``set_ipu_config(**ipu_config)`` when given, and ``set_ipu_strategy_options`` with
+    ``strategy_options``) added just before ``create_predictor`` -- the package's engine
+    changed by that line, nothing else."""
     import paddle.inference as paddle_infer
     from rapidocr_paddle.utils import infer_engine
 
@@ -74,6 +77,8 @@ def ported_engine(**ipu_config: Any) -> Iterator[None]:
         config.enable_ipu()
         if ipu_config:
             config.set_ipu_config(**ipu_config)
+        if strategy_options:
+            config.set_ipu_strategy_options(strategy_options)
         return paddle_infer.create_predictor(config)
 
     saved = infer_engine.inference

@@ -77,7 +77,46 @@ def test_the_reference_reads_the_rendered_text(
         assert not any(w in read for line in image.lines for w in line.split()), read
 
 
-@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: the characters to insert, delete or change."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _character_error_rate(text_images: list[Any], lines: list[list[ocr.Line]]) -> float:
+    """Characters wrong against the rendered text (each image's lines joined)."""
+    wrong = total = 0
+    for image, read in zip(text_images, lines):
+        truth = " ".join(image.lines)
+        wrong += _edits(truth, " ".join(line.text for line in read))
+        total += len(truth)
+    return wrong / total
+
+
+def test_fp16_as_the_ipu_computes_reads_as_well_as_the_cpu(
+    text_images: list[Any], cpu_lines: list[list[ocr.Line]], compiles: list[Any]
+) -> None:
+    """The one-line port with ``set_ipu_config(ipu_enable_fp16=True)``, whose host
+    arithmetic is the IPU's float16 (every operator rounded; docs/without_ipu.md): the
+    detector's probability map moves near its threshold, so a box, and with it a crop,
+    can differ -- measured: the CPU's text on 11 of the 12 images ("lazy dog" read
+    "lazy 6op").  The bound is the CPU pipeline's own reading: float16 as the IPU
+    computes it reads the rendered text with no more character errors than the CPU
+    does, and most images exactly as the CPU does."""
+    with ocr.ported_engine(ipu_enable_fp16=True):
+        pipeline = ocr.new_pipeline()
+    got = _run_all(pipeline, text_images)
+    result = _compare(cpu_lines, got)
+    assert len(result["wrong"]) <= len(text_images) // 6, result["wrong"]
+    cpu_rate = _character_error_rate(text_images, cpu_lines)
+    assert _character_error_rate(text_images, got) <= cpu_rate + 0.01, result["wrong"]
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16-weights"])
 def test_ported_pipeline_reads_the_cpu_text(
     fp16: bool,
     text_images: list[Any],
@@ -88,11 +127,18 @@ def test_ported_pipeline_reads_the_cpu_text(
     """The package's pipeline changed by one line (``enable_ipu()`` on its engine's
     Config): the CPU's text on every image, boxes and scores close; at most one compile
     per distinct input shape besides the batch (the classifier's is fixed: one compile
-    for every batch size).  fp16: nothing is clamped or kept float32 -- the detector's
-    BatchNorms are folded before rounding (a clamp of the variances to 1e4 read the
-    CPU's text on none of the images)."""
+    for every batch size).  fp16 weights (float32 arithmetic, so that what rounding
+    the weights does is seen alone): nothing is clamped or kept float32 -- the
+    detector's BatchNorms are folded before rounding (a clamp of the variances to 1e4
+    read the CPU's text on none of the images)."""
+    settings: dict[str, Any] = {}
+    if fp16:
+        settings = {
+            "ipu_enable_fp16": True,
+            "strategy_options": {"host_fp16_arithmetic": "float32"},
+        }
     with caplog.at_level(logging.INFO, logger="paddle_ipu"):
-        with ocr.ported_engine(**({"ipu_enable_fp16": True} if fp16 else {})):
+        with ocr.ported_engine(**settings):
             pipeline = ocr.new_pipeline()
         result = _compare(cpu_lines, _run_all(pipeline, text_images))
     assert not result["wrong"], result["wrong"]

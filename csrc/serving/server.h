@@ -1,0 +1,154 @@
+// The server: the set of model versions it serves (one FrontEnd each: queue, plan,
+// counters, metadata), the HTTP listeners and IO threads they share, the routing of a
+// request to its model (HTTP by URL, gRPC by model_name / model_version), and the
+// model repository's state (Triton's repository extension): every model version the
+// repository knows, with its state (READY, LOADING, UNLOADING, UNAVAILABLE) and the
+// reason, and the load / unload requests handed to the Python side (repository.cc).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "front_end.h"
+#include "metrics.h"
+
+namespace paddle_ipu {
+namespace serving {
+
+class Connection;
+class GrpcCall;
+struct Listener;
+
+// One version of a model in the server's repository.
+struct ModelEntry {
+  std::string name, version;
+  std::string state;              // READY, LOADING, UNLOADING or UNAVAILABLE
+  std::string reason;             // why it is not READY ("" when it is)
+  std::shared_ptr<FrontEnd> fe;   // READY and UNLOADING only
+};
+
+// A load or unload request of the repository extension, waiting for the Python side
+// (HTTP: answered on the connection it came from).
+struct ControlJob {
+  int64_t id = 0;
+  std::string action, model, body;
+  std::weak_ptr<Connection> connection;
+  std::shared_ptr<Listener> io;
+};
+
+class Server {
+ public:
+  Server(std::string server_version, int64_t max_body);
+  ~Server();
+
+  int64_t max_body() const { return max_body_; }
+  const std::string& server_metadata() const { return server_metadata_; }
+  bool draining() const { return draining_.load(); }
+  bool ready() const;
+  void set_ready(bool ready) { ready_ = ready; }
+  // The counters of requests no model answered (unknown model or route, malformed
+  // HTTP, a body over the limit).
+  Counters* unrouted() { return unrouted_.get(); }
+
+  // -- the access log ---------------------------------------------------------------
+  // Writes a line per inference request (every model's, and the unrouted ones) to
+  // `path` ("-": standard error) from now on; before the listeners start.
+  void OpenAccessLog(const std::string& path);
+  bool logging() const { return log_ != nullptr; }
+  void FlushAccessLog() {
+    if (log_) log_->Flush();
+  }
+
+  // -- the models ---------------------------------------------------------------
+  // Serves `fe` as its plan's name and version (READY), replacing that entry.
+  void AddModel(std::shared_ptr<FrontEnd> fe);
+  // Sets an entry's state and reason (adding the entry if new); the front end is kept
+  // for UNLOADING (requests in flight finish), dropped otherwise.
+  void SetState(const std::string& name, const std::string& version, const std::string& state,
+                const std::string& reason);
+  // Forgets an entry (false: there was none).
+  bool Forget(const std::string& name, const std::string& version);
+  // The front end serving `name` at `version` ("": the newest READY version), or the
+  // error to answer: 404 for a model or version the server does not serve, 503 while
+  // it loads. Names are quoted as JSON strings ("m"), or as Python's repr ('m': gRPC's
+  // messages, as its parser's).
+  std::shared_ptr<FrontEnd> Find(std::string_view name, std::string_view version, Error* error,
+                                 bool repr = false) const;
+  std::vector<std::shared_ptr<FrontEnd>> Serving() const;
+  std::vector<ModelEntry> Entries() const;
+
+  // -- JSON and text of the routes ------------------------------------------------
+  std::string IndexJson() const;
+  // Model metadata: the version's, with every READY version of the model listed.
+  std::string MetadataJson(const FrontEnd& fe) const;
+  // Triton's statistics of every model ("" name), of every version of one (""
+  // version), or of one version; false with `error` set for an unknown one.
+  std::string StatisticsJson(std::string_view name, std::string_view version,
+                             Error* error) const;
+  std::string Prometheus() const;
+
+  // -- HTTP (server.cc) -------------------------------------------------------------
+  int StartHttp(const std::string& host, int port, int threads, bool reuse_port);
+  void StopAccepting();
+  // Waits until every model's admitted requests are answered and every connection is
+  // closed; false on timeout (negative: no limit).
+  bool Drain(double timeout);
+  void Shutdown();
+  void NotifyDrain();
+  int64_t active() const;
+  std::atomic<int64_t> connections{0};  // open HTTP connections
+
+  // -- gRPC -------------------------------------------------------------------------
+  // Routes a serialized ModelInferRequest to its model and queues it there (`trace`:
+  // the call's traceparent metadata, for the access log).
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
+
+  // -- the repository's load / unload (repository.cc) -------------------------------
+  // Whether load / unload requests go to the Python side (else they are refused).
+  void EnableControl() { control_ = true; }
+  bool control() const { return control_.load(); }
+  // Queues a request; an error when the server takes none (stopping).
+  Error Control(std::shared_ptr<ControlJob> job);
+  // The next request (waits without the GIL at most `timeout` seconds; negative: no
+  // limit); null on timeout or once CloseControl() was called.
+  std::shared_ptr<ControlJob> NextControl(double timeout);
+  // Answers request `id` with an HTTP status and a JSON body.
+  void ControlDone(int64_t id, int status, std::string body);
+  // No more requests: the queued ones are answered 503.
+  void CloseControl();
+
+ private:
+  // With mu_ held.
+  std::vector<ModelEntry>::iterator Locate(const std::string& name, const std::string& version);
+  void Deliver(const std::shared_ptr<ControlJob>& job, int status, std::string body);
+
+  std::string server_metadata_;
+  int64_t max_body_;
+  std::shared_ptr<Counters> unrouted_;
+  std::shared_ptr<AccessLog> log_;  // set before the listeners start, if at all
+  mutable std::mutex mu_;
+  std::vector<ModelEntry> entries_;  // sorted by name, then version
+  std::vector<std::shared_ptr<Listener>> listeners_;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> ready_{true};
+  std::mutex drain_mu_;
+  std::condition_variable drained_;
+
+  std::atomic<bool> control_{false};
+  std::mutex control_mu_;
+  std::condition_variable control_cv_;
+  std::deque<std::shared_ptr<ControlJob>> control_queue_;
+  std::map<int64_t, std::shared_ptr<ControlJob>> control_taken_;
+  int64_t control_next_ = 1;
+  bool control_closed_ = false;
+};
+
+}  // namespace serving
+}  // namespace paddle_ipu
