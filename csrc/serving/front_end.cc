@@ -70,7 +70,7 @@ std::string FrontEnd::StatisticsJson() {
 }
 
 std::string FrontEnd::Prometheus() {
-  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()));
+  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()), active.load());
 }
 
 Error FrontEnd::Admit(const RequestPtr& r) {

@@ -61,6 +61,10 @@ _NUMPY_TO_V2 = {v: k for k, v in _V2_TO_NUMPY.items()}
 _BUSY_WAIT_S = 30.0
 
 
+#: Triton's reserved request parameters, accepted at their default values.
+_RESERVED = ("timeout", "priority", "sequence_id", "sequence_start", "sequence_end")
+
+
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -253,13 +257,13 @@ class PythonInferenceServer:
     async def _live(self, request: Any) -> Any:
         from aiohttp import web
 
-        return web.Response(status=200)
+        return web.json_response({"live": True})
 
     async def _ready_h(self, request: Any) -> Any:
         from aiohttp import web
 
         ok = self._ready and not self.runtime.closed
-        return web.Response(status=200 if ok else 503)
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
 
     async def _server_meta(self, request: Any) -> Any:
         from aiohttp import web
@@ -425,6 +429,18 @@ class PythonInferenceServer:
         if missing:
             raise BadRequest(f"missing input {', '.join(map(repr, missing))}")
         params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadRequest(f'"parameters" must be an object, got {params!r}')
+        for key, value in params.items():
+            # Only binary_data_output is implemented here; Triton's reserved parameters
+            # pass at their defaults (0, "", false: what this server does).
+            if key == "binary_data_output" or (key in _RESERVED and not value):
+                continue
+            raise BadRequest(
+                f"parameter {key!r} is not implemented by the Python server (packages with "
+                "buckets of sequence lengths): it implements 'binary_data_output' (and "
+                f"{', '.join(map(repr, _RESERVED))} at their defaults)"
+            )
         binary_default = bool(params.get("binary_data_output", False))
         wanted: list[tuple[str, bool]] | None = None
         outs = doc.get("outputs")

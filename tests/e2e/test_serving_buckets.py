@@ -54,6 +54,24 @@ def test_serve_answers_every_sequence_length_as_the_eager_decoder(tmp_path: Path
             np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
         status, doc = _post(srv, np.zeros((1, 17), np.int64))
         assert status == 400 and "sequence length 17" in doc["error"], doc
+        for path, want in (
+            ("/v2/health/live", {"live": True}),
+            ("/v2/health/ready", {"ready": True}),
+        ):
+            status, _, body = raw(srv, "GET", path)
+            assert status == 200 and json.loads(body) == want
+        ids = np.zeros((1, 4), np.int64)
+        for parameters, refused in (({"timeout": 1000}, "'timeout'"), ({"x": 1}, "'x'")):
+            doc_in = {
+                "inputs": [
+                    {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [0] * 4}
+                ],
+                "parameters": parameters,
+            }
+            status, _, answer = raw(srv, "POST", "/v2/models/lm/infer", json.dumps(doc_in).encode())
+            error = json.loads(answer)["error"]
+            assert status == 400 and refused in error and "not implemented" in error
+        assert _post(srv, ids)[0] == 200
     finally:
         code, _, stderr = srv.terminate()
     assert code == 0, stderr
