@@ -114,23 +114,20 @@ def ported_engine(
     """Pipelines made inside run PaddleX's Config with ``enable_ipu()`` (and
     ``set_ipu_config(**ipu_config)``, ``set_ipu_strategy_options(strategy_options)`` when
     given) added just before ``create_predictor`` -- PaddleX's engine changed by that
-    line, nothing else.  With ``enable_ipu=False`` in ``ipu_config`` the Config is left
-    as PaddleX made it (the CPU).  ``shapes``, when given, collects the input shapes
-    each model is fed, by model directory name."""
+    line, nothing else.  ``shapes``, when given, collects the input shapes each model
+    is fed, by model directory name."""
     import paddle.inference as paddle_infer
 
     import paddle_ipu  # noqa: F401  (gives Paddle's Config enable_ipu)
 
-    use_ipu = ipu_config.pop("enable_ipu", True)
     real = paddle_infer.create_predictor
 
     def create_predictor(config: Any) -> Any:
-        if use_ipu:
-            config.enable_ipu()
-            if ipu_config:
-                config.set_ipu_config(**ipu_config)
-            if strategy_options:
-                config.set_ipu_strategy_options(strategy_options)
+        config.enable_ipu()
+        if ipu_config:
+            config.set_ipu_config(**ipu_config)
+        if strategy_options:
+            config.set_ipu_strategy_options(strategy_options)
         predictor = real(config)
         if shapes is None:
             return predictor
