@@ -75,10 +75,10 @@ def main() -> None:
         for name in ("fixed", "dynamic", "fixed", "dynamic"):
             url = f"http://127.0.0.1:{server.port}/v2/models/{name}/infer"
             before = _cpu()
+            load = ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds:g}s"]
             out = subprocess.run(
-                ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds:g}s", "-s", str(script), url],
-                capture_output=True, text=True, check=True,
-            ).stdout  # fmt: skip
+                [*load, "-s", str(script), url], capture_output=True, text=True, check=True
+            ).stdout
             cpu = _cpu() - before
             requests = int(next(ln for ln in out.splitlines() if "requests in" in ln).split()[0])
             if "Non-2xx" in out:
