@@ -88,7 +88,7 @@ std::string FrontEnd::StatisticsJson() {
 
 std::string FrontEnd::Prometheus() {
   const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
-  return serving::Prometheus(plan_, counters_.Copy(), s);
+  return serving::Prometheus(plan_, counters_.Copy(), s, active.load());
 }
 
 bool FrontEnd::Cancel(Request* r) { return dynamic_ ? dynamic_->Cancel(r) : CancelNative(r); }

@@ -122,7 +122,8 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   bool Drain(double timeout);
 
   // gRPC (grpc_call.cc).
-  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg);
+  // `trace`: the call's traceparent metadata ("" when none), for the access log.
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
 
   std::atomic<int64_t> active{0};  // requests admitted, not answered
 

@@ -61,6 +61,26 @@ def test_serve_answers_every_sequence_length_as_the_eager_decoder(tmp_path: Path
         feed.set_data_from_numpy(ids)
         got = client.infer("lm", [feed]).as_numpy(meta["outputs"][0]["name"])
         np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
+        for path, want in (
+            ("/v2/health/live", {"live": True}),
+            ("/v2/health/ready", {"ready": True}),
+        ):
+            status, _, body = raw(srv, "GET", path)
+            assert status == 200 and json.loads(body) == want
+        ids = np.zeros((1, 4), np.int64)
+        # Request parameters: Triton's timeout is served (the former Python server of
+        # bucketed packages refused it), an unknown one is refused by name.
+        for parameters, refused in (({"x": 1}, "'x'"),):
+            doc_in = {
+                "inputs": [
+                    {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [0] * 4}
+                ],
+                "parameters": parameters,
+            }
+            status, _, answer = raw(srv, "POST", "/v2/models/lm/infer", json.dumps(doc_in).encode())
+            error = json.loads(answer)["error"]
+            assert status == 400 and refused in error and "not implemented" in error
+        assert _post(srv, ids)[0] == 200
     finally:
         code, _, stderr = srv.terminate()
     assert code == 0, stderr
