@@ -332,3 +332,46 @@ def test_serve_a_model_with_open_image_dimensions_as_paddles_cpu_executor(
         finally:
             code, _, stderr = srv.terminate()
         assert code == 0, stderr
+
+
+def test_a_repository_serves_and_unloads_a_bucketed_package(tmp_path: Path) -> None:
+    """A package of sequence buckets in a model repository is served as a dynamic model
+    (HTTP and gRPC, answers equal to the decoder's dygraph forward), counted in its
+    statistics, and unloaded over the repository extension."""
+    from support.serving_models import decoder_reference, save_decoder
+
+    from paddle_ipu.serving.repository import ModelRepository
+    from paddle_ipu.serving.saved_model import compile_model
+
+    prefix, layer = save_decoder(tmp_path)
+    root = tmp_path / "repository"
+    package, _ = compile_model(prefix, micro_batch_size=2, seq_buckets=[4, 8], cache=False)
+    (root / "lm" / "1").mkdir(parents=True)
+    package.save(root / "lm" / "1" / "model.pdipu")
+    repository = ModelRepository(root, control_mode="explicit", load=["lm"])
+    srv = InferenceServer(port=0, grpc_port=0, repository=repository).start()
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        assert http.is_model_ready("lm")
+        out = http.get_model_metadata("lm")["outputs"][0]["name"]
+        rng = np.random.default_rng(5)
+        for rows, length in ((1, 3), (2, 8)):
+            ids = rng.integers(0, 50, (rows, length)).astype(np.int64)
+            want = decoder_reference(layer, ids)
+            feed = httpclient.InferInput("input_ids", [rows, length], "INT64")
+            feed.set_data_from_numpy(ids, binary_data=True)
+            got = http.infer("lm", [feed]).as_numpy(out)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            gfeed = grpcclient.InferInput("input_ids", [rows, length], "INT64")
+            gfeed.set_data_from_numpy(ids)
+            got = grpc.infer("lm", [gfeed]).as_numpy(out)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        stats = http.get_inference_statistics("lm")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 4
+        http.unload_model("lm")
+        assert not http.is_model_ready("lm")
+        index = {(m["name"], m.get("state")) for m in http.get_model_repository_index()}
+        assert ("lm", "UNAVAILABLE") in index
+    finally:
+        srv.stop()
