@@ -200,7 +200,7 @@ void Connection::OnTimeout(beast::error_code ec) {
   const double t = timeout_s_;
   Finished();
   Count(504, 0);
-  Error(504, TimeoutMessage(t));
+  Error(504, TimeoutMessage(t, model_->dynamic()));
 }
 
 // The request left the queue: release what held the connection and the counters.

@@ -72,7 +72,8 @@ RequestPtr MakeRequest(const ModelPlan& m, const std::shared_ptr<Job>& job,
 // kDone): 503 when the runtime closed, else 500.
 Error RunError(const Request& r);
 // The answer of a request not started within `seconds` (504).
-std::string TimeoutMessage(double seconds);
+// (A dynamic model's request: not answered within them.)
+std::string TimeoutMessage(double seconds, bool dynamic = false);
 
 class DynamicQueue;
 

@@ -65,7 +65,7 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
       const bool cancelled = r && fe_->Cancel(r.get());
       lock.lock();
       if (cancelled && !done_) {
-        Done(504, TimeoutMessage(timeout));
+        Done(504, TimeoutMessage(timeout, fe_ && fe_->dynamic()));
         counters->Add(&CounterValues::timed_out);
       }
     }
