@@ -98,7 +98,9 @@ Error ReadOutputs(const ModelPlan& m, py::handle result, std::vector<OutTensor>*
       value = listed[i];
     }
     if (t.dtype == DType::kBytes) {
-      if (Error e = ReadBytes(t, np.attr("asarray")(value), &(*outs)[i])) return e;
+      // An object array: numpy's fixed-width bytes ("S") would drop trailing zero bytes.
+      py::object arr = np.attr("asarray")(value, py::arg("dtype") = "object");
+      if (Error e = ReadBytes(t, arr, &(*outs)[i])) return e;
       continue;
     }
     py::array a = np.attr("ascontiguousarray")(value);

@@ -204,8 +204,8 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
       const json::value* bad = nullptr;
       if (!JsonTensor(d, *data, &raw, &n, &bad)) {
         return {400, "input " + Repr(name) + ": data is not " + V2Name(d) + ": " +
-                         (bad ? Short(*bad) : Short(*data)) + " is not a " + NumpyName(d) +
-                         " value"};
+                         (bad ? Short(*bad) : Short(*data)) + " is not a " +
+                         (d == DType::kBytes ? "string" : NumpyName(d)) + " value"};
       }
       if (n != count) {
         return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " has " +

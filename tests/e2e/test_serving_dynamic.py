@@ -57,8 +57,8 @@ def strings() -> Iterator[InferenceServer]:
         srv.stop()
 
 
-TEXT = np.array([b"abc", b"", "h\u00e9llo w\u00f6rld".encode(), b"x" * 300], dtype=object)
-PIXELS = np.array([[1, 2, 250], [0, 0, 255], [7, 8, 9], [255, 255, 255]], np.uint8)
+TEXT = np.array([b"abc", b"", "h\u00e9llo w\u00f6rld".encode(), b"x" * 300, b"z\0"], dtype=object)
+PIXELS = np.array([[1, 2, 250], [0, 0, 255], [7, 8, 9], [255, 255, 255], [3, 0, 1]], np.uint8)
 
 
 def _want() -> dict[str, np.ndarray]:
@@ -119,6 +119,7 @@ def _request(text: list[Any], pixels: list[list[int]] | None = None) -> dict[str
 def test_bad_requests_are_refused_by_name(strings: InferenceServer) -> None:
     status, _, doc = _post(strings, _request(["a", 3]))
     assert status == 400 and "input 'text'" in doc["error"], doc
+    assert "3 is not a string value" in doc["error"], doc
     doc = _request(["a"])
     doc["inputs"][1]["shape"] = [1, 4]
     doc["inputs"][1]["data"] = [[1, 2, 3, 4]]
