@@ -376,3 +376,25 @@ def test_a_repository_serves_and_unloads_a_bucketed_package(tmp_path: Path) -> N
         assert ("lm", "UNAVAILABLE") in index
     finally:
         srv.stop()
+
+
+def test_bytes_contents_over_grpc(strings: InferenceServer) -> None:
+    """gRPC's typed contents: BYTES as ``bytes_contents`` (tritonclient sends raw
+    contents), UINT8 as ``uint_contents``; the outputs come back length-prefixed in
+    ``raw_output_contents``."""
+    grpc = pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="strings")
+    text = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+    text.contents.bytes_contents.extend([b"ab", b"c\0d"])
+    pixels = request.inputs.add(name="pixels", datatype="UINT8", shape=[2, 3])
+    pixels.contents.uint_contents.extend([1, 2, 3, 4, 5, 255])
+    with grpc.insecure_channel(f"127.0.0.1:{strings.grpc_port}") as channel:
+        answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    outputs = {o.name: i for i, o in enumerate(answer.outputs)}
+    upper = answer.raw_output_contents[outputs["upper"]]
+    assert upper == b"\2\0\0\0AB" + b"\3\0\0\0C\0D"
+    total = np.frombuffer(answer.raw_output_contents[outputs["total"]], np.int64)
+    np.testing.assert_array_equal(total, [6, 264])
+    assert list(answer.outputs[outputs["upper"]].shape) == [2]
