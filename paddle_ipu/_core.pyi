@@ -154,7 +154,7 @@ class ServingQueue:
 
 # -- the KServe v2 front ends (csrc/serving) ------------------------------------------
 #: (v2 name, numpy dtype name, item size) of each datatype a served tensor may have: the
-#: one table (csrc/serving/dtypes.cc), which the Python servers read
+#: one table (csrc/serving/dtypes.cc), which the Python side reads
 def kserve_datatypes() -> tuple[tuple[str, str, int], ...]: ...
 
 class GrpcInferCall:
