@@ -404,8 +404,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
-    if getattr(runtime, "sequence", None) is not None or package.per_shape:
-        return _serve_buckets(args, runtime)
+    # A package of sequence buckets or compiled per input shape is a dynamic model: its
+    # requests are parsed in C++ and handed to the runtime's submit (serving/dynamic.py).
     server = InferenceServer(
         runtime,
         name=args.name,
@@ -481,31 +481,6 @@ def _serve_repository(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         drain_grace_s=args.drain_grace_s,
     ).serve_forever()
-    return 0
-
-
-def _serve_buckets(args: argparse.Namespace, runtime: Any) -> int:
-    """A package with buckets of sequence lengths, or compiled per input shape: its
-    request shapes vary beyond the batch, which the C++ request path does not take; the
-    Python HTTP server serves it."""
-    from paddle_ipu.errors import NotSupportedError
-    from paddle_ipu.serving.aiohttp_server import PythonInferenceServer
-
-    if args.grpc_port is not None or args.reuse_port:  # reuse_port: a --workers process
-        runtime.close()
-        raise NotSupportedError(
-            "--grpc-port or --workers with buckets of sequence lengths or a model compiled "
-            "per input shape: such a package is served over HTTP by one process (the Python "
-            "server; the C++ request path checks one fixed shape per tensor)"
-        )
-    if args.access_log is not None or args.warmup or args.drain_grace_s:
-        runtime.close()
-        raise NotSupportedError(
-            "--access-log, --warmup and --drain-grace-s are options of the C++ server; a "
-            "package with buckets of sequence lengths or compiled per input shape is served "
-            "by the Python server, which has none of them"
-        )
-    PythonInferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
     return 0
 
 

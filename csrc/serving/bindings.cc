@@ -29,7 +29,7 @@ TensorPlan TensorFrom(const py::dict& d) {
   if (t.dtype == DType::kInvalid) throw py::value_error("unknown KServe datatype " + dt);
   t.shape = d["shape"].cast<std::vector<int64_t>>();
   t.unit_bytes = d["unit_bytes"].cast<int64_t>();
-  t.unit_elems = t.unit_bytes / ElemSize(t.dtype);
+  t.unit_elems = ElemSize(t.dtype) ? t.unit_bytes / ElemSize(t.dtype) : 0;  // BYTES: 0
   if (d.contains("ranges")) {
     for (const py::handle h : d["ranges"]) {
       const py::dict r = h.cast<py::dict>();
@@ -62,6 +62,8 @@ ModelPlan PlanFrom(const py::dict& d) {
   if (d.contains("instance_kind")) m.instance_kind = d["instance_kind"].cast<std::string>();
   for (const py::handle h : d["inputs"]) m.inputs.push_back(TensorFrom(h.cast<py::dict>()));
   for (const py::handle h : d["outputs"]) m.outputs.push_back(TensorFrom(h.cast<py::dict>()));
+  if (d.contains("dynamic")) m.dynamic = d["dynamic"].cast<bool>();
+  if (d.contains("workers")) m.workers = d["workers"].cast<int>();
   return m;
 }
 
@@ -137,9 +139,16 @@ void RegisterServing(py::module_& m) {
       "(Boost.Beast, through a ServingServer) and the gRPC ModelInfer path; requests never\n"
       "touch Python (see csrc/serving).")
       .def(py::init([](py::object queue, const py::dict& plan) {
-             return std::make_shared<FrontEnd>(queue, PlanFrom(plan));
+             auto fe = std::make_shared<FrontEnd>(queue, PlanFrom(plan));
+             fe->Start();
+             return fe;
            }),
-           py::arg("queue"), py::arg("plan"))
+           py::arg("queue"), py::arg("plan"),
+           "`queue`: a fixed model's ServingQueue, or (plan['dynamic']) a dynamic model's\n"
+           "handler (paddle_ipu.serving.dynamic.DynamicModel), run by plan['workers'] threads.")
+      .def("stop_workers", &FrontEnd::StopWorkers, py::call_guard<py::gil_scoped_release>(),
+           "A dynamic model: stop its workers once what was admitted was handed over (after\n"
+           "close()).")
       .def("close", &FrontEnd::Close,
            "Refuse new requests (503) from now on: the model unloads or the server stops.")
       .def("drain", &FrontEnd::Drain, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),

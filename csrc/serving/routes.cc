@@ -161,7 +161,7 @@ void Connection::Infer(HttpRequest& req) {
     Count(parsed.status, 0);
     return Error(parsed.status, parsed.message);
   }
-  StartHttpAnswer(m, job->req, &job->http);
+  if (!m.dynamic) StartHttpAnswer(m, job->req, &job->http);
   if (job->req.units == 0) {  // nothing to run
     FinishHttpAnswer(m, job->req, &job->http);
     Count(200, 0);
@@ -172,7 +172,7 @@ void Connection::Infer(HttpRequest& req) {
   job->connection = shared_from_this();
   job->io = io_->shared_from_this();
   RequestPtr r = MakeRequest(m, job, job->http.out, io_, job);
-  if (serving::Error e = model_->Admit(r)) {
+  if (serving::Error e = model_->Admit(r, job)) {
     Count(e.status, 0);
     return Error(e.status, e.message, e.status == 503);
   }

@@ -1,5 +1,5 @@
 """The KServe v2 datatype table of the compiled core (``_core.kserve_datatypes``, the one
-table the C++ front end, ``serving/server.py`` and ``serving/aiohttp_server.py`` use), checked
+table the C++ front end, ``serving/server.py`` and ``serving/dynamic.py`` use), checked
 against the protocol's own table of tensor data types, numpy, and tritonclient's
 conversions (a real client's)."""
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from paddle_ipu import _core
-from paddle_ipu.serving import aiohttp_server, server
+from paddle_ipu.serving import dynamic
 
 #: The Open Inference Protocol's "Tensor Data Types" table: name -> size in bytes
 #: (https://kserve.github.io/website/0.10/modelserving/data_plane/v2_protocol/); BYTES
-#: (variable size, up to 2**32) and BF16 (no numpy dtype) are no tensor dtype a model here
-#: takes.
+#: (variable size, up to 2**32: only dynamic models take it, serving/dynamic.py) and BF16
+#: (no numpy dtype) are not in the table of fixed-size datatypes.
 SPEC = {
     "BOOL": 1,
     "UINT8": 1,
@@ -69,11 +69,9 @@ def test_tritonclient_agrees(row: tuple[str, str, int]) -> None:
     assert utils.np_to_triton_dtype(np.dtype(numpy_name)) == v2
 
 
-def test_the_python_servers_read_the_table() -> None:
+def test_the_python_side_reads_the_table() -> None:
     pairs = {(v2, np.dtype(n)) for v2, n, _ in ROWS}
-    assert {(v2, d) for d, v2 in server._NUMPY_TO_V2.items()} == pairs
-    assert set(aiohttp_server._V2_TO_NUMPY.items()) == pairs
-    assert {(v2, d) for d, v2 in aiohttp_server._NUMPY_TO_V2.items()} == pairs
+    assert {(v2, d) for d, v2 in dynamic._NUMPY_TO_V2.items()} == pairs
 
 
 def test_the_cpp_parser_names_the_table_for_an_unknown_datatype() -> None:
@@ -87,12 +85,20 @@ def test_the_cpp_parser_names_the_table_for_an_unknown_datatype() -> None:
     }  # fmt: skip
     fe = _core.ServingFrontEnd(queue, plan)
     try:
-        body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1, 2], "data": [1, 2]}]}
+        body = {"inputs": [{"name": "x", "datatype": "BF16", "shape": [1, 2], "data": [1, 2]}]}
         status, message, parsed = fe.parse_http(json.dumps(body).encode())
         assert (status, parsed) == (400, None)
         listed = ", ".join(repr(v2) for v2, _, _ in ROWS)
         assert message == (
-            f"input 'x': datatype 'BYTES' is not supported; use FP32 (one of [{listed}])"
+            f"input 'x': datatype 'BF16' is not supported; use FP32 (one of [{listed}])"
+        )
+        # BYTES is a datatype the server knows (dynamic models take it); a fixed
+        # model's FP32 input does not.
+        body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
+        status, message, parsed = fe.parse_http(json.dumps(body).encode())
+        assert (status, parsed) == (400, None)
+        assert message == (
+            "input 'x': expected datatype FP32, received BYTES (the model takes FP32, FP16, FP64)"
         )
     finally:
         fe.shutdown()
