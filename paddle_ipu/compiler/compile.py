@@ -290,6 +290,10 @@ def static_mode() -> Iterator[None]:
     dynamic = paddle.in_dynamic_mode()
     if dynamic:
         paddle.enable_static()
+    if paddle.in_dynamic_mode():  # a thread other than paddle's first: enable_static did nothing
+        with paddle_api.thread_static_mode():
+            yield
+        return
     try:
         yield
     finally:
