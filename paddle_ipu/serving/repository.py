@@ -15,7 +15,9 @@ optional)::
      "timeout_ms": 2.0,          the batching timeout (0: a request is one micro-batch)
      "num_buffers": 64,          the queue's bound, in micro-batches
      "version_policy": {"latest": {"num_versions": 1}}
-                       | {"all": {}} | {"specific": {"versions": [1, 3]}}}
+                       | {"all": {}} | {"specific": {"versions": [1, 3]}},
+     "pipeline": {...}}          a pipeline over other models (serving.pipeline), not
+                                 a model: its version directories are empty
 
 The default policy serves the newest version.  Model control modes, as Triton's:
 ``none`` loads every model at start and refuses load / unload requests (400 /
