@@ -399,8 +399,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
-    if getattr(runtime, "sequence", None) is not None or package.per_shape:
-        return _serve_buckets(args, runtime)
+    # A package of sequence buckets or compiled per input shape is a dynamic model: its
+    # requests are parsed in C++ and handed to the runtime's submit (serving/dynamic.py).
     InferenceServer(
         runtime,
         name=args.name,
@@ -453,24 +453,6 @@ def _serve_repository(args: argparse.Namespace) -> int:
         reuse_port=args.reuse_port,
         repository=repository,
     ).serve_forever()
-    return 0
-
-
-def _serve_buckets(args: argparse.Namespace, runtime: Any) -> int:
-    """A package with buckets of sequence lengths, or compiled per input shape: its
-    request shapes vary beyond the batch, which the C++ request path does not take; the
-    Python HTTP server serves it."""
-    from paddle_ipu.errors import NotSupportedError
-    from paddle_ipu.serving.aiohttp_server import PythonInferenceServer
-
-    if args.grpc_port is not None or args.reuse_port:  # reuse_port: a --workers process
-        runtime.close()
-        raise NotSupportedError(
-            "--grpc-port or --workers with buckets of sequence lengths or a model compiled "
-            "per input shape: such a package is served over HTTP by one process (the Python "
-            "server; the C++ request path checks one fixed shape per tensor)"
-        )
-    PythonInferenceServer(runtime, name=args.name, host=args.host, port=args.port).serve_forever()
     return 0
 
 

@@ -60,6 +60,8 @@ ModelPlan PlanFrom(const py::dict& d) {
   m.max_body = d["max_body"].cast<int64_t>();
   for (const py::handle h : d["inputs"]) m.inputs.push_back(TensorFrom(h.cast<py::dict>()));
   for (const py::handle h : d["outputs"]) m.outputs.push_back(TensorFrom(h.cast<py::dict>()));
+  if (d.contains("dynamic")) m.dynamic = d["dynamic"].cast<bool>();
+  if (d.contains("workers")) m.workers = d["workers"].cast<int>();
   return m;
 }
 
@@ -135,9 +137,16 @@ void RegisterServing(py::module_& m) {
       "(Boost.Beast, through a ServingServer) and the gRPC ModelInfer path; requests never\n"
       "touch Python (see csrc/serving).")
       .def(py::init([](py::object queue, const py::dict& plan) {
-             return std::make_shared<FrontEnd>(queue, PlanFrom(plan));
+             auto fe = std::make_shared<FrontEnd>(queue, PlanFrom(plan));
+             fe->Start();
+             return fe;
            }),
-           py::arg("queue"), py::arg("plan"))
+           py::arg("queue"), py::arg("plan"),
+           "`queue`: a fixed model's ServingQueue, or (plan['dynamic']) a dynamic model's\n"
+           "handler (paddle_ipu.serving.dynamic.DynamicModel), run by plan['workers'] threads.")
+      .def("stop_workers", &FrontEnd::StopWorkers, py::call_guard<py::gil_scoped_release>(),
+           "A dynamic model: stop its workers once what was admitted was handed over (after\n"
+           "close()).")
       .def("close", &FrontEnd::Close,
            "Refuse new requests (503) from now on: the model unloads or the server stops.")
       .def("drain", &FrontEnd::Drain, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),

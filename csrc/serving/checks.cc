@@ -147,6 +147,20 @@ Error DatatypeError(const TensorPlan& t, std::string_view given) {
 
 Error CheckShape(const ModelPlan& m, const TensorPlan& t, const std::vector<int64_t>& dims,
                  InferRequest* r, std::string* first) {
+  if (m.dynamic) {  // one request, one unit; -1: any size on that axis
+    bool fits = dims.size() == t.shape.size();
+    for (size_t i = 0; fits && i < dims.size(); ++i) fits = t.shape[i] < 0 || dims[i] == t.shape[i];
+    if (!fits) {
+      return {400, "input " + Repr(t.name) + ": expected shape " + ShapeStr(t.shape) +
+                       " (-1: any size), received " + ShapeStr(dims)};
+    }
+    r->units = 1;
+    if (first->empty()) {
+      *first = t.name;
+      r->rows = dims.empty() ? 1 : dims[0];
+    }
+    return {};
+  }
   if (m.auto_batch) {
     bool fits = dims.size() == t.shape.size() && !dims.empty();
     for (size_t i = 1; fits && i < dims.size(); ++i) fits = dims[i] == t.shape[i];

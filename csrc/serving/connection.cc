@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "dynamic.h"
 #include "front_end.h"
 #include "listener.h"
 #include "server.h"
@@ -155,7 +156,7 @@ void Connection::OnReadable(beast::error_code ec) {
   }
   gone_ = true;
   Close();
-  if (CancelNative(request_.get())) {
+  if (model_->Cancel(request_.get())) {
     model_->counters()->Add(&CounterValues::disconnected);
     Finished();
   }
@@ -164,7 +165,7 @@ void Connection::OnReadable(beast::error_code ec) {
 
 void Connection::OnTimeout(beast::error_code ec) {
   if (ec || !request_) return;
-  if (!CancelNative(request_.get())) return;  // under way: answered when it is done
+  if (!model_->Cancel(request_.get())) return;  // under way: answered when it is done
   model_->counters()->Add(&CounterValues::timed_out);
   const double t = timeout_s_;
   Finished();
@@ -193,13 +194,17 @@ void Connection::Answer(const RequestPtr& r) {
   const ModelPlan& m = model_->plan();
   if (gone_) return;  // the client went away while it ran
   if (r->state == RequestState::kDone) {
-    FinishHttpAnswer(m, job->req, &job->http);
+    if (m.dynamic) {
+      DynamicHttpAnswer(m, job.get(), &job->http);
+    } else {
+      FinishHttpAnswer(m, job->req, &job->http);
+    }
     Count(200, job->req.rows);
     const bool bin = job->http.header_length >= 0;
     return Write(http::status::ok, std::move(job->http.body),
                  bin ? "application/octet-stream" : "application/json", job->http.header_length);
   }
-  const serving::Error e = RunError(*r);
+  const serving::Error e = model_->Failure(*r, *job);
   Count(e.status, 0);
   Error(e.status, e.message, e.status == 503);
 }

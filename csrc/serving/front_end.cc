@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "dynamic.h"
+
 #include "metadata.h"
 #include "text.h"
 
@@ -17,14 +19,15 @@ RequestPtr MakeRequest(const ModelPlan& m, const std::shared_ptr<Job>& job,
                        std::shared_ptr<void> owner) {
   auto r = std::make_shared<Request>();
   r->units = job->req.units;
+  r->sink = sink;
+  r->owner = std::move(owner);
+  if (m.dynamic) return r;  // no spans: the handler gets the parsed request
   for (size_t k = 0; k < m.inputs.size(); ++k) {
     r->in.push_back({const_cast<char*>(job->req.in[k]), r->units * m.inputs[k].unit_bytes});
   }
   for (size_t i = 0; i < m.outputs.size(); ++i) {
     r->out.push_back({out[i], r->units * m.outputs[i].unit_bytes});
   }
-  r->sink = sink;
-  r->owner = std::move(owner);
   return r;
 }
 
@@ -42,8 +45,12 @@ std::string TimeoutMessage(double seconds) {
          " ms: the server is busy; retry later or allow a longer timeout";
 }
 
-FrontEnd::FrontEnd(py::object queue, ModelPlan plan)
-    : queue_obj_(queue), queue_(QueueOf(queue)), plan_(std::move(plan)) {
+FrontEnd::FrontEnd(py::object queue, ModelPlan plan) : queue_obj_(queue), plan_(std::move(plan)) {
+  if (plan_.dynamic) {
+    dynamic_ = std::make_shared<DynamicQueue>(queue, &plan_, plan_.limit, plan_.workers);
+  } else {
+    queue_ = QueueOf(queue);
+  }
   metadata_ = ModelMetadataJson(plan_);
   server_metadata_ = ServerMetadataJson(plan_);
   config_ = ModelConfigJson(plan_);
@@ -61,19 +68,37 @@ FrontEnd::~FrontEnd() {
   }
 }
 
+void FrontEnd::Start() {
+  if (dynamic_) dynamic_->Start();
+}
+
+void FrontEnd::StopWorkers() {
+  if (dynamic_) dynamic_->Stop();
+}
+
 bool FrontEnd::ready() const {
-  return ready_.load() && !draining_.load() && !ClosedOf(queue_.get());
+  const bool closed = dynamic_ ? dynamic_->closed() : ClosedOf(queue_.get());
+  return ready_.load() && !draining_.load() && !closed;
 }
 
 std::string FrontEnd::StatisticsJson() {
-  return serving::StatisticsJson(plan_, counters_.Copy(), StatsOf(queue_.get()));
+  const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
+  return serving::StatisticsJson(plan_, counters_.Copy(), s);
 }
 
 std::string FrontEnd::Prometheus() {
-  return serving::Prometheus(plan_, counters_.Copy(), StatsOf(queue_.get()));
+  const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
+  return serving::Prometheus(plan_, counters_.Copy(), s);
 }
 
-Error FrontEnd::Admit(const RequestPtr& r) {
+bool FrontEnd::Cancel(Request* r) { return dynamic_ ? dynamic_->Cancel(r) : CancelNative(r); }
+
+Error FrontEnd::Failure(const Request& r, const Job& job) const {
+  if (dynamic_ && r.state == RequestState::kFailed && job.failure) return job.failure;
+  return RunError(r);
+}
+
+Error FrontEnd::Admit(const RequestPtr& r, const std::shared_ptr<Job>& job) {
   // Counted before the check, so that Close() + Drain() never miss a request admitted
   // between the two.
   active += 1;
@@ -83,7 +108,8 @@ Error FrontEnd::Admit(const RequestPtr& r) {
                      " is unloading or the server is stopping: no new requests are accepted"};
   }
   int64_t in_flight = 0;
-  const int submitted = SubmitNative(queue_.get(), r, &in_flight);
+  const int submitted = dynamic_ ? dynamic_->Submit(r, job, &in_flight)
+                                 : SubmitNative(queue_.get(), r, &in_flight);
   if (submitted != 0) Answered();
   switch (submitted) {
     case 0: return {};
@@ -91,7 +117,9 @@ Error FrontEnd::Admit(const RequestPtr& r) {
       counters_.Add(&CounterValues::rejected_busy);
       return {503, "the server is busy: " + std::to_string(in_flight) + " of " +
                        std::to_string(plan_.limit) +
-                       (plan_.auto_batch ? " rows" : " micro-batches") +
+                       (plan_.dynamic      ? " requests"
+                        : plan_.auto_batch ? " rows"
+                                           : " micro-batches") +
                        " in flight (num_buffers); retry later"};
     case 2: return {503, "the model runtime is closed: no new requests are accepted"};
     default: return {500, "internal error: the request's sizes do not match the queue's"};

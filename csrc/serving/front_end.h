@@ -53,6 +53,9 @@ struct Job {
   InferRequest req;
   HttpAnswer http;
   GrpcAnswer grpc;
+  // A dynamic model's outputs (by model output), or why its handler failed.
+  std::vector<OutTensor> outputs;
+  Error failure;
   std::chrono::steady_clock::time_point start;
   std::weak_ptr<Connection> connection;  // HTTP: who answers
   // HTTP: the request's sink. A request outlives its front end when a stop gave up
@@ -71,9 +74,18 @@ Error RunError(const Request& r);
 // The answer of a request not started within `seconds` (504).
 std::string TimeoutMessage(double seconds);
 
+class DynamicQueue;
+
 class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
  public:
+  // `queue`: the ServingQueue of a fixed model, or the handler of a dynamic one
+  // (plan.dynamic; Start() starts its workers).
   FrontEnd(pybind11::object queue, ModelPlan plan);
+  void Start();
+  // A dynamic model's workers stop once what was admitted was handed over (call
+  // without the GIL, after Close()).
+  void StopWorkers();
+  bool dynamic() const { return plan_.dynamic; }
   ~FrontEnd();
 
   const ModelPlan& plan() const { return plan_; }
@@ -95,7 +107,13 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
 
   // Admits a request to the queue: no error when queued (then one more is active),
   // else its answer (503: busy, counted, or closed; 500: sizes wrong).
-  Error Admit(const RequestPtr& r);
+  Error Admit(const RequestPtr& r, const std::shared_ptr<Job>& job);
+  // Takes back a request not answered yet (its client went away, or its timeout
+  // passed): true when its sink will not be called (a fixed model's request that has
+  // not started; any dynamic model's request still queued or running).
+  bool Cancel(Request* r);
+  // The answer of a request that did not finish kDone.
+  Error Failure(const Request& r, const Job& job) const;
   // An admitted request was answered (or left the queue unanswered).
   void Answered();
 
@@ -112,7 +130,8 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
 
  private:
   pybind11::object queue_obj_;
-  std::shared_ptr<ServingQueue> queue_;
+  std::shared_ptr<ServingQueue> queue_;      // a fixed model's
+  std::shared_ptr<DynamicQueue> dynamic_;    // a dynamic model's
   ModelPlan plan_;
   Counters counters_;
   std::string metadata_, server_metadata_, config_;

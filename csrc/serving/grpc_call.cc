@@ -1,6 +1,7 @@
 // gRPC ModelInfer calls (see grpc_call.h).
 #include "grpc_call.h"
 
+#include "dynamic.h"
 #include "front_end.h"
 #include "requests.h"
 #include "text.h"
@@ -37,8 +38,11 @@ void GrpcCall::Done(int status, std::string message) {
 }
 
 void GrpcCall::Finish(const Request& r) {
-  if (r.state == RequestState::kDone) return Done(200, std::string());
-  Error e = RunError(r);
+  if (r.state == RequestState::kDone) {
+    if (fe_->dynamic()) DynamicGrpcAnswer(fe_->plan(), job_.get(), &job_->grpc);
+    return Done(200, std::string());
+  }
+  Error e = fe_->Failure(r, *job_);
   Done(e.status, std::move(e.message));
 }
 
@@ -57,7 +61,7 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
     if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
       RequestPtr r = request_;
       lock.unlock();
-      const bool cancelled = r && CancelNative(r.get());
+      const bool cancelled = r && fe_->Cancel(r.get());
       lock.lock();
       if (cancelled && !done_) {
         Done(504, TimeoutMessage(timeout));
@@ -109,7 +113,7 @@ bool GrpcCall::Cancel() {
     if (done_) return false;
     r = request_;
   }
-  if (!r || !CancelNative(r.get())) return false;
+  if (!r || !fe_->Cancel(r.get())) return false;
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) {
     Done(499, "the client cancelled the call");
@@ -135,7 +139,7 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg) {
     call->Fail(e);
     return call;
   }
-  StartGrpcAnswer(m, job->req, &job->grpc);
+  if (!m.dynamic) StartGrpcAnswer(m, job->req, &job->grpc);
   if (job->req.units == 0) {
     call->Fail({200, std::string()});
     return call;
@@ -145,7 +149,7 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg) {
     std::lock_guard<std::mutex> lock(call->mu_);
     call->request_ = r;
   }
-  if (Error e = Admit(r)) {
+  if (Error e = Admit(r, job)) {
     call->Fail(e);
   } else {
     call->admitted_ = true;

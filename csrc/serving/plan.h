@@ -45,6 +45,16 @@ struct ModelPlan {
   int64_t max_body = 64 << 20;
   std::vector<TensorPlan> inputs;
   std::vector<TensorPlan> outputs;
+  // A dynamic model (dynamic.h): shapes may hold -1 on any axis; a request is one
+  // unit, handed to a Python handler by `workers` threads.
+  bool dynamic = false;
+  int workers = 1;
+};
+
+// One output of a dynamic model's handler.
+struct OutTensor {
+  std::vector<int64_t> shape;
+  std::string data;
 };
 
 // One parsed and checked infer request: every input as `units` units of the

@@ -152,7 +152,7 @@ void Connection::Infer(HttpRequest& req) {
     Count(e.status, 0);
     return Error(e.status, e.message);
   }
-  StartHttpAnswer(m, job->req, &job->http);
+  if (!m.dynamic) StartHttpAnswer(m, job->req, &job->http);
   if (job->req.units == 0) {  // nothing to run
     FinishHttpAnswer(m, job->req, &job->http);
     Count(200, 0);
@@ -163,7 +163,7 @@ void Connection::Infer(HttpRequest& req) {
   job->connection = shared_from_this();
   job->io = io_->shared_from_this();
   RequestPtr r = MakeRequest(m, job, job->http.out, io_, job);
-  if (serving::Error e = model_->Admit(r)) {
+  if (serving::Error e = model_->Admit(r, job)) {
     Count(e.status, 0);
     return Error(e.status, e.message, e.status == 503);
   }

@@ -6,8 +6,8 @@
   sequence lengths; :func:`runtime_for` picks the runtime of a package;
 - :mod:`.server`: :class:`InferenceServer`, the KServe v2 / Triton server (HTTP, and gRPC
   through :mod:`.grpc_service`); its request path is C++ (``paddle_ipu._core``);
-- :mod:`.aiohttp_server`: :class:`~.aiohttp_server.PythonInferenceServer`, KServe v2 over HTTP
-  in Python, for packages with buckets of sequence lengths (request shapes that vary);
+- :mod:`.dynamic`: the interface of a dynamic model (request shapes that vary, BYTES
+  tensors, any Python handler), which the server hands parsed requests to;
 - :mod:`.package`: the package format; :mod:`.saved_model`: compiling a saved inference
   model into a package; :mod:`.cache`: the compile cache.
 """

@@ -34,6 +34,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from paddle_ipu import _core
+from paddle_ipu.errors import NotSupportedError
+
 __all__ = [
     "DynamicModel",
     "FunctionModel",
@@ -45,6 +48,18 @@ __all__ = [
 
 # What a dynamic model's future gives: by output name, or in the order of `outputs`.
 Outputs = Mapping[str, np.ndarray] | Sequence[np.ndarray]
+
+
+# KServe v2 datatypes of numpy dtypes: the C++ front end's table (csrc/serving/dtypes.cc).
+_NUMPY_TO_V2 = {np.dtype(numpy): v2 for v2, numpy, _ in _core.kserve_datatypes()}
+
+
+def v2_datatype(dtype: Any, name: str) -> str:
+    """The KServe v2 datatype of numpy ``dtype`` (tensor ``name``, for the error)."""
+    v2 = _NUMPY_TO_V2.get(np.dtype(dtype))
+    if v2 is None:
+        raise NotSupportedError(f"tensor {name!r}: dtype {dtype} has no KServe v2 datatype")
+    return v2
 
 
 @dataclass(frozen=True)
@@ -102,8 +117,6 @@ class RuntimeModel:
     :class:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime`."""
 
     def __init__(self, runtime: Any) -> None:
-        from paddle_ipu.serving.server import _v2_dtype
-
         self.runtime = runtime
         model = runtime.executor.model
         feed_shapes, out_shapes = runtime.request_shapes()
@@ -112,7 +125,7 @@ class RuntimeModel:
             out = []
             for spec, shape in zip(tensors, shapes):
                 name = spec.paddle_name or spec.name
-                datatype = _v2_dtype(np.dtype(spec.numpy_dtype), name)
+                datatype = v2_datatype(spec.numpy_dtype, name)
                 out.append(TensorSpec(name, datatype, tuple(int(d) for d in shape)))
             return out
 
@@ -120,7 +133,7 @@ class RuntimeModel:
         self.outputs = specs(model.outputs, out_shapes)
 
     def submit(self, feed: dict[str, np.ndarray]) -> Future[Any]:
-        return self.runtime.submit(feed)  # type: ignore[no-any-return]
+        return self.runtime.submit(feed)
 
     def close(self) -> None:
         self.runtime.close()

@@ -68,6 +68,7 @@ import numpy as np
 
 from paddle_ipu import _core
 from paddle_ipu.errors import NotSupportedError, OptionError
+from paddle_ipu.serving.dynamic import runtime_model, v2_datatype
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.repository import ModelRepository
@@ -75,16 +76,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("paddle_ipu")
 
 __all__ = ["InferenceServer"]
-
-# KServe v2 datatypes of numpy dtypes: the C++ front end's table (csrc/serving/dtypes.cc).
-_NUMPY_TO_V2 = {np.dtype(numpy): v2 for v2, numpy, _ in _core.kserve_datatypes()}
-
-
-def _v2_dtype(dtype: np.dtype, name: str) -> str:
-    v2 = _NUMPY_TO_V2.get(np.dtype(dtype))
-    if v2 is None:
-        raise NotSupportedError(f"tensor {name!r}: dtype {dtype} has no KServe v2 datatype")
-    return v2
 
 
 def _plan(
@@ -105,7 +96,7 @@ def _plan(
             out.append(
                 {
                     "name": tname,
-                    "datatype": _v2_dtype(dtype, tname),
+                    "datatype": v2_datatype(dtype, tname),
                     "shape": [int(d) for d in shape],
                     "unit_bytes": int(np.prod(unit, dtype=np.int64)) * dtype.itemsize,
                     "ranges": [
@@ -139,17 +130,73 @@ def _plan(
     }
 
 
+def _is_fixed(runtime: Any) -> bool:
+    """A fixed model: a runtime over one ServingQueue (its step buffers are fed from
+    C++); anything else is served as a dynamic model."""
+    return hasattr(runtime, "_queue") and getattr(runtime, "sequence", None) is None
+
+
 def _check_servable(runtime: Any) -> None:
-    if getattr(runtime, "sequence", None) is not None or not hasattr(runtime, "_queue"):
-        # The request path checks one fixed shape per tensor and feeds one queue; a
-        # bucketed package has a runtime per length (serving.aiohttp_server serves it).
+    if _is_fixed(runtime):
+        return
+    if not (
+        hasattr(runtime, "submit")
+        and (hasattr(runtime, "inputs") or hasattr(runtime, "request_shapes"))
+    ):
         raise NotSupportedError(
-            "a package with buckets of sequence lengths (or compiled per input shape) is "
-            "served by "
-            "paddle_ipu.serving.aiohttp_server.PythonInferenceServer (HTTP only; "
-            "`paddle-ipu serve` picks it): this server's request path checks one "
-            "fixed shape per tensor"
+            f"{type(runtime).__name__} is no model this server serves: a ModelRuntime, or a "
+            "dynamic model (paddle_ipu.serving.dynamic.DynamicModel: inputs, outputs, "
+            "submit(feed) -> Future), or a runtime with submit(feed) and request_shapes()"
         )
+
+
+def _dynamic_plan(
+    model: Any,
+    name: str,
+    version: str,
+    request_timeout_ms: float,
+    max_body: int,
+    queue_limit: int,
+    workers: int,
+) -> dict[str, Any]:
+    """The plan of a dynamic model: its declared tensors (-1: open) and its queue's
+    bound."""
+    from paddle_ipu._version import __version__
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": s.name,
+                "datatype": s.datatype,
+                "shape": [int(d) for d in s.dims],
+                "unit_bytes": 0,
+            }
+            for s in specs
+        ]
+
+    return {
+        "name": name,
+        "version": version,
+        "server_version": __version__,
+        "auto_batch": False,
+        "max_rows": 0,
+        "capacity": 1,
+        "limit": int(queue_limit),
+        "micro_batch_size": 0,
+        "batch_timeout_us": 0.0,
+        "request_timeout_s": request_timeout_ms / 1e3,
+        "max_body": max_body,
+        "inputs": tensors(model.inputs),
+        "outputs": tensors(model.outputs),
+        "dynamic": True,
+        "workers": int(workers),
+    }
+
+
+def _close(runtime: Any) -> None:
+    close = getattr(runtime, "close", None)
+    if close is not None:
+        close()
 
 
 class InferenceServer:
@@ -227,9 +274,26 @@ class InferenceServer:
             repository.attach(self)
 
     # -- the models --------------------------------------------------------------
-    def add_model(self, runtime: Any, name: str, version: str = "1") -> None:
+    def add_model(
+        self,
+        runtime: Any,
+        name: str,
+        version: str = "1",
+        *,
+        queue_limit: int = 64,
+        workers: int = 1,
+    ) -> None:
         """Serve a started runtime as ``name`` / ``version`` (READY at once; replaces
-        nothing: that version must not be served already)."""
+        nothing: that version must not be served already).
+
+        ``runtime`` is a :class:`~paddle_ipu.serving.ModelRuntime` (a fixed model: no
+        Python per request), or a dynamic model
+        (:class:`~paddle_ipu.serving.dynamic.DynamicModel`, or a runtime with
+        ``submit(feed)`` and ``request_shapes()`` such as
+        :class:`~paddle_ipu.serving.shaped.ShapeRuntime` and
+        :class:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime`): its requests
+        are parsed in C++ and handed to ``submit`` by ``workers`` threads; at most
+        ``queue_limit`` of them are in flight (503 beyond)."""
         _check_servable(runtime)
         if not name or "/" in name or not version or "/" in version:
             raise OptionError(
@@ -239,8 +303,25 @@ class InferenceServer:
         with self._models_lock:
             if (name, version) in self._models:
                 raise OptionError(f"model {name!r} version {version!r} is served already")
-            plan = _plan(runtime, name, version, self.request_timeout_ms, self.max_body)
-            front = _core.ServingFrontEnd(runtime._queue, plan)
+            if _is_fixed(runtime):
+                plan = _plan(runtime, name, version, self.request_timeout_ms, self.max_body)
+                front = _core.ServingFrontEnd(runtime._queue, plan)
+            else:
+                if queue_limit < 1 or workers < 1:
+                    raise OptionError(
+                        f"queue_limit and workers must be >= 1, got {queue_limit}, {workers}"
+                    )
+                model = runtime_model(runtime)
+                plan = _dynamic_plan(
+                    model,
+                    name,
+                    version,
+                    self.request_timeout_ms,
+                    self.max_body,
+                    queue_limit,
+                    workers,
+                )
+                front = _core.ServingFrontEnd(model, plan)
             self._models[(name, version)] = (runtime, front)
         self.server.add_model(front)
 
@@ -294,7 +375,8 @@ class InferenceServer:
                     front.active,
                     timeout,
                 )
-            runtime.close()
+            front.stop_workers()
+            _close(runtime)
             if forget:
                 self.server.forget(n, v)
             else:
@@ -390,7 +472,8 @@ class InferenceServer:
             served = list(self._models.values())
         for runtime, front in served:
             front.close()
-            runtime.close()
+            front.stop_workers()
+            _close(runtime)
         self.server.shutdown()
 
     def serve_forever(self) -> None:

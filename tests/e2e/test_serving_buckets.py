@@ -1,6 +1,7 @@
 """``paddle-ipu serve`` of a decoder saved with a -1 sequence length, through buckets of
-sequence lengths (the Python HTTP server): a real HTTP client in this process, the server
-in another, every answer equal to the decoder's own dygraph forward."""
+sequence lengths (a dynamic model of the C++ server: serving/dynamic.py): real HTTP and
+gRPC clients in this process, the server in another, every answer equal to the
+decoder's own dygraph forward."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.serving_models import ServerProcess, decoder_reference, raw, save_decoder
-
-pytest.importorskip("aiohttp")
 
 
 def _post(srv: ServerProcess, ids: np.ndarray) -> tuple[int, dict]:
@@ -36,7 +35,7 @@ def test_serve_answers_every_sequence_length_as_the_eager_decoder(tmp_path: Path
     prefix, layer = save_decoder(tmp_path)
     env = {"PADDLE_IPU_CACHE_DIR": str(tmp_path / "cache")}
     args = ["--name", "lm", "--micro-batch", "2", "--seq-buckets", "4,8,16"]
-    srv = ServerProcess(prefix, *args, env=env, grpc=False)
+    srv = ServerProcess(prefix, *args, env=env)
     try:
         status, _, body = raw(srv, "GET", "/v2/models/lm")
         meta = json.loads(body)
@@ -54,6 +53,14 @@ def test_serve_answers_every_sequence_length_as_the_eager_decoder(tmp_path: Path
             np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
         status, doc = _post(srv, np.zeros((1, 17), np.int64))
         assert status == 400 and "sequence length 17" in doc["error"], doc
+        # gRPC, which the former Python server of bucketed packages did not serve.
+        grpcclient = pytest.importorskip("tritonclient.grpc")
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        ids = rng.integers(0, 50, (2, 6)).astype(np.int64)
+        feed = grpcclient.InferInput("input_ids", list(ids.shape), "INT64")
+        feed.set_data_from_numpy(ids)
+        got = client.infer("lm", [feed]).as_numpy(meta["outputs"][0]["name"])
+        np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
     finally:
         code, _, stderr = srv.terminate()
     assert code == 0, stderr
@@ -80,6 +87,3 @@ def test_compile_and_run_a_bucketed_package_from_the_command_line(tmp_path: Path
     assert "--seq-buckets must be lengths" in capsys.readouterr().err
     assert cli.main(["serve", str(package), "--seq-buckets", "4"]) == 1
     assert "its buckets were chosen when it was compiled" in capsys.readouterr().err
-    # The Python server serves a bucketed package over HTTP alone, in one process.
-    assert cli.main(["serve", str(package), "--port", "0", "--grpc-port", "0"]) == 1
-    assert "served over HTTP by one process" in capsys.readouterr().err

@@ -1,0 +1,331 @@
+// Dynamic models' queue and answers (see dynamic.h).
+#include "dynamic.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "front_end.h"
+#include "json_tensors.h"
+#include "protobuf.h"
+#include "text.h"
+
+namespace py = pybind11;
+
+namespace paddle_ipu {
+namespace serving {
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// The HTTP status of an exception a handler raised: bad input 400, a closed or busy
+// runtime 503, else 500.
+Error HandlerError(const py::error_already_set& e) {
+  py::module_ errors = py::module_::import("paddle_ipu.errors");
+  const std::string what = py::str(e.value());
+  const std::string type = py::str(e.type().attr("__name__"));
+  auto is = [&](py::handle cls) { return e.matches(cls); };
+  if (is(errors.attr("RuntimeClosedError")) || is(errors.attr("RuntimeBusyError"))) {
+    return {503, type + ": " + what};
+  }
+  if (is(PyExc_ValueError) || is(PyExc_KeyError) || is(PyExc_TypeError) ||
+      is(PyExc_IndexError)) {
+    return {400, type + ": " + what};
+  }
+  return {500, "the model's handler failed: " + type + ": " + what};
+}
+
+// The handler's outputs, checked against the plan: a dict by name or a list in order.
+Error ReadOutputs(const ModelPlan& m, py::handle result, std::vector<OutTensor>* outs) {
+  const bool by_name = py::isinstance<py::dict>(result);
+  const py::module_ np = py::module_::import("numpy");
+  py::list listed;
+  if (!by_name) {
+    listed = py::list(py::reinterpret_borrow<py::object>(result));
+    if (listed.size() != m.outputs.size()) {
+      return {500, "the model's handler gave " + std::to_string(listed.size()) +
+                       " outputs, the model declares " + std::to_string(m.outputs.size()) +
+                       " (" + ReprNames(m.outputs, false) + ")"};
+    }
+  }
+  py::dict named = by_name ? py::reinterpret_borrow<py::dict>(result) : py::dict();
+  outs->assign(m.outputs.size(), {});
+  for (size_t i = 0; i < m.outputs.size(); ++i) {
+    const TensorPlan& t = m.outputs[i];
+    py::object value;
+    if (by_name) {
+      if (!named.contains(t.name)) {
+        return {500, "the model's handler gave no output " + Repr(t.name)};
+      }
+      value = named[py::str(t.name)];
+    } else {
+      value = listed[i];
+    }
+    py::array a = np.attr("ascontiguousarray")(value);
+    const std::string dtype = py::str(a.dtype().attr("name"));
+    if (dtype != NumpyName(t.dtype)) {
+      return {500, "output " + Repr(t.name) + ": the model declares " + V2Name(t.dtype) +
+                       " (" + NumpyName(t.dtype) + "), its handler gave " + dtype};
+    }
+    OutTensor& o = (*outs)[i];
+    for (py::ssize_t d = 0; d < a.ndim(); ++d) o.shape.push_back(a.shape(d));
+    bool fits = o.shape.size() == t.shape.size();
+    for (size_t d = 0; fits && d < o.shape.size(); ++d) {
+      fits = t.shape[d] < 0 || t.shape[d] == o.shape[d];
+    }
+    if (!fits) {
+      return {500, "output " + Repr(t.name) + ": the model declares shape " + ShapeStr(t.shape) +
+                       ", its handler gave " + ShapeStr(o.shape)};
+    }
+    o.data.assign(static_cast<const char*>(a.data()), static_cast<size_t>(a.nbytes()));
+  }
+  return {};
+}
+
+}  // namespace
+
+DynamicQueue::DynamicQueue(py::object model, const ModelPlan* plan, int64_t limit, int workers)
+    : model_(std::move(model)), plan_(plan), limit_(limit), workers_(workers) {}
+
+DynamicQueue::~DynamicQueue() {
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.detach();
+  }
+  if (Py_IsInitialized()) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    model_ = py::object();
+    PyGILState_Release(gil);
+  } else {
+    model_.release();
+  }
+}
+
+void DynamicQueue::Start() {
+  auto self = shared_from_this();
+  for (int i = 0; i < workers_; ++i) threads_.emplace_back([self] { self->Loop(); });
+}
+
+int DynamicQueue::Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t* in_flight) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *in_flight = in_flight_;
+  if (closed_) return 2;
+  if (in_flight_ >= limit_) return 1;
+  auto item = std::make_shared<Item>();
+  item->r = r;
+  item->job = std::move(job);
+  item->arrived = std::chrono::steady_clock::now();
+  r->state = RequestState::kQueued;
+  queued_.push_back(std::move(item));
+  in_flight_ += 1;
+  cv_.notify_one();
+  return 0;
+}
+
+bool DynamicQueue::Cancel(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (r->state != RequestState::kQueued && r->state != RequestState::kStarted) return false;
+  for (auto it = queued_.begin(); it != queued_.end(); ++it) {
+    if ((*it)->r.get() == r) {
+      r->state = RequestState::kCancelled;
+      queued_.erase(it);  // no Python object yet: released without the GIL
+      in_flight_ -= 1;
+      return true;
+    }
+  }
+  auto it = started_.find(r);
+  if (it == started_.end()) return false;
+  r->state = RequestState::kCancelled;
+  cancels_.push_back(it->second);  // its future is cancelled by a worker
+  cv_.notify_one();
+  return true;
+}
+
+void DynamicQueue::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) {
+    if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+  }
+}
+
+bool DynamicQueue::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+QueueStats DynamicQueue::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  QueueStats s = stats_;
+  s.in_flight = in_flight_;
+  return s;
+}
+
+void DynamicQueue::Loop() {
+  for (;;) {
+    std::shared_ptr<Item> item;
+    std::vector<std::shared_ptr<Item>> cancels;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return closed_ || !queued_.empty() || !cancels_.empty(); });
+      cancels.swap(cancels_);
+      if (!queued_.empty()) {
+        item = std::move(queued_.front());
+        queued_.pop_front();
+        item->r->state = RequestState::kStarted;
+        started_[item->r.get()] = item;
+        item->started = std::chrono::steady_clock::now();
+        stats_.queue_seconds += Seconds(item->started - item->arrived);
+      } else if (cancels.empty()) {
+        return;  // closed, nothing left
+      }
+    }
+    py::gil_scoped_acquire gil;  // the items' futures are released with it
+    for (const auto& c : cancels) {
+      if (c->future) c->future.attr("cancel")();
+    }
+    cancels.clear();
+    if (item) Handle(item);
+    item.reset();
+  }
+}
+
+void DynamicQueue::Handle(const std::shared_ptr<Item>& item) {
+  const ModelPlan& m = *plan_;
+  const InferRequest& req = item->job->req;
+  try {
+    py::dict feed;
+    for (size_t k = 0; k < m.inputs.size(); ++k) {
+      const TensorPlan& t = m.inputs[k];
+      const std::vector<int64_t>& shape = req.in_shapes[k];
+      feed[py::str(t.name)] = py::array(py::dtype(NumpyName(t.dtype)), shape, req.in[k]);
+    }
+    py::object future = model_.attr("submit")(feed);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      item->future = future;
+    }
+    std::weak_ptr<DynamicQueue> weak = shared_from_this();
+    future.attr("add_done_callback")(py::cpp_function([weak, item](py::handle f) {
+      if (auto self = weak.lock()) self->Done(item, f);
+    }));
+  } catch (py::error_already_set& e) {
+    item->job->failure = HandlerError(e);
+    Finish(item, RequestState::kFailed);
+  }
+}
+
+void DynamicQueue::Done(const std::shared_ptr<Item>& item, py::handle future) {
+  RequestState state = RequestState::kDone;
+  try {
+    if (future.attr("cancelled")().cast<bool>()) {
+      state = RequestState::kCancelled;
+    } else {
+      py::object result = future.attr("result")();
+      if (Error e = ReadOutputs(*plan_, result, &item->job->outputs)) {
+        item->job->failure = e;
+        state = RequestState::kFailed;
+      }
+    }
+  } catch (py::error_already_set& e) {
+    item->job->failure = HandlerError(e);
+    state = RequestState::kFailed;
+  }
+  Finish(item, state);
+}
+
+// With the GIL: the request leaves the queue; its sink answers it unless cancelled.
+void DynamicQueue::Finish(const std::shared_ptr<Item>& item, RequestState state) {
+  bool deliver = false;
+  py::object future;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_.erase(item->r.get()) == 0) return;  // answered already
+    in_flight_ -= 1;
+    stats_.runs += 1;
+    stats_.requests += 1;
+    stats_.units += 1;
+    if (state != RequestState::kDone) stats_.failed_runs += 1;
+    stats_.busy_seconds += Seconds(std::chrono::steady_clock::now() - item->started);
+    deliver = item->r->state == RequestState::kStarted;
+    if (deliver) {
+      item->r->state = state;
+      if (state == RequestState::kFailed) item->r->error_message = item->job->failure.message;
+    }
+    future = std::move(item->future);
+  }
+  if (deliver) item->r->sink->Deliver({item->r});
+  (void)future;  // released here, with the GIL
+}
+
+// -- answers ------------------------------------------------------------------------
+
+namespace {
+
+void JsonHead(const ModelPlan& m, const InferRequest& r, std::string* b) {
+  *b = "{\"model_name\":" + Quote(m.name) + ",\"model_version\":" + Quote(m.version);
+  if (!r.id.empty()) *b += ",\"id\":" + Quote(r.id);
+  *b += ",\"outputs\":[";
+}
+
+}  // namespace
+
+void DynamicHttpAnswer(const ModelPlan& m, Job* job, HttpAnswer* a) {
+  const InferRequest& r = job->req;
+  std::string& b = a->body;
+  JsonHead(m, r, &b);
+  bool any_binary = false;
+  for (size_t i = 0; i < r.want.size(); ++i) {
+    const size_t k = static_cast<size_t>(r.want[i]);
+    const TensorPlan& t = m.outputs[k];
+    const OutTensor& o = job->outputs[k];
+    if (i) b += ",";
+    b += "{\"name\":" + Quote(t.name) + ",\"datatype\":\"" + V2Name(t.dtype) +
+         "\",\"shape\":" + ShapeStr(o.shape);
+    if (r.binary[i]) {
+      any_binary = true;
+      b += ",\"parameters\":{\"binary_data_size\":" + std::to_string(o.data.size()) + "}}";
+    } else {
+      b += ",\"data\":";
+      RenderJsonData(t.dtype, o.data.data(),
+                     static_cast<int64_t>(o.data.size()) / ElemSize(t.dtype), &b);
+      b += "}";
+    }
+  }
+  b += "]}";
+  a->header_length = -1;
+  if (any_binary) {
+    a->header_length = static_cast<int64_t>(b.size());
+    for (size_t i = 0; i < r.want.size(); ++i) {
+      if (r.binary[i]) b += job->outputs[static_cast<size_t>(r.want[i])].data;
+    }
+  }
+}
+
+void DynamicGrpcAnswer(const ModelPlan& m, Job* job, GrpcAnswer* a) {
+  const InferRequest& r = job->req;
+  std::string& b = a->body;
+  b.clear();
+  PutBytes(&b, 1, m.name);
+  PutBytes(&b, 2, m.version);
+  if (!r.id.empty()) PutBytes(&b, 3, r.id);
+  for (int idx : r.want) {
+    const TensorPlan& t = m.outputs[static_cast<size_t>(idx)];
+    std::string o, packed;
+    PutBytes(&o, 1, t.name);
+    PutBytes(&o, 2, V2Name(t.dtype));
+    for (int64_t d : job->outputs[static_cast<size_t>(idx)].shape) {
+      PutVarint(&packed, static_cast<uint64_t>(d));
+    }
+    PutBytes(&o, 3, packed);
+    PutBytes(&b, 5, o);
+  }
+  for (int idx : r.want) PutBytes(&b, 6, job->outputs[static_cast<size_t>(idx)].data);
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu
