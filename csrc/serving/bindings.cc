@@ -29,7 +29,7 @@ TensorPlan TensorFrom(const py::dict& d) {
   if (t.dtype == DType::kInvalid) throw py::value_error("unknown KServe datatype " + dt);
   t.shape = d["shape"].cast<std::vector<int64_t>>();
   t.unit_bytes = d["unit_bytes"].cast<int64_t>();
-  t.unit_elems = t.unit_bytes / ElemSize(t.dtype);
+  t.unit_elems = ElemSize(t.dtype) ? t.unit_bytes / ElemSize(t.dtype) : 0;  // BYTES: 0
   if (d.contains("ranges")) {
     for (const py::handle h : d["ranges"]) {
       const py::dict r = h.cast<py::dict>();

@@ -23,22 +23,50 @@ bool Valid(DType t) {
 
 const DTypeInfo& Info(DType t) { return kTypes[static_cast<int>(t)]; }
 
-const char* V2Name(DType t) { return Valid(t) ? Info(t).v2 : "INVALID"; }
-const char* NumpyName(DType t) { return Valid(t) ? Info(t).numpy : "invalid"; }
+const char* V2Name(DType t) {
+  if (t == DType::kBytes) return "BYTES";
+  return Valid(t) ? Info(t).v2 : "INVALID";
+}
+const char* NumpyName(DType t) {
+  if (t == DType::kBytes) return "object";
+  return Valid(t) ? Info(t).numpy : "invalid";
+}
 int64_t ElemSize(DType t) { return Valid(t) ? Info(t).size : 0; }
 
 DType FromV2(std::string_view name) {
   for (int i = 0; i < kDTypeCount; ++i) {
     if (name == kTypes[i].v2) return static_cast<DType>(i);
   }
-  return DType::kInvalid;
+  return name == "BYTES" ? DType::kBytes : DType::kInvalid;
 }
 
-std::string ConfigName(DType t) { return std::string("TYPE_") + V2Name(t); }
+std::string ConfigName(DType t) {
+  return t == DType::kBytes ? "TYPE_STRING" : std::string("TYPE_") + V2Name(t);
+}
+
+int64_t BytesElements(std::string_view data) {
+  int64_t n = 0;
+  size_t at = 0;
+  while (at < data.size()) {
+    if (data.size() - at < 4) return -1;
+    const uint32_t len = Load<uint32_t>(data.data() + at);
+    at += 4;
+    if (data.size() - at < len) return -1;
+    at += len;
+    ++n;
+  }
+  return n;
+}
+
+void PutBytesElement(std::string* out, std::string_view element) {
+  const uint32_t len = static_cast<uint32_t>(element.size());
+  out->append(reinterpret_cast<const char*>(&len), 4);
+  out->append(element);
+}
 
 bool IsInt(DType t) {
   return t != DType::kBool && t != DType::kFp16 && t != DType::kFp32 && t != DType::kFp64 &&
-         t != DType::kInvalid;
+         t != DType::kBytes && t != DType::kInvalid;
 }
 
 bool SafeCast(DType from, DType to) {

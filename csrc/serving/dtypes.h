@@ -12,8 +12,8 @@
 namespace paddle_ipu {
 namespace serving {
 
-// KServe v2 datatypes (BYTES is no tensor dtype a model here takes), in the order of
-// the table's rows.
+// KServe v2 datatypes, in the order of the table's rows; BYTES (variable-size
+// elements, which only dynamic models take: dynamic.h) is after the table.
 enum class DType : int {
   kBool = 0,
   kUint8,
@@ -27,10 +27,12 @@ enum class DType : int {
   kFp16,
   kFp32,
   kFp64,
+  kBytes,
   kInvalid
 };
 
-constexpr int kDTypeCount = static_cast<int>(DType::kInvalid);
+// The fixed-size datatypes (the table's rows).
+constexpr int kDTypeCount = static_cast<int>(DType::kBytes);
 
 // One row of the table.
 struct DTypeInfo {
@@ -50,6 +52,12 @@ const char* NumpyName(DType t);
 std::string ConfigName(DType t);
 
 bool IsInt(DType t);
+
+// BYTES tensors travel as their elements one after the other, each a 4-byte
+// little-endian length and that many bytes (the binary extension's, raw contents').
+// The number of elements of `data` in that form, or -1 when it is not in that form.
+int64_t BytesElements(std::string_view data);
+void PutBytesElement(std::string* out, std::string_view element);
 // The casts a feed may take (IpuExecutor.feed_cast's _SAFE_CASTS): the model's
 // dtype `to` from the request's `from`.
 bool SafeCast(DType from, DType to);

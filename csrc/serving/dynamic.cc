@@ -3,6 +3,7 @@
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "front_end.h"
 #include "json_tensors.h"
@@ -37,6 +38,39 @@ Error HandlerError(const py::error_already_set& e) {
   return {500, "the model's handler failed: " + type + ": " + what};
 }
 
+bool ShapeFits(const TensorPlan& t, const std::vector<int64_t>& shape) {
+  bool fits = shape.size() == t.shape.size();
+  for (size_t d = 0; fits && d < shape.size(); ++d) fits = t.shape[d] < 0 || t.shape[d] == shape[d];
+  return fits;
+}
+
+// A BYTES output: an array of bytes (or str: UTF-8) elements, length-prefixed.
+Error ReadBytes(const TensorPlan& t, py::array a, OutTensor* o) {
+  const std::string kind = py::str(a.dtype().attr("kind"));
+  if (kind != "O" && kind != "S" && kind != "U") {
+    return {500, "output " + Repr(t.name) + ": the model declares BYTES (an object array of "
+                 "bytes), its handler gave " + std::string(py::str(a.dtype().attr("name")))};
+  }
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) o->shape.push_back(a.shape(d));
+  if (!ShapeFits(t, o->shape)) {
+    return {500, "output " + Repr(t.name) + ": the model declares shape " + ShapeStr(t.shape) +
+                     ", its handler gave " + ShapeStr(o->shape)};
+  }
+  for (py::handle e : py::list(a.attr("reshape")(-1).attr("tolist")())) {
+    if (PyBytes_Check(e.ptr())) {
+      PutBytesElement(&o->data, std::string_view(PyBytes_AS_STRING(e.ptr()),
+                                                 static_cast<size_t>(PyBytes_GET_SIZE(e.ptr()))));
+    } else if (PyUnicode_Check(e.ptr())) {
+      PutBytesElement(&o->data, std::string(py::str(e)));
+    } else {
+      return {500, "output " + Repr(t.name) + ": a BYTES element is " +
+                       std::string(py::str(py::type::of(e).attr("__name__"))) +
+                       ", not bytes or str"};
+    }
+  }
+  return {};
+}
+
 // The handler's outputs, checked against the plan: a dict by name or a list in order.
 Error ReadOutputs(const ModelPlan& m, py::handle result, std::vector<OutTensor>* outs) {
   const bool by_name = py::isinstance<py::dict>(result);
@@ -63,6 +97,10 @@ Error ReadOutputs(const ModelPlan& m, py::handle result, std::vector<OutTensor>*
     } else {
       value = listed[i];
     }
+    if (t.dtype == DType::kBytes) {
+      if (Error e = ReadBytes(t, np.attr("asarray")(value), &(*outs)[i])) return e;
+      continue;
+    }
     py::array a = np.attr("ascontiguousarray")(value);
     const std::string dtype = py::str(a.dtype().attr("name"));
     if (dtype != NumpyName(t.dtype)) {
@@ -71,17 +109,29 @@ Error ReadOutputs(const ModelPlan& m, py::handle result, std::vector<OutTensor>*
     }
     OutTensor& o = (*outs)[i];
     for (py::ssize_t d = 0; d < a.ndim(); ++d) o.shape.push_back(a.shape(d));
-    bool fits = o.shape.size() == t.shape.size();
-    for (size_t d = 0; fits && d < o.shape.size(); ++d) {
-      fits = t.shape[d] < 0 || t.shape[d] == o.shape[d];
-    }
-    if (!fits) {
+    if (!ShapeFits(t, o.shape)) {
       return {500, "output " + Repr(t.name) + ": the model declares shape " + ShapeStr(t.shape) +
                        ", its handler gave " + ShapeStr(o.shape)};
     }
     o.data.assign(static_cast<const char*>(a.data()), static_cast<size_t>(a.nbytes()));
   }
   return {};
+}
+
+// A BYTES input (checked: Elements(shape) length-prefixed elements at `p`) as a numpy
+// object array of bytes.
+py::object BytesArray(const char* p, const std::vector<int64_t>& shape) {
+  const int64_t n = Elements(shape);
+  py::list items(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t len = Load<uint32_t>(p);
+    items[static_cast<size_t>(i)] = py::bytes(p + 4, len);
+    p += 4 + len;
+  }
+  const py::module_ np = py::module_::import("numpy");
+  py::object a = np.attr("empty")(n, py::arg("dtype") = "object");
+  a[py::slice(0, n, 1)] = items;
+  return a.attr("reshape")(py::cast(shape));
 }
 
 }  // namespace
@@ -166,10 +216,15 @@ QueueStats DynamicQueue::Stats() {
 }
 
 void DynamicQueue::Loop() {
+  // One Python thread state for the thread's life (its threading.local values, such
+  // as Paddle's static-graph mode, persist as in any Python thread); the GIL is let
+  // go while the thread waits.
+  py::gil_scoped_acquire python;
   for (;;) {
     std::shared_ptr<Item> item;
     std::vector<std::shared_ptr<Item>> cancels;
     {
+      py::gil_scoped_release nogil;
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return closed_ || !queued_.empty() || !cancels_.empty(); });
       cancels.swap(cancels_);
@@ -184,7 +239,6 @@ void DynamicQueue::Loop() {
         return;  // closed, nothing left
       }
     }
-    py::gil_scoped_acquire gil;  // the items' futures are released with it
     for (const auto& c : cancels) {
       if (c->future) c->future.attr("cancel")();
     }
@@ -202,7 +256,11 @@ void DynamicQueue::Handle(const std::shared_ptr<Item>& item) {
     for (size_t k = 0; k < m.inputs.size(); ++k) {
       const TensorPlan& t = m.inputs[k];
       const std::vector<int64_t>& shape = req.in_shapes[k];
-      feed[py::str(t.name)] = py::array(py::dtype(NumpyName(t.dtype)), shape, req.in[k]);
+      if (t.dtype == DType::kBytes) {
+        feed[py::str(t.name)] = BytesArray(req.in[k], shape);
+      } else {
+        feed[py::str(t.name)] = py::array(py::dtype(NumpyName(t.dtype)), shape, req.in[k]);
+      }
     }
     py::object future = model_.attr("submit")(feed);
     {
@@ -215,6 +273,9 @@ void DynamicQueue::Handle(const std::shared_ptr<Item>& item) {
     }));
   } catch (py::error_already_set& e) {
     item->job->failure = HandlerError(e);
+    Finish(item, RequestState::kFailed);
+  } catch (const std::exception& e) {
+    item->job->failure = {500, std::string("the model's request failed: ") + e.what()};
     Finish(item, RequestState::kFailed);
   }
 }
@@ -233,6 +294,9 @@ void DynamicQueue::Done(const std::shared_ptr<Item>& item, py::handle future) {
     }
   } catch (py::error_already_set& e) {
     item->job->failure = HandlerError(e);
+    state = RequestState::kFailed;
+  } catch (const std::exception& e) {
+    item->job->failure = {500, std::string("the model's answer failed: ") + e.what()};
     state = RequestState::kFailed;
   }
   Finish(item, state);
@@ -291,8 +355,12 @@ void DynamicHttpAnswer(const ModelPlan& m, Job* job, HttpAnswer* a) {
       b += ",\"parameters\":{\"binary_data_size\":" + std::to_string(o.data.size()) + "}}";
     } else {
       b += ",\"data\":";
-      RenderJsonData(t.dtype, o.data.data(),
-                     static_cast<int64_t>(o.data.size()) / ElemSize(t.dtype), &b);
+      if (t.dtype == DType::kBytes) {
+        RenderJsonBytes(o.data, &b);
+      } else {
+        RenderJsonData(t.dtype, o.data.data(),
+                       static_cast<int64_t>(o.data.size()) / ElemSize(t.dtype), &b);
+      }
       b += "}";
     }
   }

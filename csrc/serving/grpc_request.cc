@@ -40,6 +40,19 @@ int ContentsField(DType t) {
 // A repeated scalar field of InferTensorContents, packed or not, into `out` as
 // elements of `t`; false when a value does not fit `t`.
 bool PbContents(std::string_view msg, DType t, std::string* out, int64_t* count) {
+  if (t == DType::kBytes) {  // bytes_contents: one field per element
+    Wire w(msg);
+    while (w.ok && !w.done()) {
+      const uint64_t tag = w.Varint();
+      if (static_cast<int>(tag >> 3) == 8 && (tag & 7) == 2) {
+        PutBytesElement(out, w.Bytes());
+        ++*count;
+      } else {
+        w.Skip(static_cast<int>(tag & 7));
+      }
+    }
+    return w.ok;
+  }
   const int field = ContentsField(t);
   if (field == 0) return false;
   const int64_t size = ElemSize(t);
@@ -235,7 +248,15 @@ Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r) 
       }
       data = typed;
     }
-    if (static_cast<int64_t>(data.size()) != bytes) {
+    if (d == DType::kBytes) {
+      const int64_t n = BytesElements(data);
+      if (n != Elements(in.shape)) {
+        return {400, "input " + Repr(t.name) + ": shape " + ShapeStr(in.shape) + " has " +
+                         std::to_string(Elements(in.shape)) + " elements, its BYTES data holds " +
+                         (n < 0 ? std::string("no whole number of length-prefixed elements")
+                                : std::to_string(n))};
+      }
+    } else if (static_cast<int64_t>(data.size()) != bytes) {
       return {400, "input " + Repr(t.name) + ": shape " + ShapeStr(in.shape) + " of " +
                        V2Name(d) + " takes " + std::to_string(bytes) + " bytes, received " +
                        std::to_string(data.size())};

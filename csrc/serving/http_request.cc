@@ -138,9 +138,28 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
     if (Error e = CheckShape(m, t, dims, r, &first)) return e;
     r->in_shapes[k] = dims;
     const int64_t count = Elements(dims);
-    const int64_t bytes = count * ElemSize(d);
+    int64_t bytes = count * ElemSize(d);
     const json::object* params = ObjectMember(o, "parameters");
     const json::value* size = Member(params, "binary_data_size");
+    if (size && !size->is_null() && d == DType::kBytes) {
+      // Elements of any length: the size says where the tensor ends, then its
+      // elements are counted.
+      bytes = size->is_int64() ? size->get_int64() : -1;
+      if (bytes < 0) {
+        return {400, "input " + Repr(name) + ": binary_data_size must be an int >= 0, got " +
+                         Short(*size)};
+      }
+      if (offset + static_cast<size_t>(bytes) <= blob.size()) {
+        const int64_t n = BytesElements(blob.substr(offset, static_cast<size_t>(bytes)));
+        if (n != count) {
+          return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " has " +
+                           std::to_string(count) + " elements, its " + std::to_string(bytes) +
+                           " bytes of BYTES data hold " +
+                           (n < 0 ? std::string("no whole number of length-prefixed elements")
+                                  : std::to_string(n))};
+        }
+      }
+    }
     if (size && !size->is_null()) {
       if (!size->is_int64() || size->get_int64() != bytes) {
         return {400, "input " + Repr(name) + ": binary_data_size is " + Short(*size) +

@@ -2,6 +2,8 @@
 // (boost/json/src.hpp: header-only, no Boost library to link).
 #include "json_tensors.h"
 
+#include "text.h"
+
 #include <boost/json/src.hpp>
 
 #include <charconv>
@@ -113,7 +115,38 @@ void RenderNumbers(const char* p, int64_t n, std::string* out) {
   out->push_back(']');
 }
 
+// BYTES: the strings of `v`, flattened, each as a length-prefixed element.
+bool FlattenStrings(const json::value& v, std::string* out, int64_t* count,
+                    const json::value** bad) {
+  if (v.is_array()) {
+    for (const json::value& e : v.get_array()) {
+      if (!FlattenStrings(e, out, count, bad)) return false;
+    }
+    return true;
+  }
+  if (!v.is_string()) {
+    *bad = &v;
+    return false;
+  }
+  const json::string& s = v.get_string();
+  PutBytesElement(out, std::string_view(s.data(), s.size()));
+  ++*count;
+  return true;
+}
+
 }  // namespace
+
+void RenderJsonBytes(std::string_view data, std::string* out) {
+  out->push_back('[');
+  size_t at = 0;
+  for (bool first = true; at + 4 <= data.size(); first = false) {
+    const uint32_t len = Load<uint32_t>(data.data() + at);
+    if (!first) out->push_back(',');
+    *out += Quote(ValidUtf8(std::string(data.substr(at + 4, len))));
+    at += 4 + len;
+  }
+  out->push_back(']');
+}
 
 bool JsonTensor(DType t, const json::value& v, std::string* out, int64_t* count,
                 const json::value** bad) {
@@ -136,6 +169,7 @@ bool JsonTensor(DType t, const json::value& v, std::string* out, int64_t* count,
       });
     case DType::kFp32: return FlattenAs<float>(v, out, count, bad);
     case DType::kFp64: return FlattenAs<double>(v, out, count, bad);
+    case DType::kBytes: return FlattenStrings(v, out, count, bad);
     default: return false;
   }
 }

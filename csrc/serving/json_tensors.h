@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "dtypes.h"
 
@@ -21,6 +22,9 @@ bool JsonTensor(DType t, const boost::json::value& v, std::string* out, int64_t*
 // Appends the `n` elements of `t` at `p` to `out` as a flat JSON list, written as
 // Python's json writes them (NaN, Infinity).
 void RenderJsonData(DType t, const char* p, int64_t n, std::string* out);
+// A BYTES tensor (length-prefixed elements) as a flat JSON list of strings (bytes
+// that are not UTF-8 replaced).
+void RenderJsonBytes(std::string_view data, std::string* out);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -15,8 +15,10 @@ The interface (:class:`DynamicModel`) is small:
   of ``bytes``); returns a :class:`concurrent.futures.Future` of the outputs, either
   ``{output name: numpy array}`` or a list in the order of ``outputs``.  The future
   may be cancelled by the server (the request timed out, or its client went away).
-  ``submit`` may raise: a :class:`~paddle_ipu.errors.PaddleIpuError` is answered 400
-  (it names what was wrong with the request), anything else 500;
+  ``submit`` (or the future) may raise: a ``ValueError``, ``KeyError``, ``TypeError``
+  or ``IndexError`` (:class:`~paddle_ipu.errors.FeedError` among them) is answered
+  400 with its message (name the input), a closed or busy runtime 503, anything else
+  500;
 - ``close()`` (optional): called once the model is unloaded or the server stops.
 
 :class:`FunctionModel` makes one from a plain callable ``{name: array} -> {name:

@@ -35,6 +35,24 @@ without the GIL; the queue reads its inputs from the request body and writes its
 outputs into the response body; the runtime's worker takes the GIL once per graph run.
 No Python runs per request (gRPC: grpcio's own handler, then the same C++ path).
 
+Dynamic models (request shapes that vary beyond the rows, BYTES tensors, Python code:
+:mod:`paddle_ipu.serving.dynamic`) take the same routes and policies; their requests
+are parsed and checked in C++ (each input against its declared dims, -1 open) and a
+worker thread of the front end hands them to the model's handler, so Python runs once
+per request for them.  The handler interface:
+
+- ``inputs`` / ``outputs``: sequences of
+  :class:`~paddle_ipu.serving.dynamic.TensorSpec` (``name``, KServe v2 ``datatype``
+  such as ``"FP32"``, ``"UINT8"`` or ``"BYTES"``, ``dims`` with -1 where open);
+- ``submit(feed: dict[str, np.ndarray]) -> concurrent.futures.Future`` of
+  ``dict[str, np.ndarray]`` or a list in the order of ``outputs`` (BYTES: object
+  arrays of ``bytes``); the server may cancel the future (timeout, client gone);
+- ``close()`` (optional), once the model is unloaded.
+
+:class:`~paddle_ipu.serving.dynamic.FunctionModel` wraps a plain callable;
+:class:`~paddle_ipu.serving.shaped.ShapeRuntime` and
+:class:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime` are served as they are.
+
 Policies:
 
 - the queue is bounded (the runtime's ``num_buffers``): a request that does not fit

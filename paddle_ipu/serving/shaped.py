@@ -115,10 +115,15 @@ class ShapeRuntime:
         return self.shapes.executor(keys[0])
 
     def request_shapes(self) -> tuple[list[list[int]], list[list[int]]]:
-        """The declared shapes of the feeds (-1: open); the outputs' are those of the
-        first shape, with -1 where the batch is."""
+        """The declared shapes of the feeds (-1: open); the outputs' are -1 on every
+        axis when a feed leaves a dimension besides the batch open (their sizes follow
+        the input shape), else those of the first shape with -1 where the batch is."""
         feeds_ = [list(shape) for shape in self.policy.declared.values()]
-        outs = [[-1, *s.shape[1:]] for s in self.executor.model.outputs]
+        open_ = any(d < 0 for shape in feeds_ for d in shape[1:])
+        outs = [
+            [-1] * len(s.shape) if open_ else [-1, *s.shape[1:]]
+            for s in self.executor.model.outputs
+        ]
         return feeds_, outs
 
     def run(self, feed: Mapping[str, Any], timeout: float | None = None) -> list[np.ndarray]:

@@ -15,8 +15,8 @@ from paddle_ipu.serving import dynamic
 
 #: The Open Inference Protocol's "Tensor Data Types" table: name -> size in bytes
 #: (https://kserve.github.io/website/0.10/modelserving/data_plane/v2_protocol/); BYTES
-#: (variable size, up to 2**32) and BF16 (no numpy dtype) are no tensor dtype a model here
-#: takes.
+#: (variable size, up to 2**32: only dynamic models take it, serving/dynamic.py) and BF16
+#: (no numpy dtype) are not in the table of fixed-size datatypes.
 SPEC = {
     "BOOL": 1,
     "UINT8": 1,
@@ -85,12 +85,20 @@ def test_the_cpp_parser_names_the_table_for_an_unknown_datatype() -> None:
     }  # fmt: skip
     fe = _core.ServingFrontEnd(queue, plan)
     try:
-        body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1, 2], "data": [1, 2]}]}
+        body = {"inputs": [{"name": "x", "datatype": "BF16", "shape": [1, 2], "data": [1, 2]}]}
         status, message, parsed = fe.parse_http(json.dumps(body).encode())
         assert (status, parsed) == (400, None)
         listed = ", ".join(repr(v2) for v2, _, _ in ROWS)
         assert message == (
-            f"input 'x': datatype 'BYTES' is not supported; use FP32 (one of [{listed}])"
+            f"input 'x': datatype 'BF16' is not supported; use FP32 (one of [{listed}])"
+        )
+        # BYTES is a datatype the server knows (dynamic models take it); a fixed
+        # model's FP32 input does not.
+        body = {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
+        status, message, parsed = fe.parse_http(json.dumps(body).encode())
+        assert (status, parsed) == (400, None)
+        assert message == (
+            "input 'x': expected datatype FP32, received BYTES (the model takes FP32, FP16, FP64)"
         )
     finally:
         fe.shutdown()

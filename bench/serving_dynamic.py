@@ -1,0 +1,92 @@
+"""Server CPU per request of the same model served as a fixed model (no Python per
+request) and as a dynamic one (a handler called once per request).
+
+One small compiled model (a 16 -> 4 linear layer, micro-batch 16, auto-batching with a
+2 ms timeout) behind two runtimes in one server: ``fixed`` (its ModelRuntime's queue
+fed from C++) and ``dynamic`` (a RuntimeModel over another ModelRuntime: the C++ front
+end hands each parsed request to its ``submit``).  ``wrk`` (Debian's package) posts a
+one-row JSON request on ``--connections`` connections for ``--seconds`` to each in
+turn; the CPU is this process's (user + system, ``resource.getrusage``) over the run,
+divided by the requests wrk completed.
+
+    python bench/serving_dynamic.py [--connections 16] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _runtime() -> Any:
+    import paddle
+
+    import paddle_ipu
+    from paddle_ipu.compiler import compile_program
+    from paddle_ipu.executor import executor_for
+    from paddle_ipu.serving.model_runtime import ModelRuntime
+
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 16], "float32")
+        y = paddle.nn.Linear(16, 4)(x)
+    paddle.static.Executor(paddle.CPUPlace()).run(startup)
+    model = compile_program(
+        main, ["x"], [y], scope=paddle.static.global_scope(), micro_batch_size=16
+    )
+    strategy = paddle_ipu.IpuStrategy()
+    strategy.set_graph_config(is_training=False, micro_batch_size=16)
+    return ModelRuntime(executor_for(model, strategy), timeout_ms=2.0)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+
+    from paddle_ipu.serving.dynamic import RuntimeModel
+    from paddle_ipu.serving.server import InferenceServer
+
+    server = InferenceServer(_runtime(), name="fixed", port=0, threads=1)
+    server.add_model(RuntimeModel(_runtime()), "dynamic", queue_limit=1024)
+    server.start()
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
+    )
+    script = Path(tempfile.mkdtemp()) / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(body)}\n"
+    )
+    print(f"{'model':>8} {'req/s':>9} {'CPU µs/req':>11}")
+    try:
+        for name in ("fixed", "dynamic", "fixed", "dynamic"):
+            url = f"http://127.0.0.1:{server.port}/v2/models/{name}/infer"
+            before = _cpu()
+            load = ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds:g}s"]
+            out = subprocess.run(
+                [*load, "-s", str(script), url], capture_output=True, text=True, check=True
+            ).stdout
+            cpu = _cpu() - before
+            requests = int(next(ln for ln in out.splitlines() if "requests in" in ln).split()[0])
+            if "Non-2xx" in out:
+                raise RuntimeError(f"{name}: wrk saw errors:\n{out}")
+            print(f"{name:>8} {requests / args.seconds:>9.0f} {cpu / requests * 1e6:>11.1f}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
