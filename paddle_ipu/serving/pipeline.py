@@ -11,7 +11,7 @@ process: no client round trip.  A pipeline is a dynamic model
 Its definition (``config.json``'s ``"pipeline"`` key in a model repository, or the
 same dictionary given to :func:`parse_pipeline`)::
 
-    {"inputs":  [{"name": "image", "datatype": "BYTES", "dims": [1], "optional": true}],
+    {"inputs":  [{"name": "image", "datatype": "BYTES", "dims": [1]}],
      "outputs": [{"name": "text", "datatype": "BYTES", "dims": [-1]}],
      "host_workers": 4,
      "steps": [
@@ -24,8 +24,7 @@ same dictionary given to :func:`parse_pipeline`)::
         ...]}
 
 - ``inputs`` / ``outputs``: the pipeline's tensors: a KServe v2 ``datatype`` and
-  ``dims`` (-1: any size); an input marked ``optional`` may be left out of a request
-  (its steps get None).
+  ``dims`` (-1: any size); every input is required.
 - a step is a model step (``model``, optional ``version``: the newest served one
   without) or a host step (``function``: ``"module:function"``, a module importable
   from the repository's directory -- ``DIR/module.py`` -- or installed).  ``inputs``
@@ -94,7 +93,6 @@ class Step:
 class PipelineConfig:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    optional: frozenset[str]
     steps: tuple[Step, ...]
     host_workers: int = 4
 
@@ -103,15 +101,15 @@ def _fail(where: str, key: str, message: str) -> OptionError:
     return OptionError(f"{where}: {key!r} {message}")
 
 
-def _tensors(where: str, key: str, value: Any) -> tuple[list[TensorSpec], set[str]]:
+def _tensors(where: str, key: str, value: Any) -> list[TensorSpec]:
     if not isinstance(value, list) or not value:
         raise _fail(where, key, f"must be a non-empty list of tensors, got {value!r}")
-    specs, optional = [], set()
+    specs = []
     for i, doc in enumerate(value):
         k = f"{key}[{i}]"
         if not isinstance(doc, dict) or not {"name", "datatype", "dims"} <= set(doc):
             raise _fail(where, k, f"must be {{'name', 'datatype', 'dims'}}, got {doc!r}")
-        extra = sorted(set(doc) - {"name", "datatype", "dims", "optional"})
+        extra = sorted(set(doc) - {"name", "datatype", "dims"})
         if extra:
             raise _fail(where, k, f"has unknown keys {extra}")
         name, datatype, dims = doc["name"], doc["datatype"], doc["dims"]
@@ -125,15 +123,11 @@ def _tensors(where: str, key: str, value: Any) -> tuple[list[TensorSpec], set[st
             isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in dims
         ):
             raise _fail(where, f"{k}.dims", f"must be a list of sizes (-1: any), got {dims!r}")
-        if doc.get("optional", False):
-            if key != "pipeline.inputs":
-                raise _fail(where, f"{k}.optional", "is for inputs only")
-            optional.add(name)
         specs.append(TensorSpec(name, datatype, tuple(dims)))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise _fail(where, key, f"names a tensor twice: {names}")
-    return specs, optional
+    return specs
 
 
 def _mapping(where: str, key: str, value: Any) -> tuple[tuple[str, str], ...]:
@@ -160,8 +154,8 @@ def parse_pipeline(doc: Any, where: str = "pipeline") -> PipelineConfig:
     for key in ("inputs", "outputs", "steps"):
         if key not in doc:
             raise _fail(where, f"pipeline.{key}", "is missing")
-    inputs, optional = _tensors(where, "pipeline.inputs", doc["inputs"])
-    outputs, _ = _tensors(where, "pipeline.outputs", doc["outputs"])
+    inputs = _tensors(where, "pipeline.inputs", doc["inputs"])
+    outputs = _tensors(where, "pipeline.outputs", doc["outputs"])
     workers = doc.get("host_workers", 4)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise _fail(where, "pipeline.host_workers", f"must be an integer >= 1, got {workers!r}")
@@ -227,7 +221,7 @@ def parse_pipeline(doc: Any, where: str = "pipeline") -> PipelineConfig:
     for spec in outputs:
         if spec.name not in produced:
             raise _fail(where, "pipeline.outputs", f"names {spec.name!r}, which no step produces")
-    return PipelineConfig(tuple(inputs), tuple(outputs), frozenset(optional), tuple(steps), workers)
+    return PipelineConfig(tuple(inputs), tuple(outputs), tuple(steps), workers)
 
 
 def load_function(target: str, search: Path | None = None) -> Callable[..., Any]:
@@ -329,8 +323,7 @@ class Pipeline:
     # -- requests ---------------------------------------------------------------------
     def _check(self, feed: Mapping[str, Any]) -> dict[str, Any]:
         declared = [
-            (s.name, s.datatype, _V2_TO_NUMPY[s.datatype], s.dims, s.name in self.config.optional)
-            for s in self.config.inputs
+            (s.name, s.datatype, _V2_TO_NUMPY[s.datatype], s.dims) for s in self.config.inputs
         ]
         return dict(feeds.check_typed_request(f"pipeline {self.name!r}", declared, feed))
 

@@ -50,6 +50,14 @@ def check(reference: list[ocr.Line], got: list[ocr.Line], name: str) -> None:
         assert abs(a.score - b.score) <= SCORE, (name, a.score, b.score)
 
 
+def pixels_pipeline(pipeline: Any) -> Any:
+    """The pipeline ``ocr_pixels`` over the same model runtimes as ``pipeline``."""
+    from paddle_ipu.serving.ocr import PIXELS_PIPELINE
+    from paddle_ipu.serving.pipeline import Pipeline
+
+    return Pipeline(PIXELS_PIPELINE, pipeline._lookup, name="ocr_pixels")
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from paddle_ipu.serving.ocr import write_repository
@@ -68,7 +76,7 @@ def test_the_pipeline_reads_as_the_cpu_pipeline(
     pipeline: Any, text_images: list[Any], cpu_lines: list[list[ocr.Line]]
 ) -> None:
     """Each image as PNG bytes (and as BGR pixels), one request at a time."""
-    assert [s.name for s in pipeline.inputs] == ["image", "pixels"]
+    assert [(s.name, s.datatype) for s in pipeline.inputs] == [("image", "BYTES")]
     assert [(s.name, s.datatype) for s in pipeline.outputs] == [
         ("boxes", "FP32"),
         ("text", "BYTES"),
@@ -76,8 +84,9 @@ def test_the_pipeline_reads_as_the_cpu_pipeline(
     ]
     for image, reference in zip(text_images, cpu_lines):
         check(reference, lines(pipeline.run({"image": encode(image.image)}, 600)), image.name)
-    for image, reference in list(zip(text_images, cpu_lines))[:3]:
-        check(reference, lines(pipeline.run({"pixels": image.image}, 600)), image.name)
+    with pixels_pipeline(pipeline) as pixels:
+        for image, reference in list(zip(text_images, cpu_lines))[:3]:
+            check(reference, lines(pixels.run({"pixels": image.image}, 600)), image.name)
 
 
 def test_concurrent_requests_batch_in_the_models(
@@ -104,14 +113,15 @@ def test_concurrent_requests_batch_in_the_models(
 
 def test_no_text_and_bad_images(pipeline: Any) -> None:
     blank = np.full((64, 200, 3), 255, np.uint8)
-    out = pipeline.run({"pixels": blank}, 600)
-    assert out["boxes"].shape == (0, 4, 2) and out["text"].shape == (0,)
+    with pixels_pipeline(pipeline) as pixels:
+        out = pixels.run({"pixels": blank}, 600)
+        assert out["boxes"].shape == (0, 4, 2) and out["text"].shape == (0,)
+        with pytest.raises(FeedError, match=r"input 'pixels' must be UINT8"):
+            pixels.submit({"pixels": blank.astype(np.float32)})
     with pytest.raises(PipelineStepError, match=r"step 'prepare'.*UnidentifiedImageError"):
         pipeline.run({"image": np.array([b"not an image"], dtype=object)}, 60)
-    with pytest.raises(PipelineStepError, match=r"step 'prepare'.*exactly one of"):
-        pipeline.run({}, 60)
-    with pytest.raises(FeedError, match=r"input 'pixels' must be UINT8"):
-        pipeline.submit({"pixels": blank.astype(np.float32)})
+    with pytest.raises(FeedError, match=r"input 'image' is missing"):
+        pipeline.submit({})
 
 
 def test_repository_layout(tmp_path: Path) -> None:
@@ -119,7 +129,7 @@ def test_repository_layout(tmp_path: Path) -> None:
     from paddle_ipu.serving.repository import read_config
 
     root = write_repository(tmp_path)
-    assert sorted(p.name for p in root.iterdir()) == sorted([*MODELS, "ocr"])
+    assert sorted(p.name for p in root.iterdir()) == sorted([*MODELS, "ocr", "ocr_pixels"])
     config = read_config(root / "ocr")
     assert config.pipeline is not None
     assert [s.target for s in config.pipeline.steps if s.kind == "model"] == [
