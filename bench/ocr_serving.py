@@ -91,13 +91,16 @@ def _rss_mb(pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--pool", default="", help="pool sizes (default: --concurrency)")
+    parser.add_argument(
+        "--pool", default="", help="pool sizes (default: --concurrency; none: no pool)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    pools = [int(c) for c in (args.pool or args.concurrency).split(",")]
+    pool_arg = args.pool or args.concurrency
+    pools = [] if pool_arg == "none" else [int(c) for c in pool_arg.split(",")]
 
     from paddle_ipu.serving.ocr import write_repository
     from paddle_ipu.serving.repository import ModelRepository
