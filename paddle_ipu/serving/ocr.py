@@ -142,7 +142,9 @@ _engine: Any = None
 
 def engine() -> Any:
     """rapidocr-paddle's ``RapidOCR`` with the configuration the package ships, its
-    Paddle Inference sessions left out (made once)."""
+    Paddle Inference sessions left out (made once: while it is made, the package's
+    session class is replaced in its three modules, so a ``RapidOCR`` made at that
+    moment on another thread would have no sessions either)."""
     global _engine
     with _engine_lock:
         if _engine is None:
