@@ -173,3 +173,9 @@ class PipelineStepError(IpuError, RuntimeError):
     def __init__(self, message: str, step: str = "") -> None:
         super().__init__(message)
         self.step = step
+
+
+class PipelineInputError(PipelineStepError, ValueError):
+    """A step of a pipeline refused what the request sent (its own exception was a
+    ValueError: an image that does not decode, a shape a model refuses): the server
+    answers it as bad input (400)."""

@@ -200,10 +200,16 @@ def _replay(part: Any, attr: str, crops: list[np.ndarray], outputs: list[np.ndar
 def prepare(image: np.ndarray) -> dict[str, Any]:
     """The detector's input for one encoded image (as ``RapidOCR.__call__`` prepares
     it)."""
+    from PIL import UnidentifiedImageError
+
     content = image.reshape(-1)[0]
     if not isinstance(content, bytes):
         raise ValueError(f"input 'image' must hold bytes, got {type(content).__name__}")
-    return _prepare(engine().load_img(content))
+    try:
+        img = engine().load_img(content)
+    except UnidentifiedImageError as exc:
+        raise ValueError(f"input 'image' ({len(content)} bytes) is no image: {exc}") from exc
+    return _prepare(img)
 
 
 def prepare_pixels(pixels: np.ndarray) -> dict[str, Any]:

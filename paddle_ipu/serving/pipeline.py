@@ -42,7 +42,8 @@ A bad definition is refused when the model loads, with an :class:`OptionError`
 naming the key (``pipeline.steps[2].inputs``).  A request missing an input, or with
 a wrong datatype or shape, gets a :class:`FeedError` naming the input.  A step that
 fails fails its request only, with a :class:`PipelineStepError` naming the pipeline,
-the step and the cause.
+the step and the cause (a :class:`PipelineInputError`, also a ValueError, when the
+step's own exception was a ValueError: the request's fault, answered 400 when served).
 """
 
 from __future__ import annotations
@@ -60,7 +61,12 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu import _core
-from paddle_ipu.errors import OptionError, PipelineStepError, RuntimeClosedError
+from paddle_ipu.errors import (
+    OptionError,
+    PipelineInputError,
+    PipelineStepError,
+    RuntimeClosedError,
+)
 from paddle_ipu.executor import feeds
 from paddle_ipu.serving.dynamic import TensorSpec
 
@@ -359,7 +365,8 @@ class Pipeline:
 
     def _error(self, request: _Request, step: Step, exc: BaseException) -> None:
         what = f"model {step.target!r}" if step.kind == "model" else f"function {step.target!r}"
-        error = PipelineStepError(
+        kind = PipelineInputError if isinstance(exc, ValueError) else PipelineStepError
+        error = kind(
             f"pipeline {self.name!r}, step {step.name!r} ({what}): {type(exc).__name__}: {exc}",
             step=step.name,
         )

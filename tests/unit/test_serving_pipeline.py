@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paddle_ipu.errors import FeedError, OptionError, PipelineStepError
+from paddle_ipu.errors import FeedError, OptionError, PipelineInputError, PipelineStepError
 from paddle_ipu.serving.pipeline import Pipeline, parse_pipeline
 from paddle_ipu.serving.repository import ModelRepository, read_config
 
@@ -136,12 +136,17 @@ def test_a_failing_step_fails_its_request_naming_the_step() -> None:
         ) as info:
             pipeline.run({"x": np.ones((2, 3), np.float32)}, timeout=10)
         assert info.value.step == "split" and isinstance(info.value.__cause__, ValueError)
+        # the step's ValueError: the request's fault (answered 400 when served)
+        assert isinstance(info.value, PipelineInputError)
     failing = Pipeline(definition(), {"add1": AddOne(fail=True)}, name="p")
     with (
         failing as pipeline,
-        pytest.raises(PipelineStepError, match=r"step 'add' \(model 'add1'\).*graph run failed"),
+        pytest.raises(
+            PipelineStepError, match=r"step 'add' \(model 'add1'\).*graph run failed"
+        ) as failed,
     ):
         pipeline.run({"x": np.ones((2, 3), np.float32)}, timeout=10)
+    assert not isinstance(failed.value, ValueError)  # a RuntimeError: the server's fault
     # a model that is not there: named with the step
     missing = Pipeline(definition(), {"other": AddOne()}, name="p")
     with (

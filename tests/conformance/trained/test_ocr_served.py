@@ -118,8 +118,9 @@ def test_http_and_grpc_read_as_the_cpu_pipeline(
 def test_a_bad_image_is_answered_naming_the_step(server: ServerProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
     bad = np.array([b"not an image"], dtype=object)
-    with pytest.raises(InferenceServerException, match=r"step 'prepare'"):
+    with pytest.raises(InferenceServerException, match=r"step 'prepare'.*is no image") as info:
         http.infer("ocr", _inputs(httpclient, bad))
+    assert info.value.status() == "400", info.value
     # the server goes on serving
     assert http.is_model_ready("ocr")
 
