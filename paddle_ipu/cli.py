@@ -381,6 +381,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise OptionError("--model-control-mode and --load-model apply to --model-repository")
     if args.workers > 1:
         return _serve_workers(args)
+    if args.metrics_port is not None:
+        raise OptionError(
+            "--metrics-port gathers the metrics of --workers > 1 processes; one process "
+            "answers GET /metrics on --port itself"
+        )
     package = _load_or_compile(
         args.model,
         args.micro_batch,
@@ -401,7 +406,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     # A package of sequence buckets or compiled per input shape is a dynamic model: its
     # requests are parsed in C++ and handed to the runtime's submit (serving/dynamic.py).
-    InferenceServer(
+    server = InferenceServer(
         runtime,
         name=args.name,
         host=args.host,
@@ -411,7 +416,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         request_timeout_ms=args.request_timeout_ms,
         max_body_mb=args.max_body_mb,
         reuse_port=args.reuse_port,
-    ).serve_forever()
+        instances=args.instances or 1,
+        access_log=args.access_log,
+        warmup=args.warmup,
+        drain_grace_s=args.drain_grace_s,
+    )
+    sock = None
+    if args.worker_metrics_socket:  # a --workers process: the parent gathers its metrics
+        from paddle_ipu.serving.workers import WorkerMetricsSocket
+
+        sock = WorkerMetricsSocket(args.worker_metrics_socket, server.prometheus)
+    try:
+        server.serve_forever()
+    finally:
+        if sock is not None:
+            sock.close()
     return 0
 
 
@@ -428,10 +447,16 @@ def _serve_repository(args: argparse.Namespace) -> int:
     from paddle_ipu.serving.repository import ModelRepository
     from paddle_ipu.serving.server import InferenceServer
 
-    if args.workers > 1 or args.seq_buckets or args.input_shapes or args.pad_value:
+    if (
+        args.workers > 1
+        or args.metrics_port is not None
+        or args.seq_buckets
+        or args.input_shapes
+        or args.pad_value
+    ):
         raise OptionError(
-            "--model-repository takes --workers 1, and no --seq-buckets, --pad-value or "
-            "--input-shapes (a model's options are in its config.json)"
+            "--model-repository takes --workers 1 (no --metrics-port), and no --seq-buckets, "
+            "--pad-value or --input-shapes (a model's options are in its config.json)"
         )
     repository = ModelRepository(
         args.model_repository,
@@ -452,6 +477,9 @@ def _serve_repository(args: argparse.Namespace) -> int:
         max_body_mb=args.max_body_mb,
         reuse_port=args.reuse_port,
         repository=repository,
+        access_log=args.access_log,
+        warmup=args.warmup,
+        drain_grace_s=args.drain_grace_s,
     ).serve_forever()
     return 0
 
@@ -461,6 +489,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     spreads the connections), each with its own model runtime, so that every core can
     run the graph and the interpreter.  SIGTERM/SIGINT are passed on to every worker,
     which drains; the exit status is the worst of theirs."""
+    import os
     import signal
     import subprocess
     import sys
@@ -480,7 +509,25 @@ def _serve_workers(args: argparse.Namespace) -> int:
     )
     _refuse_tail(package, _SERVE_WHY)
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
-    children = [subprocess.Popen(argv) for _ in range(args.workers)]
+    sockets: list[str] = []
+    metrics = None
+    if args.metrics_port is not None:
+        import tempfile
+
+        from paddle_ipu.serving.workers import WorkersMetricsServer
+
+        where = tempfile.mkdtemp(prefix="paddle-ipu-workers-")
+        sockets = [os.path.join(where, f"worker-{i}.sock") for i in range(args.workers)]
+        metrics = WorkersMetricsServer(args.host, args.metrics_port, sockets)
+        print(
+            f"paddle-ipu: metrics of {args.workers} workers on "
+            f"http://{args.host}:{metrics.port}/metrics",
+            flush=True,
+        )
+    children = [
+        subprocess.Popen(argv + (["--worker-metrics-socket", sockets[i]] if sockets else []))
+        for i in range(args.workers)
+    ]
 
     def forward(sig: int, _frame: Any) -> None:
         for child in children:
@@ -490,11 +537,16 @@ def _serve_workers(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
     codes = [child.wait() for child in children]
+    if metrics is not None:
+        import shutil
+
+        metrics.close()
+        shutil.rmtree(os.path.dirname(sockets[0]), ignore_errors=True)
     return max(abs(c) for c in codes)
 
 
 def _worker_argv(args: argparse.Namespace) -> list[str]:
-    out = ["serve", args.model, "--workers", "1", "--reuse-port"]
+    out = ["serve", args.model, "--workers", "1", "--reuse-port", "--instances", str(args.workers)]
     if args.spin:
         out.append("--spin")
     for flag in (
@@ -509,6 +561,9 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
         "threads",
         "request_timeout_ms",
         "max_body_mb",
+        "access_log",
+        "warmup",
+        "drain_grace_s",
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -649,11 +704,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body (64)")
     p.add_argument(
+        "--access-log",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="one JSON line per inference request, appended to PATH (no PATH: stderr)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="graph runs made before readiness turns 200 (0)",
+    )
+    p.add_argument(
+        "--drain-grace-s",
+        type=float,
+        default=0.0,
+        help="on SIGTERM: readiness 503 at once, listeners close after this long (0)",
+    )
+    p.add_argument(
         "--spin",
         action="store_true",
         help="let the host backend's threads spin between runs (off: they sleep)",
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    # A --workers process: how many serve the model (the configuration's instance_group),
+    # and where the parent asks for its metrics (--metrics-port).
+    p.add_argument("--instances", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-metrics-socket", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="with --workers: every worker's /metrics in one scrape on this port",
+    )
     p.add_argument("--name", default="model", help="the model name in URLs (model)")
     p.add_argument("--micro-batch", type=int, default=16, help="when compiling a prefix (16)")
     p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")

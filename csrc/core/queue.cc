@@ -465,6 +465,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       }
       if (r->state == RequestState::kQueued) {
         r->state = RequestState::kStarted;
+        r->started = now;
         stats_.queue_seconds += Seconds(now - r->arrived);
       }
       const int64_t count = std::min(r->units - r->taken, capacity_ - filled);
@@ -501,7 +502,10 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   // With mu_ held.
   void EndRun(const std::vector<Piece>& pieces, double busy, bool failed, int64_t finished) {
     int64_t filled = 0;
-    for (const Piece& p : pieces) filled = std::max(filled, p.offset + p.count);
+    for (const Piece& p : pieces) {
+      filled = std::max(filled, p.offset + p.count);
+      p.request->compute_seconds += busy;
+    }
     stats_.runs += 1;
     stats_.units += filled;
     stats_.padded_units += capacity_ - filled;

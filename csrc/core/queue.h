@@ -68,6 +68,8 @@ struct Request {
   int64_t done = 0;   // units whose outputs were written
   RequestState state = RequestState::kQueued;
   Clock::time_point arrived;
+  Clock::time_point started{};  // put into its first run (state kStarted)
+  double compute_seconds = 0;   // the graph runs it was part of, summed
   PyObject* error = nullptr;  // owned; set (with the GIL) when failed
   PyObject* token = nullptr;  // owned; handed back to Python when finished
   std::condition_variable finished;

@@ -58,6 +58,8 @@ ModelPlan PlanFrom(const py::dict& d) {
   m.batch_timeout_us = d["batch_timeout_us"].cast<double>();
   m.request_timeout_s = d["request_timeout_s"].cast<double>();
   m.max_body = d["max_body"].cast<int64_t>();
+  if (d.contains("instance_count")) m.instance_count = d["instance_count"].cast<int64_t>();
+  if (d.contains("instance_kind")) m.instance_kind = d["instance_kind"].cast<std::string>();
   for (const py::handle h : d["inputs"]) m.inputs.push_back(TensorFrom(h.cast<py::dict>()));
   for (const py::handle h : d["outputs"]) m.outputs.push_back(TensorFrom(h.cast<py::dict>()));
   if (d.contains("dynamic")) m.dynamic = d["dynamic"].cast<bool>();
@@ -160,12 +162,14 @@ void RegisterServing(py::module_& m) {
       .def_property_readonly("active", [](FrontEnd& f) { return f.active.load(); })
       .def(
           "grpc_infer",
-          [](FrontEnd& f, py::bytes msg) {
+          [](FrontEnd& f, py::bytes msg, std::string traceparent) {
             std::string data = msg;  // a copy: no Python object stays with the request
             py::gil_scoped_release nogil;
-            return f.GrpcInfer(std::move(data));
+            return f.GrpcInfer(std::move(data), std::move(traceparent));
           },
-          py::arg("message"), "Parse, check and queue a serialized ModelInferRequest.")
+          py::arg("message"), py::arg("traceparent") = std::string(),
+          "Parse, check and queue a serialized ModelInferRequest (traceparent: the\n"
+          "call's W3C trace context, for the access log).")
       .def("server_metadata_json", [](FrontEnd& f) { return f.server_metadata(); })
       .def("metadata_json", [](FrontEnd& f) { return f.metadata(); })
       .def("config_json", [](FrontEnd& f) { return f.config(); })
@@ -252,13 +256,18 @@ void RegisterServing(py::module_& m) {
       .def("shutdown", &Server::Shutdown, py::call_guard<py::gil_scoped_release>())
       .def(
           "grpc_infer",
-          [](Server& s, py::bytes msg) {
+          [](Server& s, py::bytes msg, std::string traceparent) {
             std::string data = msg;
             py::gil_scoped_release nogil;
-            return s.GrpcInfer(std::move(data));
+            return s.GrpcInfer(std::move(data), std::move(traceparent));
           },
-          py::arg("message"),
-          "Route a serialized ModelInferRequest to its model; parse, check and queue it.")
+          py::arg("message"), py::arg("traceparent") = std::string(),
+          "Route a serialized ModelInferRequest to its model; parse, check and queue it\n"
+          "(traceparent: the call's W3C trace context, for the access log).")
+      .def("open_access_log", &Server::OpenAccessLog, py::arg("path"),
+           "Write one JSON line per inference request to path ('-': standard error),\n"
+           "before start_http.")
+      .def("flush_access_log", &Server::FlushAccessLog, py::call_guard<py::gil_scoped_release>())
       .def("enable_control", &Server::EnableControl,
            "Hand HTTP load / unload requests to next_control() (else they are refused).")
       .def(

@@ -239,5 +239,23 @@ void WantAll(const ModelPlan& m, bool binary, InferRequest* r) {
   }
 }
 
+Error OtherParameter(std::string_view name, bool is_default) {
+  if (name == "priority") {
+    if (is_default) return {};
+    return {400, "parameter 'priority' is not implemented: this server has one priority "
+                 "level (only 0, the default, is accepted)"};
+  }
+  if (name == "sequence_id" || name == "sequence_start" || name == "sequence_end") {
+    if (is_default) return {};
+    return {400, "parameter " + Repr(name) +
+                     " is not implemented: this server serves stateless models (no sequence "
+                     "batching; only the default, 0, \"\" or false, is accepted)"};
+  }
+  return {400, "parameter " + Repr(name) +
+                   " is not implemented: this server implements the request parameters "
+                   "'timeout' and 'binary_data_output' (and 'priority', 'sequence_id', "
+                   "'sequence_start', 'sequence_end' at their defaults)"};
+}
+
 }  // namespace serving
 }  // namespace paddle_ipu

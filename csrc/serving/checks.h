@@ -43,5 +43,12 @@ Error WantOutput(const ModelPlan& m, size_t idx, bool binary, InferRequest* r);
 // Asks for every output of the model.
 void WantAll(const ModelPlan& m, bool binary, InferRequest* r);
 
+// A request-level parameter other than the ones the parsers implement (timeout,
+// binary_data_output): Triton's reserved ones (priority, sequence_id,
+// sequence_start, sequence_end) pass only with their default value (`is_default`:
+// 0, "" or false, which asks for what this server does); any other name is refused,
+// as there is no backend to hand a custom parameter to.
+Error OtherParameter(std::string_view name, bool is_default);
+
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -24,6 +24,22 @@ namespace {
 // Seconds a client is told to wait before retrying a busy or draining server.
 constexpr const char* kRetryAfter = "1";
 
+// The model and version an infer URL names: /v2/models/{m}[/versions/{v}]/infer.
+void ModelOfTarget(std::string_view t, std::string_view* model, std::string_view* version) {
+  constexpr std::string_view kModels = "/v2/models/", kVersions = "/versions/";
+  if (const size_t q = t.find('?'); q != std::string_view::npos) t = t.substr(0, q);
+  if (t.substr(0, kModels.size()) != kModels) return;
+  t = t.substr(kModels.size());
+  const size_t slash = t.find('/');
+  *model = t.substr(0, slash);
+  if (slash == std::string_view::npos) return;
+  t = t.substr(slash);
+  if (t.substr(0, kVersions.size()) == kVersions) {
+    t = t.substr(kVersions.size());
+    *version = t.substr(0, t.find('/'));
+  }
+}
+
 }  // namespace
 
 Connection::Connection(tcp::socket sock, Listener* io, Server* srv)
@@ -85,6 +101,8 @@ void Connection::ReadBody() {
 
 void Connection::OnRead(beast::error_code ec) {
   busy_ = true;
+  start_ = std::chrono::steady_clock::now();
+  request_id_.clear();
   if (ec) {
     close_after_ = true;
     if (ec == http::error::body_limit) {
@@ -103,7 +121,6 @@ void Connection::OnRead(beast::error_code ec) {
     }
     return Close();  // the client closed the connection, or a socket error
   }
-  start_ = std::chrono::steady_clock::now();
   keep_alive_ = parser_->get().keep_alive();
   Route();
 }
@@ -133,8 +150,21 @@ void Connection::Error(int status, const std::string& message, bool retry) {
   Write(static_cast<http::status>(status), ErrorJson(message), "application/json", -1, retry);
 }
 
-void Connection::Count(int status, int64_t rows) {
-  (model_ ? model_->counters() : srv_->unrouted())->Done(status, rows, std::chrono::steady_clock::now() - start_);
+void Connection::Count(int status, int64_t rows, const Request* ran) {
+  AccessEntry e;
+  e.status = status;
+  e.rows = rows;
+  if (srv_->logging() && parser_) {
+    const auto& req = parser_->get();
+    ModelOfTarget(std::string_view(req.target().data(), req.target().size()), &e.model,
+                  &e.version);
+    if (e.version.empty() && model_) e.version = model_->plan().version;  // the one served
+    e.id = request_id_;
+    if (auto it = req.find("traceparent"); it != req.end()) {
+      e.trace = std::string_view(it->value().data(), it->value().size());
+    }
+  }
+  (model_ ? model_->counters() : srv_->unrouted())->Record(e, start_, ran);
 }
 
 void Connection::Watch() {
@@ -170,7 +200,7 @@ void Connection::OnTimeout(beast::error_code ec) {
   const double t = timeout_s_;
   Finished();
   Count(504, 0);
-  Error(504, TimeoutMessage(t));
+  Error(504, TimeoutMessage(t, model_->dynamic()));
 }
 
 // The request left the queue: release what held the connection and the counters.
@@ -199,13 +229,13 @@ void Connection::Answer(const RequestPtr& r) {
     } else {
       FinishHttpAnswer(m, job->req, &job->http);
     }
-    Count(200, job->req.rows);
+    Count(200, job->req.rows, r.get());
     const bool bin = job->http.header_length >= 0;
     return Write(http::status::ok, std::move(job->http.body),
                  bin ? "application/octet-stream" : "application/json", job->http.header_length);
   }
   const serving::Error e = model_->Failure(*r, *job);
-  Count(e.status, 0);
+  Count(e.status, 0, r.get());
   Error(e.status, e.message, e.status == 503);
 }
 

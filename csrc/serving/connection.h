@@ -60,7 +60,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Write(boost::beast::http::status status, std::string body, const char* type,
              int64_t header_length = -1, bool retry = false, const char* allow = nullptr);
   void Error(int status, const std::string& message, bool retry = false);
-  void Count(int status, int64_t rows);
+  // An inference request's answer: the counters and the access log (`ran`: the
+  // queue's request, when it ran).
+  void Count(int status, int64_t rows, const Request* ran = nullptr);
 
   void Watch();
   void OnReadable(boost::beast::error_code ec);
@@ -83,6 +85,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool gone_ = false;
   double timeout_s_ = 0;
   std::chrono::steady_clock::time_point start_;
+  std::string request_id_;  // the infer request's id, for the access log
   RequestPtr request_;
   std::shared_ptr<Job> job_;
   std::shared_ptr<Connection> hold_;  // itself, while a request waits in the queue

@@ -98,7 +98,9 @@ Error ReadOutputs(const ModelPlan& m, py::handle result, std::vector<OutTensor>*
       value = listed[i];
     }
     if (t.dtype == DType::kBytes) {
-      if (Error e = ReadBytes(t, np.attr("asarray")(value), &(*outs)[i])) return e;
+      // An object array: numpy's fixed-width bytes ("S") would drop trailing zero bytes.
+      py::object arr = np.attr("asarray")(value, py::arg("dtype") = "object");
+      if (Error e = ReadBytes(t, arr, &(*outs)[i])) return e;
       continue;
     }
     py::array a = np.attr("ascontiguousarray")(value);
@@ -166,6 +168,7 @@ int DynamicQueue::Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t*
   item->r = r;
   item->job = std::move(job);
   item->arrived = std::chrono::steady_clock::now();
+  r->arrived = item->arrived;
   r->state = RequestState::kQueued;
   queued_.push_back(std::move(item));
   in_flight_ += 1;
@@ -234,6 +237,7 @@ void DynamicQueue::Loop() {
         item->r->state = RequestState::kStarted;
         started_[item->r.get()] = item;
         item->started = std::chrono::steady_clock::now();
+        item->r->started = item->started;
         stats_.queue_seconds += Seconds(item->started - item->arrived);
       } else if (cancels.empty()) {
         return;  // closed, nothing left
@@ -314,7 +318,9 @@ void DynamicQueue::Finish(const std::shared_ptr<Item>& item, RequestState state)
     stats_.requests += 1;
     stats_.units += 1;
     if (state != RequestState::kDone) stats_.failed_runs += 1;
-    stats_.busy_seconds += Seconds(std::chrono::steady_clock::now() - item->started);
+    const double busy = Seconds(std::chrono::steady_clock::now() - item->started);
+    stats_.busy_seconds += busy;
+    item->r->compute_seconds = busy;  // the handler's time: its future's
     deliver = item->r->state == RequestState::kStarted;
     if (deliver) {
       item->r->state = state;

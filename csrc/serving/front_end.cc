@@ -38,9 +38,13 @@ Error RunError(const Request& r) {
   return {500, "inference failed: " + r.error_message};
 }
 
-std::string TimeoutMessage(double seconds) {
+std::string TimeoutMessage(double seconds, bool dynamic) {
   char ms[32];
   std::snprintf(ms, sizeof(ms), "%g", seconds * 1e3);
+  if (dynamic) {  // its future was cancelled: a result that comes later is dropped
+    return std::string("the model did not answer within the request's timeout of ") + ms +
+           " ms: the server is busy; retry later or allow a longer timeout";
+  }
   return std::string("the request was not started within its timeout of ") + ms +
          " ms: the server is busy; retry later or allow a longer timeout";
 }
@@ -88,7 +92,7 @@ std::string FrontEnd::StatisticsJson() {
 
 std::string FrontEnd::Prometheus() {
   const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
-  return serving::Prometheus(plan_, counters_.Copy(), s);
+  return serving::Prometheus(plan_, counters_.Copy(), s, active.load());
 }
 
 bool FrontEnd::Cancel(Request* r) { return dynamic_ ? dynamic_->Cancel(r) : CancelNative(r); }

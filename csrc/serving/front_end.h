@@ -72,7 +72,8 @@ RequestPtr MakeRequest(const ModelPlan& m, const std::shared_ptr<Job>& job,
 // kDone): 503 when the runtime closed, else 500.
 Error RunError(const Request& r);
 // The answer of a request not started within `seconds` (504).
-std::string TimeoutMessage(double seconds);
+// (A dynamic model's request: not answered within them.)
+std::string TimeoutMessage(double seconds, bool dynamic = false);
 
 class DynamicQueue;
 
@@ -122,7 +123,8 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   bool Drain(double timeout);
 
   // gRPC (grpc_call.cc).
-  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg);
+  // `trace`: the call's traceparent metadata ("" when none), for the access log.
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
 
   std::atomic<int64_t> active{0};  // requests admitted, not answered
 

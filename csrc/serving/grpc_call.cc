@@ -38,6 +38,7 @@ void GrpcCall::Done(int status, std::string message) {
 }
 
 void GrpcCall::Finish(const Request& r) {
+  RanTimes(r, &queue_s_, &compute_s_);
   if (r.state == RequestState::kDone) {
     if (fe_->dynamic()) DynamicGrpcAnswer(fe_->plan(), job_.get(), &job_->grpc);
     return Done(200, std::string());
@@ -64,7 +65,7 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
       const bool cancelled = r && fe_->Cancel(r.get());
       lock.lock();
       if (cancelled && !done_) {
-        Done(504, TimeoutMessage(timeout));
+        Done(504, TimeoutMessage(timeout, fe_ && fe_->dynamic()));
         counters->Add(&CounterValues::timed_out);
       }
     }
@@ -72,10 +73,17 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
   cv_.wait(lock, [this] { return done_; });
 }
 
-std::shared_ptr<GrpcCall> GrpcCall::Refused(const Error& e, std::shared_ptr<Counters> counters) {
+std::shared_ptr<GrpcCall> GrpcCall::Refused(const Error& e, std::shared_ptr<Counters> counters,
+                                            std::string trace, std::string_view model,
+                                            std::string_view version) {
   auto call = std::make_shared<GrpcCall>();
   call->job_ = std::make_shared<Job>();
   call->job_->start = std::chrono::steady_clock::now();
+  call->trace_ = std::move(trace);
+  // The names, kept in the job's body for the access log's line.
+  call->job_->body = std::string(model) + std::string(version);
+  call->job_->req.model = std::string_view(call->job_->body).substr(0, model.size());
+  call->job_->req.version = std::string_view(call->job_->body).substr(model.size());
   call->unrouted_ = std::move(counters);
   call->Fail(e);
   return call;
@@ -94,7 +102,18 @@ int GrpcCall::Result(double timeout) {
   Wait(t, counters());
   const int status = status_;
   const int64_t rows = status == 200 && job_ ? job_->req.rows : 0;
-  counters()->Done(status, rows, std::chrono::steady_clock::now() - job_->start);
+  AccessEntry e;
+  e.protocol = "grpc";
+  e.status = status;
+  e.rows = rows;
+  e.id = job_->req.id;
+  e.model = job_->req.model;
+  e.version = job_->req.version;
+  if (e.version.empty() && fe_) e.version = fe_->plan().version;  // the one served
+  e.trace = trace_;
+  e.queue_s = queue_s_;
+  e.compute_s = compute_s_;
+  counters()->Record(e, job_->start, nullptr);
   if (admitted_) {  // it left the queue: one less in flight
     admitted_ = false;
     fe_->Answered();
@@ -123,8 +142,9 @@ bool GrpcCall::Cancel() {
   return true;
 }
 
-std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg) {
+std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace) {
   auto call = std::make_shared<GrpcCall>();
+  call->trace_ = std::move(trace);
   auto job = std::make_shared<Job>();
   job->start = std::chrono::steady_clock::now();
   job->body = std::move(msg);

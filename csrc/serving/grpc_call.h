@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "../core/queue.h"
 #include "plan.h"
@@ -26,7 +27,11 @@ class GrpcCall : public NativeSink, public std::enable_shared_from_this<GrpcCall
  public:
   // A call answered `e` at once, counted in `counters` (no model took it: an unknown
   // model, a malformed message, a stopping server).
-  static std::shared_ptr<GrpcCall> Refused(const Error& e, std::shared_ptr<Counters> counters);
+  // (`trace`, `model`, `version`: what the access log says of it.)
+  static std::shared_ptr<GrpcCall> Refused(const Error& e, std::shared_ptr<Counters> counters,
+                                           std::string trace = std::string(),
+                                           std::string_view model = {},
+                                           std::string_view version = {});
 
   void Deliver(std::vector<RequestPtr>&& finished) override;
 
@@ -66,6 +71,8 @@ class GrpcCall : public NativeSink, public std::enable_shared_from_this<GrpcCall
   std::shared_ptr<FrontEnd> fe_;           // the model's front end, or
   std::shared_ptr<Counters> unrouted_;     // where a call no model took counts
   Counters* counters() const;
+  double queue_s_ = -1, compute_s_ = -1;  // when it ran (RanTimes)
+  std::string trace_;  // the call's traceparent metadata, for the access log
 };
 
 }  // namespace serving

@@ -1,6 +1,7 @@
 // The gRPC infer request (see requests.h): inference.ModelInferRequest read at the
 // protobuf wire level (protobuf.h), its tensors from raw_input_contents or from the
 // typed InferTensorContents.
+#include <cstring>
 #include <vector>
 
 #include "checks.h"
@@ -109,9 +110,10 @@ bool PbContents(std::string_view msg, DType t, std::string* out, int64_t* count)
   return w.ok;
 }
 
-// parameters["timeout"] (an InferParameter's int64_param, in microseconds), from one
-// map entry.
-void ReadParameter(Wire* w, InferRequest* r) {
+// One entry of ModelInferRequest.parameters (map<string, InferParameter>): "timeout"
+// (int64_param, in microseconds), "binary_data_output" (outputs are always raw
+// here), any other refused by name (OtherParameter).
+Error ReadParameter(Wire* w, InferRequest* r) {
   Wire e(w->Bytes());
   std::string_view key, value;
   while (e.ok && !e.done()) {
@@ -121,18 +123,40 @@ void ReadParameter(Wire* w, InferRequest* r) {
     else e.Skip(static_cast<int>(t & 7));
   }
   w->ok &= e.ok;
-  if (key != "timeout") return;
+  // The value: bool_param 1, int64_param 2, string_param 3, double_param 4,
+  // uint64_param 5; the default when every field is its zero.
   Wire v(value);
+  bool is_default = true, is_int = false;
+  int64_t i64 = 0;
   while (v.ok && !v.done()) {
     const uint64_t t = v.Varint();
-    if ((t >> 3) == 2 && (t & 7) == 0) {
-      const int64_t us = static_cast<int64_t>(v.Varint());
-      if (us > 0) r->timeout_s = static_cast<double>(us) * 1e-6;
+    const int f = static_cast<int>(t >> 3), wt = static_cast<int>(t & 7);
+    if (wt == 0 && (f == 1 || f == 2 || f == 5)) {
+      const uint64_t x = v.Varint();
+      is_default &= x == 0;
+      if (f == 2) is_int = true, i64 = static_cast<int64_t>(x);
+    } else if (f == 3 && wt == 2) {
+      is_default &= v.Bytes().empty();
+    } else if (f == 4 && wt == 1) {
+      const uint8_t* d = v.Fixed(8);
+      double x = 0;
+      if (d) std::memcpy(&x, d, sizeof(x));
+      is_default &= x == 0.0;
     } else {
-      v.Skip(static_cast<int>(t & 7));
+      v.Skip(wt);
     }
   }
   w->ok &= v.ok;
+  if (!w->ok) return {};
+  if (key == "binary_data_output") return {};
+  if (key == "timeout") {
+    if (!is_default && (!is_int || i64 < 0)) {
+      return {400, "parameter 'timeout' must be an int64_param of microseconds >= 0"};
+    }
+    if (i64 > 0) r->timeout_s = static_cast<double>(i64) * 1e-6;
+    return {};
+  }
+  return OtherParameter(ValidUtf8(key), is_default);
 }
 
 // One InferInputTensor.
@@ -188,13 +212,13 @@ Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r) 
     const int f = static_cast<int>(tag >> 3), wt = static_cast<int>(tag & 7);
     std::string_view name;
     if (f == 1 && wt == 2) {
-      model_name = w.Bytes();
+      model_name = r->model = w.Bytes();
     } else if (f == 2 && wt == 2) {
-      version = w.Bytes();
+      version = r->version = w.Bytes();
     } else if (f == 3 && wt == 2) {
       r->id = ValidUtf8(w.Bytes());  // a protobuf string is text: it is sent back
     } else if (f == 4 && wt == 2) {  // parameters: map<string, InferParameter>
-      ReadParameter(&w, r);
+      if (Error e = ReadParameter(&w, r)) return e;
     } else if (f == 5 && wt == 2) {
       inputs.push_back(ReadInput(&w));
     } else if (f == 6 && wt == 2) {

@@ -43,19 +43,38 @@ bool ReadShape(const json::value* sv, std::vector<int64_t>* dims) {
   return true;
 }
 
-// The request's parameters: binary_data_output and Triton's per-request timeout.
+// A parameter's value is its type's zero: 0, "", false (or null).
+bool IsDefault(const json::value& v) {
+  if (v.is_null()) return true;
+  if (v.is_bool()) return !v.get_bool();
+  if (v.is_string()) return v.get_string().empty();
+  if (v.is_int64()) return v.get_int64() == 0;
+  if (v.is_uint64()) return v.get_uint64() == 0;
+  return v.is_double() && v.get_double() == 0.0;
+}
+
+// The request's parameters: binary_data_output and Triton's per-request timeout;
+// any other is refused by name (OtherParameter).
 Error ReadParameters(const json::object* obj, bool* binary_default, InferRequest* r) {
-  const json::object* p = ObjectMember(obj, "parameters");
-  if (!p) return {};
-  if (const json::value* b = Member(p, "binary_data_output")) {
-    *binary_default = b->is_bool() && b->get_bool();
-  }
-  if (const json::value* t = Member(p, "timeout")) {  // in microseconds
-    if (!t->is_int64() || t->get_int64() < 0) {
-      return {400, "parameter 'timeout' must be an integer number of microseconds >= 0, got " +
-                       Short(*t)};
+  const json::value* pv = Member(obj, "parameters");
+  if (!pv) return {};
+  const json::object* p = pv->if_object();
+  if (!p) return {400, "\"parameters\" must be an object, got " + Short(*pv)};
+  for (const auto& kv : *p) {
+    const std::string_view key(kv.key().data(), kv.key().size());
+    const json::value& v = kv.value();
+    if (key == "binary_data_output") {
+      *binary_default = v.is_bool() && v.get_bool();
+    } else if (key == "timeout") {  // in microseconds
+      if (!v.is_int64() || v.get_int64() < 0) {
+        return {400,
+                "parameter 'timeout' must be an integer number of microseconds >= 0, got " +
+                    Short(v)};
+      }
+      if (v.get_int64() > 0) r->timeout_s = static_cast<double>(v.get_int64()) * 1e-6;
+    } else if (Error e = OtherParameter(key, IsDefault(v))) {
+      return e;
     }
-    if (t->get_int64() > 0) r->timeout_s = static_cast<double>(t->get_int64()) * 1e-6;
   }
   return {};
 }
@@ -101,6 +120,9 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
   const json::object* obj = doc.if_object();
   const json::value* inputs_v = Member(obj, "inputs");
   const json::array* inputs = inputs_v ? inputs_v->if_array() : nullptr;
+  if (const json::value* id = Member(obj, "id"); id && id->is_string()) {
+    r->id = std::string(Str(id->get_string()));
+  }
   if (!inputs) return {400, "the request must be a JSON object with an \"inputs\" list"};
   const size_t nin = m.inputs.size();
   StartRequest(m, r);
@@ -182,8 +204,8 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
       const json::value* bad = nullptr;
       if (!JsonTensor(d, *data, &raw, &n, &bad)) {
         return {400, "input " + Repr(name) + ": data is not " + V2Name(d) + ": " +
-                         (bad ? Short(*bad) : Short(*data)) + " is not a " + NumpyName(d) +
-                         " value"};
+                         (bad ? Short(*bad) : Short(*data)) + " is not a " +
+                         (d == DType::kBytes ? "string" : NumpyName(d)) + " value"};
       }
       if (n != count) {
         return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " has " +
@@ -207,9 +229,6 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
   bool binary_default = false;
   if (Error e = ReadParameters(obj, &binary_default, r)) return e;
   if (Error e = ReadOutputs(m, obj, binary_default, r)) return e;
-  if (const json::value* id = Member(obj, "id"); id && id->is_string()) {
-    r->id = std::string(Str(id->get_string()));
-  }
   return {};
 }
 

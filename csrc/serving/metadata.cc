@@ -66,7 +66,8 @@ std::string ModelConfigJson(const ModelPlan& m) {
          std::to_string(static_cast<int64_t>(m.batch_timeout_us)) +
          ",\"default_queue_policy\":" + policy + "}";
   }
-  s += ",\"instance_group\":[{\"name\":" + Quote(m.name) + ",\"count\":1,\"kind\":\"KIND_CPU\"}]";
+  s += ",\"instance_group\":[{\"name\":" + Quote(m.name) + ",\"count\":" + std::to_string(m.instance_count) +
+       ",\"kind\":" + Quote(m.instance_kind) + "}]";
   s += ",\"parameters\":{\"micro_batch_size\":{\"string_value\":\"" +
        std::to_string(m.micro_batch_size) + "\"},\"auto_batching\":{\"string_value\":\"" +
        (m.auto_batch ? "true" : "false") + "\"}}";

@@ -24,9 +24,35 @@ std::string Seconds(double s) {
 
 }  // namespace
 
-void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duration took) {
+const double Histogram::kBound[Histogram::kBounds] = {
+    1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1, 2, 5, 10};
+
+void Histogram::Observe(double seconds) {
+  int k = 0;
+  while (k < kBounds && seconds > kBound[k]) ++k;  // le: the first bound >= seconds
+  counts[k] += 1;
+  sum += seconds;
+  count += 1;
+}
+
+void RanTimes(const Request& r, double* queue_s, double* compute_s) {
+  if (r.started == Clock::time_point{}) {
+    *queue_s = *compute_s = -1;
+    return;
+  }
+  *queue_s = std::chrono::duration<double>(r.started - r.arrived).count();
+  *compute_s = r.compute_seconds;
+}
+
+void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duration took,
+                    double queue_s, double compute_s) {
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
   std::lock_guard<std::mutex> lock(mu_);
+  v_.request_seconds.Observe(static_cast<double>(ns) * 1e-9);
+  if (queue_s >= 0) {
+    v_.queue_seconds.Observe(queue_s);
+    v_.compute_seconds.Observe(compute_s);
+  }
   if (status == 200) {
     v_.success += 1;
     v_.success_ns += ns;
@@ -38,7 +64,6 @@ void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duratio
     v_.fail += 1;
     v_.fail_ns += ns;
   }
-  v_.duration_s += static_cast<double>(ns) * 1e-9;
   for (auto& p : v_.by_status) {
     if (p.first == status) {
       p.second += 1;
@@ -47,6 +72,16 @@ void Counters::Done(int status, int64_t rows, std::chrono::steady_clock::duratio
   }
   v_.by_status.push_back({status, 1});
   std::sort(v_.by_status.begin(), v_.by_status.end());
+}
+
+void Counters::Record(AccessEntry e, std::chrono::steady_clock::time_point start,
+                      const Request* ran) {
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (ran) RanTimes(*ran, &e.queue_s, &e.compute_s);
+  Done(e.status, e.rows, took, e.queue_s, e.compute_s);
+  if (!log_) return;
+  e.latency_s = std::chrono::duration<double>(took).count();
+  log_->Write(e);
 }
 
 void Counters::Add(int64_t CounterValues::*counter) {
@@ -84,7 +119,8 @@ std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const Que
   return out + "]}]}";
 }
 
-std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s) {
+std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
+                       int64_t requests_in_flight) {
   std::vector<std::pair<int, int64_t>> by_status = c.by_status;
   const std::string label = "model=" + Quote(m.name) + ",version=" + Quote(m.version);
   std::string o;
@@ -96,21 +132,38 @@ std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueSt
     metric(name, type, help);
     o += std::string(name) + "{" + label + "} " + value + "\n";
   };
+  auto histogram = [&](const char* name, const char* help, const Histogram& h) {
+    metric(name, "histogram", help);
+    int64_t cumulative = 0;
+    char le[32];
+    for (int k = 0; k <= Histogram::kBounds; ++k) {
+      cumulative += h.counts[k];
+      if (k < Histogram::kBounds) std::snprintf(le, sizeof(le), "%g", Histogram::kBound[k]);
+      o += std::string(name) + "_bucket{" + label + ",le=\"" +
+           (k < Histogram::kBounds ? le : "+Inf") + "\"} " + std::to_string(cumulative) + "\n";
+    }
+    o += std::string(name) + "_sum{" + label + "} " + Seconds(h.sum) + "\n";
+    o += std::string(name) + "_count{" + label + "} " + std::to_string(h.count) + "\n";
+  };
   metric("paddle_ipu_requests_total", "counter", "Inference requests by outcome (HTTP status).");
   bool has_200 = false;
-  int64_t total = 0;
   for (const auto& p : by_status) has_200 |= p.first == 200;
   if (!has_200) by_status.insert(by_status.begin(), {200, 0});
   for (const auto& p : by_status) {
     o += "paddle_ipu_requests_total{" + label + ",status=\"" + std::to_string(p.first) + "\"} " +
          std::to_string(p.second) + "\n";
-    total += p.second;
   }
   one("paddle_ipu_request_rows_total", "counter", "Rows of successful requests.",
       std::to_string(c.success_rows));
-  metric("paddle_ipu_request_duration_seconds", "summary", "Time in the server per request.");
-  o += "paddle_ipu_request_duration_seconds_sum{" + label + "} " + Seconds(c.duration_s) + "\n";
-  o += "paddle_ipu_request_duration_seconds_count{" + label + "} " + std::to_string(total) + "\n";
+  histogram("paddle_ipu_request_duration_seconds",
+            "Time in the server per inference request (every outcome): arrival to answer.",
+            c.request_seconds);
+  histogram("paddle_ipu_queue_duration_seconds",
+            "Time a request that ran waited in the queue: arrival to its first graph run.",
+            c.queue_seconds);
+  histogram("paddle_ipu_compute_duration_seconds",
+            "Graph run time of a request that ran (the runs it was part of, summed).",
+            c.compute_seconds);
   one("paddle_ipu_rejected_total", "counter",
       "Requests refused because the queue was full (503 / UNAVAILABLE).", std::to_string(c.rejected_busy));
   one("paddle_ipu_timed_out_total", "counter",
@@ -118,7 +171,10 @@ std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueSt
       std::to_string(c.timed_out));
   one("paddle_ipu_disconnected_total", "counter",
       "Requests dropped before they ran because the client went away.", std::to_string(c.disconnected));
-  one("paddle_ipu_in_flight", "gauge", "Units (rows, or micro-batches) admitted, not answered.",
+  one("paddle_ipu_in_flight_requests", "gauge", "Inference requests admitted, not answered.",
+      std::to_string(requests_in_flight));
+  one("paddle_ipu_in_flight_units", "gauge",
+      "Queue units admitted, not answered: rows when batching, else micro-batches.",
       std::to_string(s.in_flight));
   one("paddle_ipu_queue_seconds_total", "counter", "Time requests waited in the queue, summed.",
       Seconds(s.queue_seconds));

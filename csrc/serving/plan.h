@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtypes.h"
@@ -43,6 +44,10 @@ struct ModelPlan {
   double batch_timeout_us = 0;   // the runtime's timeout_ms, in microseconds
   double request_timeout_s = 0;  // 0: none
   int64_t max_body = 64 << 20;
+  // Triton's instance_group: the server processes serving the model (--workers),
+  // and where each runs it (KIND_CPU: the host backend; KIND_MODEL: the IPU).
+  int64_t instance_count = 1;
+  std::string instance_kind = "KIND_CPU";
   std::vector<TensorPlan> inputs;
   std::vector<TensorPlan> outputs;
   // A dynamic model (dynamic.h): shapes may hold -1 on any axis; a request is one
@@ -69,6 +74,7 @@ struct InferRequest {
   std::vector<char> binary;         // per wanted output: as binary data?
   std::string id;
   double timeout_s = -1;            // the request's own timeout parameter; -1: none
+  std::string_view model, version;  // gRPC: as the request named them (into its body)
 };
 
 // An error: an HTTP status and a message (gRPC maps the status, see GrpcCode).

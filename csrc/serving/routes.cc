@@ -36,14 +36,18 @@ void Connection::Route() {
   auto json = [&](std::string body) {
     Write(http::status::ok, std::move(body), "application/json");
   };
+  // KServe's server answers health with a JSON body, which its clients read.
   if (target == "/v2/health/live") {
-    if (only(get, "GET")) Write(http::status::ok, std::string(), nullptr);
+    if (only(get, "GET")) json("{\"live\":true}");
     return;
   }
   if (target == "/v2/health/ready") {
     if (!only(get, "GET")) return;
-    if (srv_->ready()) return Write(http::status::ok, std::string(), nullptr);
-    return Error(503, "the server is not ready (starting, or draining before it stops)", true);
+    if (srv_->ready()) return json("{\"ready\":true}");
+    return Write(http::status::service_unavailable,
+                 "{\"ready\":false,\"error\":\"the server is not ready (warming up, or "
+                 "draining before it stops)\"}",
+                 "application/json", -1, true);
   }
   if (target == "/v2") {
     if (only(get, "GET")) json(srv_->server_metadata());
@@ -106,8 +110,11 @@ void Connection::Route() {
   }
   if (rest == "/ready") {
     if (!only(get, "GET")) return;
-    if (model_->ready()) return Write(http::status::ok, std::string(), nullptr);
-    return Error(503, "model " + Quote(m.name) + " is not ready", true);
+    if (model_->ready()) return json("{\"name\":" + Quote(m.name) + ",\"ready\":true}");
+    return Write(http::status::service_unavailable,
+                 "{\"name\":" + Quote(m.name) + ",\"ready\":false,\"error\":" +
+                     Quote("model " + m.name + " is not ready") + "}",
+                 "application/json", -1, true);
   }
   if (rest == "/config") {
     if (only(get, "GET")) json(model_->config());
@@ -148,9 +155,11 @@ void Connection::Infer(HttpRequest& req) {
     head = head.substr(0, static_cast<size_t>(n));
     blob = std::string_view(job->body).substr(static_cast<size_t>(n));
   }
-  if (serving::Error e = ParseHttpInfer(m, head, blob, &job->req)) {
-    Count(e.status, 0);
-    return Error(e.status, e.message);
+  serving::Error parsed = ParseHttpInfer(m, head, blob, &job->req);
+  if (srv_->logging()) request_id_ = job->req.id;
+  if (parsed) {
+    Count(parsed.status, 0);
+    return Error(parsed.status, parsed.message);
   }
   if (!m.dynamic) StartHttpAnswer(m, job->req, &job->http);
   if (job->req.units == 0) {  // nothing to run

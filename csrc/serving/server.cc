@@ -115,7 +115,18 @@ std::vector<ModelEntry>::iterator Server::Locate(const std::string& name,
   });
 }
 
+void Server::OpenAccessLog(const std::string& path) {
+  if (!listeners_.empty()) throw std::runtime_error("open the access log before starting");
+  log_ = std::make_shared<AccessLog>(path);
+  unrouted_->set_log(log_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (ModelEntry& e : entries_) {
+    if (e.fe) e.fe->counters()->set_log(log_);
+  }
+}
+
 void Server::AddModel(std::shared_ptr<FrontEnd> fe) {
+  if (log_) fe->counters()->set_log(log_);
   ModelEntry e{fe->plan().name, fe->plan().version, "READY", "", std::move(fe)};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = Locate(e.name, e.version);
@@ -350,7 +361,7 @@ void Server::Shutdown() {
 
 // -- gRPC ---------------------------------------------------------------------------
 
-std::shared_ptr<GrpcCall> Server::GrpcInfer(std::string msg) {
+std::shared_ptr<GrpcCall> Server::GrpcInfer(std::string msg, std::string trace) {
   // ModelInferRequest's model_name (1) and model_version (2).
   std::string_view name, version;
   Wire w(msg);
@@ -362,13 +373,13 @@ std::shared_ptr<GrpcCall> Server::GrpcInfer(std::string msg) {
   }
   if (!w.ok) {
     return GrpcCall::Refused({400, "malformed ModelInferRequest: the protobuf bytes do not parse"},
-                             unrouted_);
+                             unrouted_, std::move(trace));
   }
-  if (draining_) return GrpcCall::Refused({503, kShuttingDown}, unrouted_);
+  if (draining_) return GrpcCall::Refused({503, kShuttingDown}, unrouted_, std::move(trace), name, version);
   Error e;
   std::shared_ptr<FrontEnd> fe = Find(name, version, &e, true);
-  if (!fe) return GrpcCall::Refused(e, unrouted_);
-  return fe->GrpcInfer(std::move(msg));
+  if (!fe) return GrpcCall::Refused(e, unrouted_, std::move(trace), name, version);
+  return fe->GrpcInfer(std::move(msg), std::move(trace));
 }
 
 }  // namespace serving

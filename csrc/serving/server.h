@@ -57,6 +57,15 @@ class Server {
   // HTTP, a body over the limit).
   Counters* unrouted() { return unrouted_.get(); }
 
+  // -- the access log ---------------------------------------------------------------
+  // Writes a line per inference request (every model's, and the unrouted ones) to
+  // `path` ("-": standard error) from now on; before the listeners start.
+  void OpenAccessLog(const std::string& path);
+  bool logging() const { return log_ != nullptr; }
+  void FlushAccessLog() {
+    if (log_) log_->Flush();
+  }
+
   // -- the models ---------------------------------------------------------------
   // Serves `fe` as its plan's name and version (READY), replacing that entry.
   void AddModel(std::shared_ptr<FrontEnd> fe);
@@ -98,8 +107,9 @@ class Server {
   std::atomic<int64_t> connections{0};  // open HTTP connections
 
   // -- gRPC -------------------------------------------------------------------------
-  // Routes a serialized ModelInferRequest to its model and queues it there.
-  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg);
+  // Routes a serialized ModelInferRequest to its model and queues it there (`trace`:
+  // the call's traceparent metadata, for the access log).
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
 
   // -- the repository's load / unload (repository.cc) -------------------------------
   // Whether load / unload requests go to the Python side (else they are refused).
@@ -123,6 +133,7 @@ class Server {
   std::string server_metadata_;
   int64_t max_body_;
   std::shared_ptr<Counters> unrouted_;
+  std::shared_ptr<AccessLog> log_;  // set before the listeners start, if at all
   mutable std::mutex mu_;
   std::vector<ModelEntry> entries_;  // sorted by name, then version
   std::vector<std::shared_ptr<Listener>> listeners_;

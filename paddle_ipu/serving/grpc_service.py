@@ -67,6 +67,7 @@ class GrpcService:
         self._mc = mc
         self._owner = server
         self._server_core = server.server
+        self._log = server.access_log is not None
         self._codes = {code.value[0]: code for code in grpc.StatusCode}
         max_message = server.max_body
         # A ModelInfer call holds a pool thread while its request waits (without
@@ -132,7 +133,12 @@ class GrpcService:
 
     # -- inference ------------------------------------------------------------------
     def _infer(self, data: bytes, context: Any) -> bytes:
-        call = self._server_core.grpc_infer(data)
+        trace = ""
+        if self._log:  # the access log names the call's W3C trace context
+            for key, value in context.invocation_metadata():
+                if key == "traceparent":
+                    trace = str(value)
+        call = self._server_core.grpc_infer(data, trace)
         # Called when the call ends for any reason: a client that went away loses its
         # request before it runs (after an answer, cancel() finds nothing to do).
         context.add_callback(call.cancel)

@@ -4,7 +4,8 @@ It speaks the KServe v2 / Triton inference protocol over HTTP and, with ``grpc_p
 over gRPC (``inference.GRPCInferenceService``), so existing clients
 (``tritonclient.http``, ``tritonclient.grpc``, KServe's) work unchanged:
 
-- ``GET /v2/health/live``, ``GET /v2/health/ready``, ``GET /v2``;
+- ``GET /v2/health/live``, ``GET /v2/health/ready`` (``{"live": true}``,
+  ``{"ready": true}``; 503 while warming up or draining), ``GET /v2``;
 - ``GET /v2/models/{name}[/versions/{v}]`` (metadata), ``.../ready``, ``.../config``
   (Triton's model configuration: ``max_batch_size``, the dynamic batching and queue
   policy in force), ``.../stats`` and ``GET /v2/models/stats`` (Triton's statistics);
@@ -17,8 +18,14 @@ over gRPC (``inference.GRPCInferenceService``), so existing clients
   binary tensor extension (``Inference-Header-Content-Length``: a JSON header
   followed by the raw tensors; ``binary_data_size`` per input, ``binary_data`` /
   ``binary_data_output`` to get outputs as raw bytes);
-- ``GET /metrics``: Prometheus text (requests by status, rows, runs and their fill,
-  queue and compute time, refusals, timeouts, disconnects).
+- ``GET /metrics``: Prometheus text (requests by status, rows, histograms of request,
+  queue and compute time per request, runs and their fill, refusals, timeouts,
+  disconnects, requests in flight).
+
+Request parameters: ``timeout`` and ``binary_data_output``; Triton's reserved
+``priority`` and ``sequence_*`` only at their defaults; any other is refused (400 /
+INVALID_ARGUMENT) by name.  ``access_log`` writes a JSON line per inference request
+from C++ (with the W3C ``traceparent`` trace id).
 
 Every error, on every route (unknown ones included), is a JSON ``{"error": ...}``.
 
@@ -62,9 +69,11 @@ Policies:
   queue and answered 504 (gRPC DEADLINE_EXCEEDED);
 - a request whose client closed its connection (or cancelled its gRPC call) is taken
   out of the queue before it is computed;
-- :meth:`InferenceServer.stop` (SIGTERM under :meth:`serve_forever`) drains: the
-  listening sockets and idle connections close, readiness turns 503, requests in
-  flight are answered, then the runtime closes after answering what it has queued;
+- ``warmup`` runs keep readiness at 503 until they are done;
+- :meth:`InferenceServer.stop` (SIGTERM under :meth:`serve_forever`) turns readiness
+  503 at once, serves ``drain_grace_s`` more seconds, then drains: the listening
+  sockets and idle connections close, requests in flight are answered, then the
+  runtime closes after answering what it has queued;
 - bad input (a malformed binary header, a body over ``max_body_mb``, a wrong
   datatype or shape, a truncated tensor, an unknown model or output) gets a 4xx
   (gRPC INVALID_ARGUMENT / NOT_FOUND) whose message names the input, and the server
@@ -80,6 +89,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -97,7 +107,12 @@ __all__ = ["InferenceServer"]
 
 
 def _plan(
-    runtime: Any, name: str, version: str, request_timeout_ms: float, max_body: int
+    runtime: Any,
+    name: str,
+    version: str,
+    request_timeout_ms: float,
+    max_body: int,
+    instances: int = 1,
 ) -> dict[str, Any]:
     """What the C++ front end checks a request against (the runtime's own checks)."""
     from paddle_ipu._version import __version__
@@ -143,6 +158,10 @@ def _plan(
         "batch_timeout_us": float(rt.timeout_ms) * 1e3,
         "request_timeout_s": request_timeout_ms / 1e3,
         "max_body": max_body,
+        "instance_count": instances,
+        # Triton's kinds: the host backend computes on the CPU; on IPUs the model places
+        # itself (KIND_MODEL).
+        "instance_kind": "KIND_CPU" if rt.executor.backend == "host" else "KIND_MODEL",
         "inputs": tensors(model.inputs, feed_shapes, rt.unit_shapes()[0], True),
         "outputs": tensors(model.outputs, out_shapes, rt.unit_shapes()[1], False),
     }
@@ -239,6 +258,16 @@ class InferenceServer:
         max_body_mb: the largest request body accepted (413 beyond).
         reuse_port: let other processes listen on the same ports (``--workers``).
         repository: a model repository whose models this server serves.
+        instances: the server processes serving these models on these ports
+            (``--workers``), reported as the configuration's ``instance_group`` count.
+        access_log: write one JSON line per inference request (HTTP and gRPC, every
+            model) to this file, appended to (``"-"``: standard error); None: none.
+        warmup: graph runs of a full micro-batch of zeros made for every fixed model
+            served at :meth:`start` (not dynamic ones: their shapes are open),
+            readiness answering 503 until they are done.
+        drain_grace_s: on :meth:`stop` (SIGTERM), readiness turns 503 at once, but the
+            server goes on serving for this long before its listeners close (the time
+            a load balancer, e.g. Kubernetes' endpoints, needs to stop sending).
     """
 
     def __init__(
@@ -255,6 +284,10 @@ class InferenceServer:
         max_body_mb: float = 64.0,
         reuse_port: bool = False,
         repository: ModelRepository | None = None,
+        instances: int = 1,
+        access_log: str | None = None,
+        warmup: int = 0,
+        drain_grace_s: float = 0.0,
     ) -> None:
         from paddle_ipu._version import __version__
 
@@ -266,6 +299,12 @@ class InferenceServer:
             raise OptionError(f"request_timeout_ms must be >= 0, got {request_timeout_ms}")
         if not max_body_mb > 0:
             raise OptionError(f"max_body_mb must be > 0, got {max_body_mb}")
+        if instances < 1:
+            raise OptionError(f"instances must be >= 1, got {instances}")
+        if warmup < 0:
+            raise OptionError(f"warmup must be >= 0 runs, got {warmup}")
+        if not drain_grace_s >= 0:
+            raise OptionError(f"drain_grace_s must be >= 0, got {drain_grace_s}")
         self.runtime = runtime
         self.name = name
         self.host = host
@@ -277,7 +316,19 @@ class InferenceServer:
         self.max_body = int(max_body_mb * (1 << 20))
         self.reuse_port = reuse_port
         self.repository = repository
+        self.instances = int(instances)
+        self.warmup = int(warmup)
+        self.drain_grace_s = float(drain_grace_s)
+        self.access_log = access_log
         self.server = _core.ServingServer(__version__, self.max_body)
+        if access_log is not None:
+            try:
+                self.server.open_access_log(str(access_log))
+            except RuntimeError as exc:
+                raise OSError(str(exc)) from None
+        self._warmup_thread: threading.Thread | None = None
+        #: The warm-up's exception, if it failed (the server then never turns ready).
+        self.warmup_error: BaseException | None = None
         # (name, version) -> (runtime, front end): the models served.
         self._models: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._models_lock = threading.Lock()
@@ -322,7 +373,9 @@ class InferenceServer:
             if (name, version) in self._models:
                 raise OptionError(f"model {name!r} version {version!r} is served already")
             if _is_fixed(runtime):
-                plan = _plan(runtime, name, version, self.request_timeout_ms, self.max_body)
+                plan = _plan(
+                    runtime, name, version, self.request_timeout_ms, self.max_body, self.instances
+                )
                 front = _core.ServingFrontEnd(runtime._queue, plan)
             else:
                 if queue_limit < 1 or workers < 1:
@@ -339,6 +392,7 @@ class InferenceServer:
                     queue_limit,
                     workers,
                 )
+                plan["instance_count"] = self.instances
                 front = _core.ServingFrontEnd(model, plan)
             self._models[(name, version)] = (runtime, front)
         self.server.add_model(front)
@@ -406,14 +460,56 @@ class InferenceServer:
         with self._models_lock:
             return {k: rt for k, (rt, _) in self._models.items()}
 
+    # -- the warm-up ---------------------------------------------------------------
+    @staticmethod
+    def _warmup_feed(rt: Any) -> dict[str, np.ndarray]:
+        """One full micro-batch (or queue unit) of every input: zeros, or for an input
+        that indexes, the lowest value valid for every range it has."""
+        feed_shapes, _ = rt.request_shapes()
+        feed = {}
+        for spec, shape in zip(rt.executor.model.inputs, feed_shapes):
+            dims = [rt.queue_capacity if d == -1 else int(d) for d in shape]
+            value = max((r.low for r in spec.ranges), default=0)
+            feed[spec.paddle_name or spec.name] = np.full(dims, value, spec.numpy_dtype)
+        return feed
+
+    def _warm_up(self) -> None:
+        try:
+            for rt in self.served().values():
+                if not _is_fixed(rt):
+                    continue  # a dynamic model: no one shape to warm up with
+                feed = self._warmup_feed(rt)
+                for _ in range(self.warmup):
+                    if self._stopped:  # stopped while warming up: never ready
+                        return
+                    rt.run(feed)
+        except BaseException as exc:  # reported by serve_forever; never ready
+            self.warmup_error = exc
+            log.error("the warm-up failed: %s", exc)
+            return
+        log.info("warm-up done: %d run(s) per model", self.warmup)
+        with self._lock:
+            if not self._stopped:
+                self.server.set_ready(True)
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the warm-up runs; True when done (or there are none)."""
+        if self._warmup_thread is not None:
+            self._warmup_thread.join(timeout)
+            return not self._warmup_thread.is_alive() and self.warmup_error is None
+        return True
+
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> InferenceServer:
         """Serve on background threads; returns once the ports are open (and the
-        repository's models are loaded)."""
+        repository's models are loaded; readiness answers 503 until the ``warmup``
+        runs are done)."""
         with self._lock:
             if self._started:
                 raise OptionError("the server is already started")
             self._started = True
+            if self.warmup:
+                self.server.set_ready(False)
             if self.repository is not None:
                 self.repository.start()
             try:
@@ -433,6 +529,11 @@ class InferenceServer:
                     target=self._control_loop, name="paddle-ipu-repository", daemon=True
                 )
                 self._control.start()
+            if self.warmup:
+                self._warmup_thread = threading.Thread(
+                    target=self._warm_up, name="paddle-ipu-warmup", daemon=True
+                )
+                self._warmup_thread.start()
         log.info("serving %s on http://%s:%d", self._what(), self.host, self.port)
         return self
 
@@ -465,14 +566,18 @@ class InferenceServer:
         return self.repository.control(action, model, body)
 
     def stop(self, timeout: float | None = 60.0) -> None:
-        """Graceful stop: no new connections (idle ones close, readiness turns 503);
-        requests in flight are answered; then every runtime answers what it has queued
-        and closes.  Waits at most ``timeout`` seconds for the requests in flight."""
+        """Graceful stop: readiness turns 503 at once; after ``drain_grace_s`` seconds
+        of serving as before, no new connections (idle ones close); requests in flight
+        are answered; then every runtime answers what it has queued and closes.  Waits
+        at most ``timeout`` seconds for the requests in flight."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
+            self.server.set_ready(False)
         wait = -1.0 if timeout is None else float(timeout)
+        if self.drain_grace_s > 0:
+            time.sleep(self.drain_grace_s)
         self.server.stop_accepting()
         self.server.close_control()
         if self._control is not None:
@@ -486,6 +591,8 @@ class InferenceServer:
             )
         if grpc_done is not None:
             grpc_done.wait(timeout)
+        if self._warmup_thread is not None:
+            self._warmup_thread.join(timeout)
         with self._models_lock:
             served = list(self._models.values())
         for runtime, front in served:
@@ -493,6 +600,7 @@ class InferenceServer:
             front.stop_workers()
             _close(runtime)
         self.server.shutdown()
+        self.server.flush_access_log()
 
     def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully (see :meth:`stop`)."""
@@ -508,9 +616,11 @@ class InferenceServer:
                 f"paddle-ipu: serving {self._what()} on http://{self.host}:{self.port}{grpc}",
                 flush=True,
             )
-            while not stop.wait(0.5):
-                pass
-            print("paddle-ipu: draining", flush=True)
+            while not stop.wait(0.1):
+                if self.warmup_error is not None:
+                    raise self.warmup_error
+            grace = f" (serving {self.drain_grace_s:g} s more)" if self.drain_grace_s else ""
+            print(f"paddle-ipu: draining{grace}", flush=True)
         finally:
             self.stop()
             for sig, handler in previous.items():

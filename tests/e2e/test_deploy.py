@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +85,8 @@ def test_the_manifests_name_the_command_ports_and_probes_that_exist() -> None:
 
 def test_the_containers_command_serves_a_repository(tmp_path: Path) -> None:
     """The image's command with the repository's path and free ports: the health
-    routes the probes use answer 200, both models answer over HTTP and gRPC."""
+    routes the probes use answer 200, both models answer over HTTP and gRPC; on
+    SIGTERM readiness turns 503 while the server still answers."""
     paddle.enable_static()
     built = {"mlp": build("mlp", seed=11), "cnn": build("cnn", seed=12)}
     repo = tmp_path / "models"
@@ -121,6 +124,16 @@ def test_the_containers_command_serves_a_repository(tmp_path: Path) -> None:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         http.close()
         grpc.close()
+        # SIGTERM: readiness turns 503 at once while the server still answers
+        # (--drain-grace-s), so that the endpoints drop the pod before it closes
+        grace = float(_option(command, "--drain-grace-s"))
+        srv.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace / 2
+        status = 200
+        while status == 200 and time.monotonic() < deadline:
+            status, _, _ = raw(srv, "GET", "/v2/health/ready")
+        assert status == 503
+        assert raw(srv, "GET", "/v2/health/live")[0] == 200
     finally:
         code, out, err = srv.terminate()
     assert code == 0, out + err

@@ -6,6 +6,7 @@ decoder's own dygraph forward."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,26 @@ def test_serve_answers_every_sequence_length_as_the_eager_decoder(tmp_path: Path
         feed.set_data_from_numpy(ids)
         got = client.infer("lm", [feed]).as_numpy(meta["outputs"][0]["name"])
         np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
+        for path, want in (
+            ("/v2/health/live", {"live": True}),
+            ("/v2/health/ready", {"ready": True}),
+        ):
+            status, _, body = raw(srv, "GET", path)
+            assert status == 200 and json.loads(body) == want
+        ids = np.zeros((1, 4), np.int64)
+        # Request parameters: Triton's timeout is served (the former Python server of
+        # bucketed packages refused it), an unknown one is refused by name.
+        for parameters, refused in (({"x": 1}, "'x'"),):
+            doc_in = {
+                "inputs": [
+                    {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [0] * 4}
+                ],
+                "parameters": parameters,
+            }
+            status, _, answer = raw(srv, "POST", "/v2/models/lm/infer", json.dumps(doc_in).encode())
+            error = json.loads(answer)["error"]
+            assert status == 400 and refused in error and "not implemented" in error
+        assert _post(srv, ids)[0] == 200
     finally:
         code, _, stderr = srv.terminate()
     assert code == 0, stderr
@@ -87,3 +108,64 @@ def test_compile_and_run_a_bucketed_package_from_the_command_line(tmp_path: Path
     assert "--seq-buckets must be lengths" in capsys.readouterr().err
     assert cli.main(["serve", str(package), "--seq-buckets", "4"]) == 1
     assert "its buckets were chosen when it was compiled" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_workers_serve_a_bucketed_package(tmp_path: Path) -> None:
+    """``--workers 2`` with a bucketed package (the former Python server refused it): two
+    processes on one HTTP and one gRPC port, each answering as the decoder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from paddle_ipu import cli
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    prefix, layer = save_decoder(tmp_path)
+    package = tmp_path / "lm.pdipu"
+    assert (
+        cli.main(["compile", prefix, "-o", str(package), "--no-cache", "--seq-buckets", "4,8"]) == 0
+    )
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "paddle_ipu", "serve", str(package), "--name", "lm",
+         "--port", str(ports[0]), "--grpc-port", str(ports[1]), "--workers", "2"],
+        cwd=tempfile.gettempdir(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        served = 0
+        for line in proc.stdout:
+            served += line.startswith("paddle-ipu: serving")
+            if served == 2:
+                break
+        assert served == 2
+        srv = type("Srv", (), {"port": ports[0]})()
+        rng = np.random.default_rng(13)
+        for _ in range(8):  # new connections: spread over both processes
+            ids = rng.integers(0, 50, (1, 6)).astype(np.int64)
+            status, doc = _post(srv, ids)
+            assert status == 200, doc
+            out = doc["outputs"][0]
+            got = np.asarray(out["data"], np.float32).reshape(out["shape"])
+            np.testing.assert_allclose(got, decoder_reference(layer, ids), rtol=1e-5, atol=1e-5)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{ports[1]}")
+        ids = rng.integers(0, 50, (2, 3)).astype(np.int64)
+        feed = grpcclient.InferInput("input_ids", [2, 3], "INT64")
+        feed.set_data_from_numpy(ids)
+        answer = client.infer("lm", [feed])
+        name = answer.get_response().outputs[0].name
+        np.testing.assert_allclose(
+            answer.as_numpy(name), decoder_reference(layer, ids), rtol=1e-5, atol=1e-5
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err

@@ -57,8 +57,8 @@ def strings() -> Iterator[InferenceServer]:
         srv.stop()
 
 
-TEXT = np.array([b"abc", b"", "h\u00e9llo w\u00f6rld".encode(), b"x" * 300], dtype=object)
-PIXELS = np.array([[1, 2, 250], [0, 0, 255], [7, 8, 9], [255, 255, 255]], np.uint8)
+TEXT = np.array([b"abc", b"", "h\u00e9llo w\u00f6rld".encode(), b"x" * 300, b"z\0"], dtype=object)
+PIXELS = np.array([[1, 2, 250], [0, 0, 255], [7, 8, 9], [255, 255, 255], [3, 0, 1]], np.uint8)
 
 
 def _want() -> dict[str, np.ndarray]:
@@ -119,6 +119,7 @@ def _request(text: list[Any], pixels: list[list[int]] | None = None) -> dict[str
 def test_bad_requests_are_refused_by_name(strings: InferenceServer) -> None:
     status, _, doc = _post(strings, _request(["a", 3]))
     assert status == 400 and "input 'text'" in doc["error"], doc
+    assert "3 is not a string value" in doc["error"], doc
     doc = _request(["a"])
     doc["inputs"][1]["shape"] = [1, 4]
     doc["inputs"][1]["data"] = [[1, 2, 3, 4]]
@@ -199,7 +200,7 @@ def test_the_queue_bound_the_timeout_and_a_client_gone() -> None:
         # The request timeout: the handler does not answer within 300 ms: 504.
         t0 = time.monotonic()
         status, _, answer = raw(srv, "POST", "/v2/models/slow/infer", body(1))
-        assert status == 504, answer
+        assert status == 504 and b"did not answer within the request's timeout" in answer
         assert 0.25 < time.monotonic() - t0 < 10
         # The bound: one request in flight; the next is refused at once with Retry-After.
         first = threading.Thread(
@@ -332,3 +333,68 @@ def test_serve_a_model_with_open_image_dimensions_as_paddles_cpu_executor(
         finally:
             code, _, stderr = srv.terminate()
         assert code == 0, stderr
+
+
+def test_a_repository_serves_and_unloads_a_bucketed_package(tmp_path: Path) -> None:
+    """A package of sequence buckets in a model repository is served as a dynamic model
+    (HTTP and gRPC, answers equal to the decoder's dygraph forward), counted in its
+    statistics, and unloaded over the repository extension."""
+    from support.serving_models import decoder_reference, save_decoder
+
+    from paddle_ipu.serving.repository import ModelRepository
+    from paddle_ipu.serving.saved_model import compile_model
+
+    prefix, layer = save_decoder(tmp_path)
+    root = tmp_path / "repository"
+    package, _ = compile_model(prefix, micro_batch_size=2, seq_buckets=[4, 8], cache=False)
+    (root / "lm" / "1").mkdir(parents=True)
+    package.save(root / "lm" / "1" / "model.pdipu")
+    repository = ModelRepository(root, control_mode="explicit", load=["lm"])
+    srv = InferenceServer(port=0, grpc_port=0, repository=repository).start()
+    try:
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        assert http.is_model_ready("lm")
+        out = http.get_model_metadata("lm")["outputs"][0]["name"]
+        rng = np.random.default_rng(5)
+        for rows, length in ((1, 3), (2, 8)):
+            ids = rng.integers(0, 50, (rows, length)).astype(np.int64)
+            want = decoder_reference(layer, ids)
+            feed = httpclient.InferInput("input_ids", [rows, length], "INT64")
+            feed.set_data_from_numpy(ids, binary_data=True)
+            got = http.infer("lm", [feed]).as_numpy(out)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            gfeed = grpcclient.InferInput("input_ids", [rows, length], "INT64")
+            gfeed.set_data_from_numpy(ids)
+            got = grpc.infer("lm", [gfeed]).as_numpy(out)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        stats = http.get_inference_statistics("lm")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 4
+        http.unload_model("lm")
+        assert not http.is_model_ready("lm")
+        index = {(m["name"], m.get("state")) for m in http.get_model_repository_index()}
+        assert ("lm", "UNAVAILABLE") in index
+    finally:
+        srv.stop()
+
+
+def test_bytes_contents_over_grpc(strings: InferenceServer) -> None:
+    """gRPC's typed contents: BYTES as ``bytes_contents`` (tritonclient sends raw
+    contents), UINT8 as ``uint_contents``; the outputs come back length-prefixed in
+    ``raw_output_contents``."""
+    grpc = pytest.importorskip("grpc")
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="strings")
+    text = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+    text.contents.bytes_contents.extend([b"ab", b"c\0d"])
+    pixels = request.inputs.add(name="pixels", datatype="UINT8", shape=[2, 3])
+    pixels.contents.uint_contents.extend([1, 2, 3, 4, 5, 255])
+    with grpc.insecure_channel(f"127.0.0.1:{strings.grpc_port}") as channel:
+        answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    outputs = {o.name: i for i, o in enumerate(answer.outputs)}
+    upper = answer.raw_output_contents[outputs["upper"]]
+    assert upper == b"\2\0\0\0AB" + b"\3\0\0\0C\0D"
+    total = np.frombuffer(answer.raw_output_contents[outputs["total"]], np.int64)
+    np.testing.assert_array_equal(total, [6, 264])
+    assert list(answer.outputs[outputs["upper"]].shape) == [2]

@@ -221,3 +221,47 @@ def test_graceful_stop_answers_requests_in_flight(package: Any, mlp: Built) -> N
     assert runtime.closed
     with pytest.raises(OSError):
         raw(srv, "GET", "/v2/health/live")
+
+
+def test_lifecycle_options_are_checked(package: Any, tmp_path: Any) -> None:
+    from paddle_ipu.errors import OptionError
+
+    runtime = ModelRuntime(package.executor(), timeout_ms=2.0)
+    try:
+        for kwargs, match in (
+            ({"warmup": -1}, "warmup must be >= 0"),
+            ({"drain_grace_s": -0.5}, "drain_grace_s must be >= 0"),
+            ({"instances": 0}, "instances must be >= 1"),
+        ):
+            with pytest.raises(OptionError, match=match):
+                InferenceServer(runtime, name="mlp", port=0, **kwargs)
+        with pytest.raises(OSError, match="cannot open the access log"):
+            InferenceServer(runtime, name="mlp", port=0, access_log=str(tmp_path / "no" / "a.log"))
+    finally:
+        runtime.close()
+
+
+def test_access_log_and_histograms_cover_every_model(package: Any, tmp_path: Any) -> None:
+    log_path = tmp_path / "access.log"
+    first = ModelRuntime(package.executor(), timeout_ms=2.0)
+    second = ModelRuntime(package.executor(), timeout_ms=2.0)
+    srv = InferenceServer(first, name="a", port=0, access_log=str(log_path))
+    srv.add_model(second, "b", "3")
+    srv.start()
+    try:
+        body = json.dumps(
+            {"id": "q", "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32",
+                                    "data": [0.5] * 16}]}
+        ).encode()  # fmt: skip
+        assert raw(srv, "POST", "/v2/models/a/infer", body)[0] == 200
+        assert raw(srv, "POST", "/v2/models/b/versions/3/infer", body)[0] == 200
+        assert raw(srv, "POST", "/v2/models/c/infer", body)[0] == 404
+        text = raw(srv, "GET", "/metrics")[2].decode()
+    finally:
+        srv.stop()
+    for model, version in (("a", "1"), ("b", "3")):
+        key = f'paddle_ipu_request_duration_seconds_count{{model="{model}",version="{version}"}} 1'
+        assert key in text
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    got = [(e["model"], e["version"], e["status"], e["id"]) for e in lines]
+    assert got == [("a", "1", 200, "q"), ("b", "3", 200, "q"), ("c", None, 404, None)]

@@ -472,7 +472,7 @@ def slow(packages: dict[str, str]) -> Iterator[ServerProcess]:
 
 
 def in_flight(srv: ServerProcess) -> float:
-    return srv.metrics()['paddle_ipu_in_flight{model="mlp",version="1"}']
+    return srv.metrics()['paddle_ipu_in_flight_units{model="mlp",version="1"}']
 
 
 def wait_for(predicate: Any, what: str) -> None:

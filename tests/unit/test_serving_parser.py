@@ -259,6 +259,48 @@ def test_outputs_and_parameters() -> None:
     assert parsed["binary"] == [False] and parsed["timeout_s"] == -1
 
 
+@pytest.mark.parametrize(
+    ("parameters", "refused"),
+    [
+        ({"priority": 0, "sequence_id": 0, "sequence_start": False, "sequence_end": False}, None),
+        ({"sequence_id": ""}, None),
+        ({"priority": 2}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"sequence_id": 9}, "sequence_id"),
+        ({"sequence_id": "s"}, "sequence_id"),
+        ({"sequence_start": True}, "sequence_start"),
+        ({"sequence_end": True}, "sequence_end"),
+        ({"custom": 0}, "custom"),
+        ({"timeout": 10, "triton_enable_empty_final_response": True}, "triton_enable_empty_"),
+    ],
+)
+def test_parameters_not_implemented_are_refused_by_name(
+    parameters: dict[str, Any], refused: str | None
+) -> None:
+    fe = front()
+    x, ids = tensor("x", X, "FP32"), tensor("ids", IDS, "INT32")
+    request = grpc_request(x=(X, "FP32"), ids=(IDS, "INT32"))
+    for key, value in parameters.items():
+        if isinstance(value, bool):
+            request.parameters[key].bool_param = value
+        elif isinstance(value, int):
+            request.parameters[key].int64_param = value
+        elif isinstance(value, float):
+            request.parameters[key].double_param = value
+        elif isinstance(value, str):
+            request.parameters[key].string_param = value
+    for result in (
+        parse(fe, x, ids, parameters=parameters),
+        fe.parse_grpc(request.SerializeToString()),
+    ):
+        if refused is None:
+            ok(result)
+            continue
+        status, message, _ = result
+        assert status == 400 and message.startswith(f"parameter '{refused}")
+        assert "is not implemented" in message
+
+
 def grpc_request(**inputs: tuple[np.ndarray, str]) -> Any:
     request = service_pb2.ModelInferRequest(model_name="m", id="g")
     for name, (array, datatype) in inputs.items():
