@@ -163,3 +163,19 @@ class IpuMemoryError(CompileError, MemoryError):
         super().__init__(message)
         #: the :class:`paddle_ipu.compiler.memory.MemoryReport`
         self.report = report
+
+
+class PipelineStepError(IpuError, RuntimeError):
+    """A step of a served pipeline (:mod:`paddle_ipu.serving.pipeline`) failed: the
+    message names the pipeline, the step and the cause (``step``: the step's name;
+    ``__cause__``: the step's own exception)."""
+
+    def __init__(self, message: str, step: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class PipelineInputError(PipelineStepError, ValueError):
+    """A step of a pipeline refused what the request sent (its own exception was a
+    ValueError: an image that does not decode, a shape a model refuses): the server
+    answers it as bad input (400)."""

@@ -333,6 +333,17 @@ def create_accumulators(optimizer: Any, block: Any, parameters: list[Any]) -> bo
     return True
 
 
+@contextlib.contextmanager
+def thread_static_mode() -> Iterator[None]:
+    """Static mode in a thread other than the one that imported paddle, where
+    ``paddle.enable_static()`` changes nothing (its dygraph context is that thread's):
+    the thread's tracer taken away for the block (``framework._dygraph_guard(None)``)."""
+    from paddle.base import framework
+
+    with framework._dygraph_guard(None):
+        yield
+
+
 # -- probes ---------------------------------------------------------------------------------
 
 
@@ -530,3 +541,29 @@ def _probe_legacy() -> str:
         set_legacy_var_dtype(half, legacy_fp32_type())
         assert half.dtype == legacy_fp32_type()
     return "the float16 type, Program class and attribute setter as checked"
+
+
+@interface(
+    _DEP,
+    "framework._dygraph_guard(None)",
+    "loading and compiling a saved model on a thread of its own (a shape a runtime meets)",
+)
+def _probe_thread_static() -> str:
+    import threading
+
+    import paddle
+
+    seen: list[bool] = []
+
+    def probe() -> None:
+        seen.append(paddle.in_dynamic_mode())
+        with thread_static_mode():
+            seen.append(paddle.in_dynamic_mode())
+        seen.append(paddle.in_dynamic_mode())
+
+    with probe_mode(static=False):
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+    assert seen == [True, False, True], seen
+    return "a thread's tracer taken away and given back"

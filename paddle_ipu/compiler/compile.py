@@ -290,13 +290,8 @@ def static_mode() -> Iterator[None]:
     dynamic = paddle.in_dynamic_mode()
     if dynamic:
         paddle.enable_static()
-    if dynamic and paddle.in_dynamic_mode():
-        # A thread other than the one that imported Paddle (a server's worker): its
-        # enable_static() only leaves that thread's dygraph context; the mode is
-        # thread-local, so this thread's tracer is set aside for the block.
-        from paddle.base import framework
-
-        with framework._dygraph_guard(None):
+    if paddle.in_dynamic_mode():  # a thread other than paddle's first: enable_static did nothing
+        with paddle_api.thread_static_mode():
             yield
         return
     try:

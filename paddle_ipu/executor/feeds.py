@@ -511,3 +511,37 @@ def check_row_split(
                 f"{list(spec.shape)}) has no batch dimension of the micro-batch "
                 f"({micro_batch_size}), so a request must be exactly {rows_per_run} rows"
             )
+
+
+def check_typed_request(
+    owner: str,
+    declared: Sequence[tuple[str, str, np.dtype, Sequence[int]]],
+    feed: Mapping[str, Any],
+) -> dict[str, np.ndarray]:
+    """A request to a model that declares its inputs by KServe v2 datatype (a pipeline):
+    ``declared`` holds (name, datatype, numpy dtype -- object for BYTES --, dims with -1
+    open).  Every input present, no other, of its
+    dtype and shape; FeedErrors name ``owner``, the input, the expected and the received."""
+    names = [d[0] for d in declared]
+    unknown = sorted(set(feed) - set(names))
+    if unknown:
+        raise FeedError(f"{owner}: unknown inputs {unknown} (its inputs: {names})")
+    values: dict[str, np.ndarray] = {}
+    for name, datatype, dtype, dims in declared:
+        value = feed.get(name)
+        if value is None:
+            raise FeedError(f"{owner}: input {name!r} is missing (its inputs: {names})")
+        array = np.asarray(value, dtype=object if dtype == np.dtype(object) else None)
+        if array.dtype != dtype:
+            raise FeedError(
+                f"{owner}: input {name!r} must be {datatype} ({dtype}), got {array.dtype}"
+            )
+        if len(array.shape) != len(dims) or any(
+            d not in (-1, s) for d, s in zip(dims, array.shape)
+        ):
+            raise FeedError(
+                f"{owner}: input {name!r} must have shape {list(dims)} (-1: any), got "
+                f"{list(array.shape)}"
+            )
+        values[name] = array
+    return values

@@ -15,7 +15,9 @@ optional)::
      "timeout_ms": 2.0,          the batching timeout (0: a request is one micro-batch)
      "num_buffers": 64,          the queue's bound, in micro-batches
      "version_policy": {"latest": {"num_versions": 1}}
-                       | {"all": {}} | {"specific": {"versions": [1, 3]}}}
+                       | {"all": {}} | {"specific": {"versions": [1, 3]}},
+     "pipeline": {...}}          a pipeline over other models (serving.pipeline), not
+                                 a model: its version directories are empty
 
 The default policy serves the newest version.  Model control modes, as Triton's:
 ``none`` loads every model at start and refuses load / unload requests (400 /
@@ -47,7 +49,7 @@ __all__ = ["CONTROL_MODES", "ModelConfig", "ModelRepository", "read_config"]
 CONTROL_MODES = ("none", "explicit")
 CONFIG_FILE = "config.json"
 PACKAGE_FILE = "model.pdipu"
-_CONFIG_KEYS = ("micro_batch_size", "timeout_ms", "num_buffers", "version_policy")
+_CONFIG_KEYS = ("micro_batch_size", "timeout_ms", "num_buffers", "version_policy", "pipeline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,8 @@ class ModelConfig:
     num_buffers: int | None = None
     # ("latest", n) | ("all", 0) | ("specific", (versions...))
     policy: tuple[str, Any] = ("latest", 1)
+    #: a pipeline's definition (serving.pipeline.PipelineConfig), None for a model
+    pipeline: Any = None
 
     def select(self, versions: Sequence[int]) -> list[int]:
         """The versions (of those present, ascending) the policy serves."""
@@ -127,6 +131,16 @@ def read_config(model_dir: Path) -> ModelConfig:
         )
     if "version_policy" in doc:
         config = dataclasses.replace(config, policy=_policy(path, doc["version_policy"]))
+    if "pipeline" in doc:
+        from paddle_ipu.serving.pipeline import parse_pipeline
+
+        batching = sorted(set(doc) & {"micro_batch_size", "timeout_ms", "num_buffers"})
+        if batching:
+            raise OptionError(
+                f"{path}: {batching} are a model's: a pipeline's steps batch in their "
+                "own models' runtimes"
+            )
+        config = dataclasses.replace(config, pipeline=parse_pipeline(doc["pipeline"], str(path)))
     return config
 
 
@@ -305,6 +319,63 @@ class ModelRepository:
         log.info("unloaded model %r versions %s", name, served)
         return 200, "{}"
 
+    def _served(self, name: str, version: str) -> Any:
+        """The runtime the server serves as ``name`` / ``version`` ("": the newest)."""
+        served = self._server.served()
+        if version:
+            runtime = served.get((name, version))
+        else:
+            versions = sorted((int(v), rt) for (n, v), rt in served.items() if n == name)
+            runtime = versions[-1][1] if versions else None
+        if runtime is None:
+            raise OptionError(
+                f"model {name!r}"
+                + (f" version {version!r}" if version else "")
+                + f" is not served (served: {sorted(served)})"
+            )
+        return runtime
+
+    def open_pipeline(self, name: str, version: int | None = None) -> Any:
+        """The pipeline ``name`` of this repository in this process, without a server:
+        its steps' models loaded here (their newest versions, or those the steps name)
+        and closed with it."""
+        versions = self.versions(name)
+        config = read_config(self.path / name)
+        if config.pipeline is None:
+            raise OptionError(f"model {name!r} of {str(self.path)!r} is not a pipeline")
+        if not versions:
+            raise OptionError(f"{self.path / name} has no version directory")
+        from paddle_ipu.serving.pipeline import Pipeline
+
+        runtimes: dict[tuple[str, str], Any] = {}
+        try:
+            for step in config.pipeline.steps:
+                if step.kind != "model" or (step.target, step.version) in runtimes:
+                    continue
+                model_versions = (
+                    self.versions(step.target) if (self.path / step.target).is_dir() else []
+                )
+                if not model_versions:
+                    raise OptionError(
+                        f"pipeline {name!r}, step {step.name!r}: no model {step.target!r} "
+                        f"with a version in {str(self.path)!r}"
+                    )
+                v = int(step.version) if step.version else model_versions[-1]
+                runtimes[(step.target, step.version)] = self._runtime(
+                    step.target, v, read_config(self.path / step.target)
+                )
+        except BaseException:
+            for rt in runtimes.values():
+                rt.close()
+            raise
+        return Pipeline(
+            config.pipeline,
+            lambda model, v: runtimes[(model, v)],
+            name=name,
+            search=self.path,
+            owned=list(runtimes.values()),
+        )
+
     def _runtime(self, name: str, version: int, config: ModelConfig) -> Any:
         """The started runtime of one version directory."""
         from paddle_ipu.serving.bucketed_runtime import runtime_for
@@ -312,6 +383,10 @@ class ModelRepository:
         from paddle_ipu.serving.saved_model import compile_model
 
         d = self.path / name / str(version)
+        if config.pipeline is not None:
+            from paddle_ipu.serving.pipeline import Pipeline
+
+            return Pipeline(config.pipeline, self._served, name=name, search=self.path)
         mbs = config.micro_batch_size or self.defaults.micro_batch_size or 1
         if (d / PACKAGE_FILE).is_file():
             package = load_package(d / PACKAGE_FILE)
