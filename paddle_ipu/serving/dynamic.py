@@ -120,6 +120,15 @@ class RuntimeModel:
 
     def __init__(self, runtime: Any) -> None:
         self.runtime = runtime
+        if hasattr(runtime, "tensor_specs"):  # declared by the package: nothing compiled yet
+            feeds, fetches = runtime.tensor_specs()
+            self.inputs = [
+                TensorSpec(n, v2_datatype(np.dtype(d), n), tuple(s)) for n, d, s in feeds
+            ]
+            self.outputs = [
+                TensorSpec(n, v2_datatype(np.dtype(d), n), tuple(s)) for n, d, s in fetches
+            ]
+            return
         model = runtime.executor.model
         feed_shapes, out_shapes = runtime.request_shapes()
 

@@ -312,8 +312,8 @@ def _compile_package(
         for name, shape in loaded.declared.items()
     }
     meta["fetches"] = [
-        {"name": name, "dtype": dtype}
-        for name, dtype in zip(loaded.fetch_names, loaded.fetch_dtypes)
+        {"name": name, "dtype": dtype, "rank": rank}
+        for name, dtype, rank in zip(loaded.fetch_names, loaded.fetch_dtypes, loaded.fetch_ranks)
     ]
     if model is not None:
         meta["opset"] = model.opset
@@ -388,6 +388,8 @@ class _Loaded:
     fetch_dtypes: list[str] = dataclasses.field(default_factory=list)
     #: the data-dependent tail split off (:mod:`paddle_ipu.compiler.tail`), or None
     tail: Any = None
+    #: the fetches' ranks
+    fetch_ranks: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def compiled_fetches(self) -> list[Any]:
@@ -438,6 +440,7 @@ def _load(prefix: str) -> _Loaded:
                 feed_dtypes = {n: dtypes.name_of(v.dtype) for n, v in values.items()}
                 fetch_names = [_fetch_name(program, f, legacy) for f in fetches]
                 fetch_dtypes = [dtypes.name_of(f.dtype) for f in fetches]
+                fetch_ranks = [len(f.shape) for f in fetches]
                 tail = split_tail(program, list(values.values()), list(fetches), fetch_names)
         except IpuError:
             raise
@@ -445,7 +448,7 @@ def _load(prefix: str) -> _Loaded:
             raise CompileError(f"cannot load the saved inference model {prefix!r}: {exc}") from exc
         loaded = _Loaded(
             program, list(feeds), list(fetches), scope, legacy, declared,
-            feed_dtypes, fetch_names, fetch_dtypes, tail,
+            feed_dtypes, fetch_names, fetch_dtypes, tail, fetch_ranks,
         )  # fmt: skip
         while len(_loaded) >= _LOADED_MAX:
             _loaded.pop(next(iter(_loaded)))

@@ -114,6 +114,39 @@ class ShapeRuntime:
             raise NotSupportedError("no input shape has been compiled for this package yet")
         return self.shapes.executor(keys[0])
 
+    def tensor_specs(
+        self,
+    ) -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
+        """(name, numpy dtype name, declared shape) of the feeds and of the outputs, as
+        the package declares them, before any shape is compiled: the outputs -1 on
+        every axis when a feed leaves a dimension besides the batch open.  A package
+        made before the outputs' ranks were recorded answers from its first compiled
+        shape (a NotSupportedError when none is compiled)."""
+        meta = self.package.meta
+        fetches = meta.get("fetches") or []
+        names = [str(f.get("name", "")) for f in fetches]
+        usable = all(names) and len(set(names)) == len(names)  # PIR fetches may be unnamed
+        if not usable or any("rank" not in f for f in fetches) or not meta.get("feeds"):
+            model = self.executor.model
+            feed_shapes, out_shapes = self.request_shapes()
+            return (
+                [
+                    (s.paddle_name or s.name, np.dtype(s.numpy_dtype).name, list(shape))
+                    for s, shape in zip(model.inputs, feed_shapes)
+                ],
+                [
+                    (s.paddle_name or s.name, np.dtype(s.numpy_dtype).name, list(shape))
+                    for s, shape in zip(model.outputs, out_shapes)
+                ],
+            )
+        feeds_ = [
+            (name, str(f["dtype"]), [int(d) for d in f["shape"]])
+            for name, f in meta["feeds"].items()
+        ]
+        # a package compiled per input shape: its outputs' sizes follow the input shape
+        outs = [(str(f["name"]), str(f["dtype"]), [-1] * int(f["rank"])) for f in fetches]
+        return feeds_, outs
+
     def request_shapes(self) -> tuple[list[list[int]], list[list[int]]]:
         """The declared shapes of the feeds (-1: open); the outputs' are -1 on every
         axis when a feed leaves a dimension besides the batch open (their sizes follow

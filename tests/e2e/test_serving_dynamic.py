@@ -275,10 +275,15 @@ def _detector_like() -> tuple[Any, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ahead", [True, False], ids=["a-shape-compiled-ahead", "none-compiled"])
 def test_serve_a_model_with_open_image_dimensions_as_paddles_cpu_executor(
-    tmp_path: Path,
+    tmp_path: Path, ahead: bool
 ) -> None:
-    with fresh_programs(5) as (main, startup, _scope):
+    """Served with a shape compiled ahead (saved under PIR), or with none (saved as a
+    legacy .pdmodel, as trained OCR models ship, on a fresh cache: the metadata from the
+    model's declared tensors, every shape compiled on its first request)."""
+    guard = paddle.pir_utils.IrGuard() if ahead else paddle.pir_utils.OldIrGuard()
+    with guard, fresh_programs(5) as (main, startup, _scope):
         x, fetches = _detector_like()
         exe = paddle.static.Executor(paddle.CPUPlace())
         exe.run(startup)
@@ -289,13 +294,15 @@ def test_serve_a_model_with_open_image_dimensions_as_paddles_cpu_executor(
             return [np.asarray(v) for v in exe.run(main, feed={"x": feed}, fetch_list=fetches)]
 
         env = {"PADDLE_IPU_CACHE_DIR": str(tmp_path / "cache")}
-        args = ["--name", "det", "--micro-batch", "2", "--input-shapes", "x:-1x3x32x48"]
+        args = ["--name", "det", "--micro-batch", "2"]
+        args += ["--input-shapes", "x:-1x3x32x48"] if ahead else []
         srv = ServerProcess(prefix, *args, env=env)
         try:
             http = httpclient.InferenceServerClient(srv.url)
             grpc = grpcclient.InferenceServerClient(srv.grpc_url)
             meta = http.get_model_metadata("det")
             assert meta["inputs"][0]["shape"] == [-1, 3, -1, -1], meta
+            assert [o["shape"] for o in meta["outputs"]] == [[-1] * 4, [-1] * 2], meta
             names = [o["name"] for o in meta["outputs"]]
             rng = np.random.default_rng(3)
             # A compiled shape, and one compiled on its first request.

@@ -67,7 +67,7 @@ def broken(x: np.ndarray) -> dict[str, Any]:
     raise ValueError("no good")
 
 
-HERE = "tests.unit.test_serving_pipeline"
+HERE = __name__  # the host steps below, importable by the name pytest gave this module
 
 
 def definition(**changes: Any) -> dict[str, Any]:
