@@ -89,10 +89,14 @@ paddle.static.save_inference_model({prefix!r}, [image, scale_factor], [bbox, num
 # Prints the output names and writes the outputs per run; on the IPU side also the
 # process state the predictor must leave as it found it.
 SCRIPT = """
-import json, sys
+import json, logging, sys
 import numpy as np
 import paddle
 import paddle.inference as paddle_infer
+# paddle-ipu's INFO lines on stderr whatever Paddle's release does to logging when
+# imported (3.2 sets the root logger's level to WARNING, 3.3 to INFO)
+logging.basicConfig()
+logging.getLogger("paddle_ipu").setLevel(logging.INFO)
 
 def state():
     import paddle
