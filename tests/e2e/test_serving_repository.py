@@ -240,7 +240,7 @@ CLIENT = textwrap.dedent(
 def start_client(
     srv: ServerProcess, model: str, x: np.ndarray, built: Built, work: Path
 ) -> subprocess.Popen[str]:
-    """CLIENT in its own process, 8 threads sending ``x`` to ``model`` until
+    """CLIENT in its own process, 32 threads (32 connections) sending ``x`` to ``model`` until
     ``work/stop`` exists; returns once it has started."""
     work.mkdir(exist_ok=True)
     np.save(work / "x.npy", x)
@@ -248,7 +248,7 @@ def start_client(
     (work / "client.py").write_text(CLIENT)
     client = subprocess.Popen(
         [sys.executable, str(work / "client.py"), srv.url, model, str(work / "x.npy"),
-         str(work / "y.npy"), str(work / "stop"), "8"],
+         str(work / "y.npy"), str(work / "stop"), "32"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
