@@ -246,8 +246,15 @@ def test_a_killed_rank_fails_the_other_naming_it(tmp_path: Path) -> None:
     # rank 0 ended on its own, non-zero, saying which rank failed and how
     assert took < 20, took
     assert "paddle_ipu.errors.DistributedError: rank 0: the gradient all-reduce" in rank0
-    assert "rank 1 closed its connection: its process ended (killed" in rank0
-    assert "rank 1 closed its connection" in output  # the launcher shows rank 0's log
+    # gloo names the peer whose connection closed ("pair_rank = 1"), or, when the read
+    # fails first ("Read error ... Connection reset by peer", seen under load), rank 1's
+    # heartbeats in the job's store have stopped: either way rank 1 is named
+    named = (
+        "rank 1 closed its connection: its process ended (killed",
+        "rank(s) 1 stopped answering",
+    )
+    assert any(n in rank0 for n in named), rank0[-2000:]
+    assert any(n in output for n in named)  # the launcher shows rank 0's log
     print(f"rank 0 ended {took:.2f} s after rank 1 was killed")
 
 
