@@ -407,19 +407,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # A package of sequence buckets or compiled per input shape is a dynamic model: its
     # requests are parsed in C++ and handed to the runtime's submit (serving/dynamic.py).
     server = InferenceServer(
-        runtime,
-        name=args.name,
-        host=args.host,
-        port=args.port,
-        grpc_port=args.grpc_port,
-        threads=args.threads,
-        request_timeout_ms=args.request_timeout_ms,
-        max_body_mb=args.max_body_mb,
-        reuse_port=args.reuse_port,
-        instances=args.instances or 1,
-        access_log=args.access_log,
-        warmup=args.warmup,
-        drain_grace_s=args.drain_grace_s,
+        runtime, name=args.name, instances=args.instances or 1, **_server_options(args)
     )
     sock = None
     if args.worker_metrics_socket:  # a --workers process: the parent gathers its metrics
@@ -438,6 +426,23 @@ _SERVE_WHY = (
     "the server answers each request with tensors of the shapes it declares in the "
     "model's metadata (the C++ request path lays every answer out before the run)"
 )
+
+
+def _server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The InferenceServer options ``serve`` takes from its command line, whatever it
+    serves (one model or a repository)."""
+    return {
+        "host": args.host,
+        "port": args.port,
+        "grpc_port": args.grpc_port,
+        "threads": args.threads,
+        "request_timeout_ms": args.request_timeout_ms,
+        "max_body_mb": args.max_body_mb,
+        "reuse_port": args.reuse_port,
+        "access_log": args.access_log,
+        "warmup": args.warmup,
+        "drain_grace_s": args.drain_grace_s,
+    }
 
 
 def _serve_repository(args: argparse.Namespace) -> int:
@@ -468,19 +473,7 @@ def _serve_repository(args: argparse.Namespace) -> int:
         backend=args.backend,
         spin=args.spin,
     )
-    InferenceServer(
-        host=args.host,
-        port=args.port,
-        grpc_port=args.grpc_port,
-        threads=args.threads,
-        request_timeout_ms=args.request_timeout_ms,
-        max_body_mb=args.max_body_mb,
-        reuse_port=args.reuse_port,
-        repository=repository,
-        access_log=args.access_log,
-        warmup=args.warmup,
-        drain_grace_s=args.drain_grace_s,
-    ).serve_forever()
+    InferenceServer(repository=repository, **_server_options(args)).serve_forever()
     return 0
 
 
