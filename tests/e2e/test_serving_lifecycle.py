@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,6 +227,7 @@ def test_config_instance_group_counts_the_workers(package: str) -> None:
         [sys.executable, "-m", "paddle_ipu", "serve", package, "--name", "mlp",
          "--port", str(port), "--workers", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tempfile.gettempdir(),  # the installed package, not a source tree's
     )  # fmt: skip
     try:
         wait_for_lines(proc, "paddle-ipu: serving", 3)
@@ -249,6 +251,7 @@ def test_metrics_port_gathers_every_worker_in_one_scrape(package: str) -> None:
         [sys.executable, "-m", "paddle_ipu", "serve", package, "--name", "mlp",
          "--port", str(port), "--workers", "2", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tempfile.gettempdir(),  # the installed package, not a source tree's
     )  # fmt: skip
     try:
         lines = wait_for_lines(proc, "paddle-ipu: serving", 2)
