@@ -1,0 +1,107 @@
+// One gRPC connection: HTTP/2 (nghttp2's server session, fed from and flushed to the
+// socket on the connection's IO thread) carrying KServe v2's
+// inference.GRPCInferenceService. ModelInfer is answered here without Python:
+// its message goes to Server::GrpcInfer (grpc_call.h), and the answer is posted
+// back to this IO thread. The other RPCs go to the Python side (Server::GrpcUnary).
+//
+// A call's deadline (grpc-timeout) bounds its wait in the queue: the server's own
+// timeout ends a little before it, so that the server answers DEADLINE_EXCEEDED
+// itself. A stream the client resets, or a connection it closes, cancels its call (a
+// queued request leaves the queue). A drain sends GOAWAY, answers the calls under
+// way, then closes.
+#pragma once
+
+#include <nghttp2/nghttp2.h>
+
+#include <boost/asio.hpp>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+namespace paddle_ipu {
+namespace serving {
+
+class GrpcCall;
+class Server;
+struct Listener;
+
+// "grpc-message": percent-encoded as gRPC's HTTP/2 mapping says (bytes outside
+// 0x20-0x7E, and '%').
+std::string PercentEncode(const std::string& s);
+// A grpc-timeout header ("100m", "5S", ...) in seconds; < 0 when malformed.
+double GrpcTimeoutSeconds(const std::string& value);
+
+class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
+ public:
+  GrpcConnection(boost::asio::ip::tcp::socket sock, Listener* io, Server* srv);
+  ~GrpcConnection();
+
+  void Start();
+  // Drain: GOAWAY; close once the calls under way are answered.
+  void OnDrain();
+
+ private:
+  struct Stream {
+    std::string path, content_type, method, trace;
+    double deadline_s = 0;  // the client's grpc-timeout (0: none)
+    bool bad_timeout = false;
+    std::string body;
+    bool too_large = false;
+    bool answered = false;  // a response was submitted
+    std::shared_ptr<GrpcCall> call;  // ModelInfer, while queued or running
+    bool python = false;             // handed to the Python side
+    std::unique_ptr<boost::asio::steady_timer> timer;
+    // The response's one message: its 5-byte prefix and its bytes (`owned`, or the
+    // call's answer).
+    std::array<char, 5> head{};
+    std::string owned;
+    const std::string* payload = nullptr;
+    size_t sent = 0;
+    int code = 0;
+  };
+
+  // nghttp2's callbacks (user data: this connection).
+  static int OnBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* self);
+  static int OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t flags,
+                      void* self);
+  static int OnDataChunk(nghttp2_session*, uint8_t flags, int32_t id, const uint8_t* data,
+                         size_t len, void* self);
+  static int OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* self);
+  static int OnStreamClose(nghttp2_session*, int32_t id, uint32_t error_code, void* self);
+  static ssize_t ReadData(nghttp2_session*, int32_t id, uint8_t* buf, size_t length,
+                          uint32_t* flags, nghttp2_data_source* source, void* self);
+
+  Stream* Find(int32_t id);
+  void DoRead();
+  // Sends what the session has to send; closes when it has nothing more to do.
+  void Flush();
+  void Close();
+
+  // A request is complete (its END_STREAM came): route it.
+  void Dispatch(int32_t id, Stream& s);
+  void Infer(int32_t id, Stream& s, std::string msg);
+  void Unary(int32_t id, Stream& s, std::string msg);
+  // The answers (on this IO thread).
+  void InferDone(int32_t id, const std::shared_ptr<GrpcCall>& call, int code);
+  void Respond(int32_t id, Stream& s, std::string bytes);
+  void Fail(int32_t id, Stream& s, int code, const std::string& message, bool retry = false);
+  void Submit(int32_t id, Stream& s);
+
+  boost::asio::ip::tcp::socket sock_;
+  Listener* io_;
+  Server* srv_;
+  nghttp2_session* session_ = nullptr;
+  std::unordered_map<int32_t, std::unique_ptr<Stream>> streams_;
+  std::array<char, 16 * 1024> in_{};
+  std::string out_;
+  bool writing_ = false;
+  bool closed_ = false;
+  bool draining_ = false;
+};
+
+}  // namespace serving
+}  // namespace paddle_ipu
