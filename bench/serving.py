@@ -823,6 +823,14 @@ def oop_summary(rows: list[Row]) -> None:
                 f"(p99 {on['p99']:.2f} ms) / off {off['rps']:.0f} req/s = "
                 f"{on['rps'] / off['rps']:.2f}x (target >= 3x, p99 <= 10 ms)"
             )
+    for model in ("mlp512", "double"):
+        http, grpc = find(model, "on", "http", 32), find(model, "on", "grpc", 32)
+        if http and grpc:
+            print(
+                f"{model}, 32 connections, batching on: grpc {grpc['rps']:.0f} req/s "
+                f"(p99 {grpc['p99']:.2f} ms) / http {http['rps']:.0f} req/s = "
+                f"{grpc['rps'] / http['rps']:.2f}x (target >= 0.7x, p99 <= 10 ms)"
+            )
     for batching in ("on", "off"):
         r = find("double", batching, "http", 32)
         if r:

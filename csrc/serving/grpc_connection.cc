@@ -18,9 +18,6 @@ namespace serving {
 
 namespace {
 
-constexpr std::string_view kService = "/inference.GRPCInferenceService/";
-constexpr int kOk = 0, kInvalidArgument = 3, kResourceExhausted = 8, kUnimplemented = 12,
-              kUnavailable = 14;
 
 // The send buffer is flushed to the socket once it holds this much.
 constexpr size_t kWriteChunk = 256 * 1024;
@@ -167,6 +164,7 @@ void GrpcConnection::Close() {
     Stream& s = *entry.second;
     if (s.timer) s.timer->cancel();
     if (s.call) s.call->Cancel();  // a queued request leaves the queue
+    CancelAll(s);
   }
   boost::system::error_code ignored;
   sock_.shutdown(tcp::socket::shutdown_both, ignored);
@@ -179,6 +177,13 @@ void GrpcConnection::OnDrain() {
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
                         nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
                         nullptr, 0);
+  // Streams that wait for nothing end now; the others once their calls are answered.
+  for (auto& entry : streams_) {
+    Stream& s = *entry.second;
+    if (s.streaming && s.pending.empty() && !s.ending) {
+      EndStream(entry.first, s, kUnavailable, kShuttingDown);
+    }
+  }
   Flush();
 }
 
@@ -223,6 +228,12 @@ int GrpcConnection::OnDataChunk(nghttp2_session*, uint8_t, int32_t id, const uin
   auto* c = static_cast<GrpcConnection*>(self);
   if (c->closed_) return 0;
   Stream* s = c->Find(id);
+  if (s && s->streaming) {
+    if (s->ending) return 0;
+    s->body.append(reinterpret_cast<const char*>(data), len);
+    c->StreamMessages(id, *s);
+    return 0;
+  }
   if (!s || s->answered || s->too_large) return 0;
   // The message's limit (--max-body-mb), and its 5-byte prefix.
   const auto limit = static_cast<size_t>(c->srv_->max_body()) + 5;
@@ -243,19 +254,26 @@ int GrpcConnection::OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* 
   auto* c = static_cast<GrpcConnection*>(self);
   if (c->closed_) return 0;
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
-  Stream* s = c->Find(frame->hd.stream_id);
-  if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-    // A streaming call is answered at once, without waiting for the client's end.
-    if (s && !s->answered && frame->hd.type == NGHTTP2_HEADERS &&
-        s->path == std::string(kService) + "ModelStreamInfer") {
-      c->Fail(frame->hd.stream_id, *s, kUnimplemented,
-              "ModelStreamInfer is not offered by paddle-ipu's server (unary ModelInfer only)");
-      nghttp2_submit_rst_stream(c->session_, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
-                                NGHTTP2_NO_ERROR);
+  const int32_t id = frame->hd.stream_id;
+  Stream* s = c->Find(id);
+  if (!s) return 0;
+  const bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
+  // A streaming call is answered as its messages come, not at the client's end.
+  if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
+      s->path == std::string(kService) + "ModelStreamInfer") {
+    c->OpenStream(id, *s);
+  }
+  if (s->streaming) {
+    if (end) {
+      s->remote_done = true;
+      if (s->parsed < s->body.size() && !s->ending) {
+        c->EndStream(id, *s, kInvalidArgument, "the stream ended inside a message");
+      }
+      c->Resume(id, *s);
     }
     return 0;
   }
-  if (s && !s->answered && !s->call && !s->python) c->Dispatch(frame->hd.stream_id, *s);
+  if (end && !s->answered && !s->call && !s->python) c->Dispatch(id, *s);
   return 0;
 }
 
@@ -268,6 +286,7 @@ int GrpcConnection::OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* 
   // Reset by the client before its answer: its request leaves the queue (a call
   // already answered finds nothing to cancel).
   if (s.call) s.call->Cancel();
+  CancelAll(s);
   c->streams_.erase(it);
   return 0;
 }

@@ -2,7 +2,10 @@
 // socket on the connection's IO thread) carrying KServe v2's
 // inference.GRPCInferenceService. ModelInfer is answered here without Python:
 // its message goes to Server::GrpcInfer (grpc_call.h), and the answer is posted
-// back to this IO thread. The other RPCs go to the Python side (Server::GrpcUnary).
+// back to this IO thread. ModelStreamInfer likewise (grpc_stream.cc): every request
+// message on the stream is one ModelInfer call, answered on the stream as it finishes
+// (decoupled: in the order the calls finish). The other RPCs go to the Python side
+// (Server::GrpcUnary).
 //
 // A call's deadline (grpc-timeout) bounds its wait in the queue: the server's own
 // timeout ends a little before it, so that the server answers DEADLINE_EXCEEDED
@@ -19,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace paddle_ipu {
@@ -27,6 +31,11 @@ namespace serving {
 class GrpcCall;
 class Server;
 struct Listener;
+
+// The service's path prefix, and the gRPC status codes answered here.
+constexpr std::string_view kService = "/inference.GRPCInferenceService/";
+constexpr int kOk = 0, kInvalidArgument = 3, kResourceExhausted = 8, kUnimplemented = 12,
+              kUnavailable = 14;
 
 // "grpc-message": percent-encoded as gRPC's HTTP/2 mapping says (bytes outside
 // 0x20-0x7E, and '%').
@@ -61,6 +70,20 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
     const std::string* payload = nullptr;
     size_t sent = 0;
     int code = 0;
+    // ModelStreamInfer: the calls under way (by sequence number), the answers not
+    // sent yet, and how the stream ends.
+    bool streaming = false;
+    bool remote_done = false;  // the client ended its side
+    bool deferred = false;     // the data provider waits for answers
+    bool ending = false;       // end now with `code` / `message`
+    std::string message;
+    size_t parsed = 0;         // bytes of `body` taken as messages
+    uint64_t next_seq = 0;
+    struct Pending {
+      std::shared_ptr<GrpcCall> call;
+      std::unique_ptr<boost::asio::steady_timer> timer;
+    };
+    std::unordered_map<uint64_t, Pending> pending;
   };
 
   // nghttp2's callbacks (user data: this connection).
@@ -90,6 +113,21 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   void Respond(int32_t id, Stream& s, std::string bytes);
   void Fail(int32_t id, Stream& s, int code, const std::string& message, bool retry = false);
   void Submit(int32_t id, Stream& s);
+
+  // ModelStreamInfer (grpc_stream.cc).
+  static ssize_t ReadStream(nghttp2_session*, int32_t id, uint8_t* buf, size_t length,
+                            uint32_t* flags, nghttp2_data_source* source, void* self);
+  void OpenStream(int32_t id, Stream& s);
+  // Takes the complete messages of `s.body` (new data came).
+  void StreamMessages(int32_t id, Stream& s);
+  void StreamInfer(int32_t id, Stream& s, std::string msg);
+  void StreamDone(int32_t id, uint64_t seq, const std::shared_ptr<GrpcCall>& call, int code);
+  // Ends the stream with a status once what is queued was sent.
+  void EndStream(int32_t id, Stream& s, int code, std::string message);
+  // Lets the data provider send what was queued (after an answer or the client's end).
+  void Resume(int32_t id, Stream& s);
+  // Cancels a stream's calls under way (the client went away).
+  static void CancelAll(Stream& s);
 
   boost::asio::ip::tcp::socket sock_;
   Listener* io_;

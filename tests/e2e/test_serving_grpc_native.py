@@ -302,3 +302,62 @@ def test_bad_messages_are_refused_by_status(server: ServerProcess, tmp_path: Pat
         assert got[0] == code and text in got[1], (body[:16], got)
     bad_timeout = nghttp(server, good, tmp_path, "grpc-timeout: soon")
     assert grpc_status(bad_timeout)[0] == 3
+
+
+# -- ModelStreamInfer --------------------------------------------------------------------
+
+
+def test_model_stream_infer_answers_every_request(server: ServerProcess, mlp: Built) -> None:
+    """tritonclient's bidirectional stream: every request answered on the stream (as
+    Paddle's CPU executor does), a bad one by an error naming its input, the stream
+    still serving after it."""
+    import queue
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    xs = {f"r{i}": rows(20 + i, 1 + i % 4) for i in range(12)}
+    items = list(xs.items())
+    for k, (rid, x) in enumerate(items):
+        if k == 6:
+            bad = grpcclient.InferInput("x", [2, 15], "FP32")
+            bad.set_data_from_numpy(np.zeros((2, 15), np.float32))
+            client.async_stream_infer("mlp", [bad], request_id="bad")
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        client.async_stream_infer("mlp", [inp], request_id=rid)
+    got: dict[str, Any] = {}
+    errors: list[Any] = []
+    for _ in range(len(xs) + 1):
+        result, error = answers.get(timeout=WAIT)
+        if error is not None:
+            errors.append(error)
+        else:
+            got[result.get_response().id] = result
+    client.stop_stream()
+    client.close()
+    assert sorted(got) == sorted(xs)
+    for rid, x in xs.items():
+        name = got[rid].get_response().outputs[0].name
+        np.testing.assert_allclose(
+            got[rid].as_numpy(name), reference(mlp, {"x": x}), rtol=1e-5, atol=1e-6
+        )
+    assert len(errors) == 1 and "'x'" in str(errors[0]) and "15" in str(errors[0]), errors
+    assert answers.empty()
+
+
+def test_a_cancelled_stream_drops_its_queued_calls(slow: ServerProcess, mlp: Built) -> None:
+    client = grpcclient.InferenceServerClient(slow.grpc_url)
+    client.start_stream(callback=lambda result, error: None)
+    for seed in (30, 31):
+        inp = grpcclient.InferInput("x", [2, 16], "FP32")
+        inp.set_data_from_numpy(rows(seed, 2))
+        client.async_stream_infer("mlp", [inp])
+    wait_for(lambda: in_flight(slow) == 4, "the stream's calls are queued")
+    client.stop_stream(cancel_requests=True)
+    wait_for(lambda: in_flight(slow) == 0, "the cancelled stream's calls leave the queue")
+    client.close()
+    metrics = slow.metrics()
+    assert metrics[f"paddle_ipu_disconnected_total{{{LABEL}}}"] == 2
+    assert metrics[f"paddle_ipu_runs_total{{{LABEL}}}"] == 0
+    tritonclient_infer(slow, mlp, 32)
