@@ -241,9 +241,14 @@ int GrpcConnection::OnDataChunk(nghttp2_session*, uint8_t, int32_t id, const uin
     s->too_large = true;
     s->body.clear();
     s->body.shrink_to_fit();
-    c->Fail(id, *s, kResourceExhausted,
-            "the request message is larger than the server's limit of " +
-                std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)");
+    const std::string why = "the request message is larger than the server's limit of " +
+                            std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)";
+    if (s->path == std::string(kService) + "ModelInfer") {
+      // Counted (and logged) as HTTP's 413 is, with the requests no model answered.
+      s->call = c->srv_->GrpcRefused({413, why}, s->trace, c->InferCallback(id));
+    } else {
+      c->Fail(id, *s, kResourceExhausted, why);
+    }
     return 0;
   }
   s->body.append(reinterpret_cast<const char*>(data), len);
@@ -359,10 +364,10 @@ void GrpcConnection::Dispatch(int32_t id, Stream& s) {
   Unary(id, s, std::move(msg));
 }
 
-void GrpcConnection::Infer(int32_t id, Stream& s, std::string msg) {
+std::function<void(std::shared_ptr<GrpcCall>)> GrpcConnection::InferCallback(int32_t id) {
   std::weak_ptr<GrpcConnection> weak = weak_from_this();
   std::weak_ptr<Listener> wio = io_->weak_from_this();
-  auto done = [weak, wio, id](std::shared_ptr<GrpcCall> call) {
+  return [weak, wio, id](std::shared_ptr<GrpcCall> call) {
     auto io = wio.lock();
     if (!io) return;
     asio::post(io->ioc, [weak, id, call = std::move(call)] {
@@ -370,7 +375,10 @@ void GrpcConnection::Infer(int32_t id, Stream& s, std::string msg) {
       if (auto c = weak.lock()) c->InferDone(id, call, code);
     });
   };
-  std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, std::move(done));
+}
+
+void GrpcConnection::Infer(int32_t id, Stream& s, std::string msg) {
+  std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, InferCallback(id));
   s.call = call;
   // The server's own timeout ends a little before the client's deadline, so that the
   // server answers DEADLINE_EXCEEDED itself rather than racing the client's reset.

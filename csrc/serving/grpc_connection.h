@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -107,6 +108,8 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   // A request is complete (its END_STREAM came): route it.
   void Dispatch(int32_t id, Stream& s);
   void Infer(int32_t id, Stream& s, std::string msg);
+  // A ModelInfer call's `done`: posts its answer to InferDone on this IO thread.
+  std::function<void(std::shared_ptr<GrpcCall>)> InferCallback(int32_t id);
   void Unary(int32_t id, Stream& s, std::string msg);
   // The answers (on this IO thread).
   void InferDone(int32_t id, const std::shared_ptr<GrpcCall>& call, int code);

@@ -297,9 +297,12 @@ def test_bad_messages_are_refused_by_status(server: ServerProcess, tmp_path: Pat
         (framed(message(rows(9, 1), model="nope")), 5, "'nope'"),
         (framed(message(rows(10, 200))), 8, "--max-body-mb"),  # 12.8 KB > 0.01 MiB
     ]
+    key = 'paddle_ipu_unrouted_requests_total{status="413"}'
+    over = server.metrics().get(key, 0.0)
     for body, code, text in cases:
         got = grpc_status(nghttp(server, body, tmp_path))
         assert got[0] == code and text in got[1], (body[:16], got)
+    assert server.metrics()[key] == over + 1  # the message over the limit, counted
     bad_timeout = nghttp(server, good, tmp_path, "grpc-timeout: soon")
     assert grpc_status(bad_timeout)[0] == 3
 
