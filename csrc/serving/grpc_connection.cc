@@ -145,7 +145,11 @@ void GrpcConnection::Flush() {
   if (out_.empty()) {
     const bool done =
         !nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_);
-    if (done || (draining_ && streams_.empty())) Close();
+    // Draining: closed once every call's status went out (a client that keeps its
+    // side of a stream open does not hold the server).
+    bool answered = true;
+    for (const auto& entry : streams_) answered = answered && entry.second->finished;
+    if (done || (draining_ && answered)) Close();
     return;
   }
   writing_ = true;
@@ -320,6 +324,7 @@ ssize_t GrpcConnection::ReadData(nghttp2_session* session, int32_t id, uint8_t* 
     if (nghttp2_submit_trailer(session, id, trailers, 1) != 0) {
       return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
+    s->finished = true;
   }
   return static_cast<ssize_t>(n);
 }
@@ -465,6 +470,7 @@ void GrpcConnection::Fail(int32_t id, Stream& s, int code, const std::string& me
                                 Header("grpc-status", status), Header("grpc-message", text),
                                 Header("retry-after", "1")};
   s.answered = true;
+  s.finished = true;
   s.code = code;
   nghttp2_submit_response(session_, id, headers, retry ? 5 : 4, nullptr);
 }

@@ -61,6 +61,7 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
     std::string body;
     bool too_large = false;
     bool answered = false;  // a response was submitted
+    bool finished = false;  // its status (trailers) was submitted
     std::shared_ptr<GrpcCall> call;  // ModelInfer, while queued or running
     bool python = false;             // handed to the Python side
     std::unique_ptr<boost::asio::steady_timer> timer;

@@ -208,6 +208,7 @@ ssize_t GrpcConnection::ReadStream(nghttp2_session* session, int32_t id, uint8_t
     if (nghttp2_submit_trailer(session, id, trailers, text.empty() ? 1 : 2) != 0) {
       return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
+    s->finished = true;
     return 0;
   }
   s->deferred = true;

@@ -23,14 +23,16 @@ class GrpcConnection;
 class Server;
 
 struct Listener : NativeSink, std::enable_shared_from_this<Listener> {
+  // Touched on this thread only. Declared before the io_context: destroying it
+  // destroys the connections its handlers still hold, which leave these sets.
+  std::unordered_set<Connection*> connections;
+  std::unordered_set<GrpcConnection*> grpc_connections;
   boost::asio::io_context ioc{1};
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard{
       ioc.get_executor()};
   std::optional<boost::asio::ip::tcp::acceptor> acceptor;
   std::optional<boost::asio::ip::tcp::acceptor> grpc_acceptor;
   std::thread thread;
-  std::unordered_set<Connection*> connections;  // touched on this thread only
-  std::unordered_set<GrpcConnection*> grpc_connections;  // likewise
 
   // Binds and listens on `host` (an address) and `port` (0: a free one); returns the port.
   int Listen(const std::string& host, int port, bool reuse_port);
