@@ -254,7 +254,7 @@ class InferenceServer:
         version: that model's version.
         grpc_port: also serve KServe v2 over gRPC on this port (0: a free port, see
             :attr:`grpc_port`; None: no gRPC).
-        threads: HTTP IO threads (each accepts connections and parses requests).
+        threads: IO threads, HTTP and gRPC (each accepts connections and parses requests).
         request_timeout_ms: a request not started within this time is answered 504
             (0: no limit; a request's ``timeout`` parameter overrides it).
         max_body_mb: the largest request body accepted (413 beyond).
