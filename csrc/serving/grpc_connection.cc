@@ -247,7 +247,7 @@ int GrpcConnection::OnDataChunk(nghttp2_session*, uint8_t, int32_t id, const uin
     s->body.shrink_to_fit();
     const std::string why = "the request message is larger than the server's limit of " +
                             std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)";
-    if (s->path == std::string(kService) + "ModelInfer") {
+    if (s->path == kInferPath) {
       // Counted (and logged) as HTTP's 413 is, with the requests no model answered.
       s->call = c->srv_->GrpcRefused({413, why}, s->trace, c->InferCallback(id));
     } else {
@@ -269,7 +269,7 @@ int GrpcConnection::OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* 
   const bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
   // A streaming call is answered as its messages come, not at the client's end.
   if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
-      s->path == std::string(kService) + "ModelStreamInfer") {
+      s->path == kStreamPath) {
     c->OpenStream(id, *s);
   }
   if (s->streaming) {
@@ -364,8 +364,7 @@ void GrpcConnection::Dispatch(int32_t id, Stream& s) {
   std::string msg = s.body.substr(5);
   s.body.clear();
   s.body.shrink_to_fit();
-  const std::string method = s.path.substr(kService.size());
-  if (method == "ModelInfer") return Infer(id, s, std::move(msg));
+  if (s.path == kInferPath) return Infer(id, s, std::move(msg));
   Unary(id, s, std::move(msg));
 }
 

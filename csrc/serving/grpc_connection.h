@@ -35,6 +35,8 @@ struct Listener;
 
 // The service's path prefix, and the gRPC status codes answered here.
 constexpr std::string_view kService = "/inference.GRPCInferenceService/";
+constexpr std::string_view kInferPath = "/inference.GRPCInferenceService/ModelInfer";
+constexpr std::string_view kStreamPath = "/inference.GRPCInferenceService/ModelStreamInfer";
 constexpr int kOk = 0, kInvalidArgument = 3, kResourceExhausted = 8, kUnimplemented = 12,
               kUnavailable = 14;
 
