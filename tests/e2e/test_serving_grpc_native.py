@@ -149,10 +149,23 @@ def test_h2load_calls_are_all_answered(server: ServerProcess, tmp_path: Path) ->
 
 @needs_nghttp2_client
 def test_nghttp_answer_is_paddles(server: ServerProcess, mlp: Built, tmp_path: Path) -> None:
+    """nghttp's call: the status trailer, and the response message's outputs as
+    Paddle's CPU executor computes them."""
     x = rows(2, 2)
     out = nghttp(server, framed(message(x)), tmp_path, "traceparent: 00-ab-cd-01")
     assert grpc_status(out)[0] == 0, out
     assert "content-type: application/grpc" in out
+    path = tmp_path / "body.bin"
+    body = subprocess.run(
+        ["nghttp", "-t", "30", "-d", str(path), "-H", "content-type: application/grpc",
+         "-H", "te: trailers", f"http://127.0.0.1:{server.grpc_port}{PATH}"],
+        capture_output=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert body[0] == 0 and int.from_bytes(body[1:5], "big") == len(body) - 5
+    response = service_pb2.ModelInferResponse.FromString(body[5:])
+    assert response.model_name == "mlp" and list(response.outputs[0].shape) == [2, 10]
+    got = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 10)
+    np.testing.assert_allclose(got, reference(mlp, {"x": x}), rtol=1e-5, atol=1e-6)
 
 
 # -- cancel and timeouts -----------------------------------------------------------------
