@@ -232,21 +232,33 @@ int GrpcConnection::OnDataChunk(nghttp2_session*, uint8_t, int32_t id, const uin
   auto* c = static_cast<GrpcConnection*>(self);
   if (c->closed_) return 0;
   Stream* s = c->Find(id);
-  if (s && s->streaming) {
-    if (s->ending) return 0;
+  if (!s || (!s->streaming && (s->answered || s->too_large)) || s->ending) return 0;
+  // The message's limit (--max-body-mb), and its 5-byte prefix; and what the
+  // connection's calls may hold while they arrive: twice that.
+  const auto limit = static_cast<size_t>(c->srv_->max_body()) + 5;
+  auto crowded_why = [limit] {
+    return "the calls of this connection hold more than " + std::to_string(2 * limit) +
+           " bytes of messages being received (twice --max-body-mb)";
+  };
+  if (s->streaming) {
+    // Each message's own size is checked by its prefix (StreamMessages).
     s->body.append(reinterpret_cast<const char*>(data), len);
+    c->receiving_ += len;
     c->StreamMessages(id, *s);
+    if (!s->ending && c->receiving_ > 2 * limit) {
+      c->EndStream(id, *s, kResourceExhausted, crowded_why());
+    }
     return 0;
   }
-  if (!s || s->answered || s->too_large) return 0;
-  // The message's limit (--max-body-mb), and its 5-byte prefix.
-  const auto limit = static_cast<size_t>(c->srv_->max_body()) + 5;
-  if (s->body.size() + len > limit) {
+  const bool over = s->body.size() + len > limit;
+  const bool crowded = !over && c->receiving_ + len > 2 * limit;
+  if (over || crowded) {
     s->too_large = true;
-    s->body.clear();
-    s->body.shrink_to_fit();
-    const std::string why = "the request message is larger than the server's limit of " +
-                            std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)";
+    c->Release(*s);
+    const std::string why =
+        over ? "the request message is larger than the server's limit of " +
+                   std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)"
+             : crowded_why();
     if (s->path == kInferPath) {
       // Counted (and logged) as HTTP's 413 is, with the requests no model answered.
       s->call = c->srv_->GrpcRefused({413, why}, s->trace, c->InferCallback(id));
@@ -256,7 +268,16 @@ int GrpcConnection::OnDataChunk(nghttp2_session*, uint8_t, int32_t id, const uin
     return 0;
   }
   s->body.append(reinterpret_cast<const char*>(data), len);
+  c->receiving_ += len;
   return 0;
+}
+
+std::string GrpcConnection::Release(Stream& s) {
+  std::string body;
+  body.swap(s.body);
+  receiving_ -= body.size();
+  s.parsed = 0;
+  return body;
 }
 
 int GrpcConnection::OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* self) {
@@ -296,6 +317,7 @@ int GrpcConnection::OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* 
   // already answered finds nothing to cancel).
   if (s.call) s.call->Cancel();
   CancelAll(s);
+  c->Release(s);
   c->streams_.erase(it);
   return 0;
 }
@@ -333,6 +355,7 @@ ssize_t GrpcConnection::ReadData(nghttp2_session* session, int32_t id, uint8_t* 
 
 void GrpcConnection::Dispatch(int32_t id, Stream& s) {
   if (s.too_large) return;  // answered already
+  std::string body = Release(s);
   if (s.method != "POST") {
     return Fail(id, s, kUnimplemented, "gRPC calls are POST requests, not " + s.method);
   }
@@ -347,23 +370,22 @@ void GrpcConnection::Dispatch(int32_t id, Stream& s) {
   }
   if (s.bad_timeout) return Fail(id, s, kInvalidArgument, "malformed grpc-timeout header");
   // A unary call: one length-prefixed message.
-  if (s.body.size() < 5) {
+  if (body.size() < 5) {
     return Fail(id, s, kInvalidArgument, "the call carries no message (5-byte prefix missing)");
   }
-  const auto* b = reinterpret_cast<const unsigned char*>(s.body.data());
+  const auto* b = reinterpret_cast<const unsigned char*>(body.data());
   const uint64_t len = (uint64_t{b[1]} << 24) | (uint64_t{b[2]} << 16) | (uint64_t{b[3]} << 8) |
                        uint64_t{b[4]};
   if (b[0] != 0) {
     return Fail(id, s, kUnimplemented, "compressed messages are not supported (grpc-encoding)");
   }
-  if (len + 5 != s.body.size()) {
+  if (len + 5 != body.size()) {
     return Fail(id, s, kInvalidArgument,
                 "a unary call carries one message: its prefix says " + std::to_string(len) +
-                    " bytes, the stream carried " + std::to_string(s.body.size() - 5));
+                    " bytes, the stream carried " + std::to_string(body.size() - 5));
   }
-  std::string msg = s.body.substr(5);
-  s.body.clear();
-  s.body.shrink_to_fit();
+  body.erase(0, 5);
+  std::string msg = std::move(body);
   if (s.path == kInferPath) return Infer(id, s, std::move(msg));
   Unary(id, s, std::move(msg));
 }

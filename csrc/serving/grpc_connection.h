@@ -103,6 +103,8 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
                           uint32_t* flags, nghttp2_data_source* source, void* self);
 
   Stream* Find(int32_t id);
+  // Takes a stream's message bytes out of it (and out of receiving_).
+  std::string Release(Stream& s);
   void DoRead();
   // Sends what the session has to send; closes when it has nothing more to do.
   void Flush();
@@ -142,6 +144,7 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   std::unordered_map<int32_t, std::unique_ptr<Stream>> streams_;
   std::array<char, 16 * 1024> in_{};
   std::string out_;
+  size_t receiving_ = 0;  // bytes of messages held while they arrive, every stream's
   bool writing_ = false;
   bool closed_ = false;
   bool draining_ = false;

@@ -101,6 +101,7 @@ void GrpcConnection::StreamMessages(int32_t id, Stream& s) {
   }
   if (s.parsed == s.body.size() || s.parsed > (1u << 20)) {
     s.body.erase(0, s.parsed);
+    receiving_ -= s.parsed;
     s.parsed = 0;
   }
 }
@@ -158,6 +159,7 @@ void GrpcConnection::EndStream(int32_t id, Stream& s, int code, std::string mess
   s.ending = true;
   s.code = code;
   s.message = std::move(message);
+  Release(s);
   CancelAll(s);
   Resume(id, s);
 }

@@ -190,8 +190,8 @@ def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"")  # and empty SETTINGS
 
 
-def raw_call(port: int, body: bytes, timeout: str | None = None) -> socket.socket:
-    """A socket that has sent one ModelInfer call on stream 1 (END_STREAM)."""
+def call_headers(port: int, timeout: str | None = None) -> bytes:
+    """A ModelInfer call's header block."""
     fields = [
         (":method", "POST"),
         (":scheme", "http"),
@@ -202,9 +202,13 @@ def raw_call(port: int, body: bytes, timeout: str | None = None) -> socket.socke
     ]
     if timeout:
         fields.append(("grpc-timeout", timeout))
-    block = b"".join(hpack_literal(k, v) for k, v in fields)
+    return b"".join(hpack_literal(k, v) for k, v in fields)
+
+
+def raw_call(port: int, body: bytes, timeout: str | None = None) -> socket.socket:
+    """A socket that has sent one ModelInfer call on stream 1 (END_STREAM)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
-    s.sendall(PREFACE + frame(1, 0x4, 1, block) + frame(0, 0x1, 1, body))
+    s.sendall(PREFACE + frame(1, 0x4, 1, call_headers(port, timeout)) + frame(0, 0x1, 1, body))
     return s
 
 
@@ -377,3 +381,19 @@ def test_a_cancelled_stream_drops_its_queued_calls(slow: ServerProcess, mlp: Bui
     assert metrics[f"paddle_ipu_disconnected_total{{{LABEL}}}"] == 2
     assert metrics[f"paddle_ipu_runs_total{{{LABEL}}}"] == 0
     tritonclient_infer(slow, mlp, 32)
+
+
+def test_a_connection_holds_at_most_twice_the_body_limit(server: ServerProcess, mlp: Built) -> None:
+    """Calls whose messages arrive slowly: a connection's unfinished messages may hold
+    twice --max-body-mb (10 KiB here); the call that would go beyond is refused and
+    counted, the others go on."""
+    key = 'paddle_ipu_unrouted_requests_total{status="413"}'
+    before = server.metrics().get(key, 0.0)
+    with socket.create_connection(("127.0.0.1", server.grpc_port), timeout=WAIT) as s:
+        s.sendall(PREFACE)
+        for stream in (1, 3, 5):  # 9,000 bytes each, none complete
+            block = call_headers(server.grpc_port)
+            s.sendall(frame(1, 0x4, stream, block) + frame(0, 0, stream, b"\0" * 9000))
+        wait_for(lambda: server.metrics().get(key, 0.0) == before + 1, "the third is refused")
+    assert server.metrics().get(key, 0.0) == before + 1
+    tritonclient_infer(server, mlp, 40)
