@@ -605,9 +605,12 @@ class InferenceServer:
 
     def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then stop gracefully (see :meth:`stop`)."""
-        stop = threading.Event()
+        # The handler only records the signal: a lock taken in a signal handler (as
+        # threading.Event.set() takes its condition's) deadlocks when the signal lands
+        # while the main thread holds that lock (inside Event.wait()).
+        received: list[int] = []
         previous = {
-            sig: signal.signal(sig, lambda *_: stop.set())
+            sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
             for sig in (signal.SIGINT, signal.SIGTERM)
         }
         try:
@@ -617,7 +620,8 @@ class InferenceServer:
                 f"paddle-ipu: serving {self._what()} on http://{self.host}:{self.port}{grpc}",
                 flush=True,
             )
-            while not stop.wait(0.1):
+            while not received:
+                time.sleep(0.1)  # interrupted by the signal, which runs its handler
                 if self.warmup_error is not None:
                     raise self.warmup_error
             grace = f" (serving {self.drain_grace_s:g} s more)" if self.drain_grace_s else ""

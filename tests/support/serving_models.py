@@ -51,6 +51,26 @@ def raw(
         conn.close()
 
 
+def native_stacks(pid: int) -> str:
+    """Every thread's stack of a live process (C++ and Python frames, by gdb when
+    installed): what a hung server was doing."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gdb") is None:
+        return "(gdb is not installed: no stacks)"
+    try:
+        done = subprocess.run(
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except subprocess.TimeoutExpired:
+        return "(gdb did not finish within 120 s)"
+    return done.stdout[-60000:] + done.stderr[-2000:]
+
+
 class ServerProcess:
     """``paddle-ipu serve`` in its own process (the clients are this process: real
     clients over loopback), on free ports it reports when it is ready."""
@@ -99,10 +119,18 @@ class ServerProcess:
     def terminate(self, timeout: float = 60.0) -> tuple[int, str, str]:
         """SIGTERM; (exit code, the rest of stdout, stderr) once it has stopped."""
         import signal
+        import subprocess
 
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=timeout)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stacks = native_stacks(self.proc.pid)
+            raise AssertionError(
+                f"the server did not stop within {timeout} s of SIGTERM; its threads:\n"
+                f"{stacks}\n{self.stop()}"
+            ) from None
         return self.proc.returncode, "".join(self.lines) + out, err
 
     def stop(self) -> str:
