@@ -8,9 +8,10 @@ each model in its own process, load from a compiled load generator in another on
 on (micro-batch 16, ``--timeout-ms 2``) and off (micro-batch 1, ``--timeout-ms 0``).
 Models: ``double`` (x * 2: the server's own cost), ``mlp512`` (512-1024-1024-10, where
 batching pays on a CPU), and the transformer and CNN of tests/support/models.py.  Printed:
-requests/s, p50 and p99 per row, then the ratios the serving issue sets targets for;
-every answer of a probe request is checked against Paddle's CPU executor first, and
-the server's own count of 200s must cover what the load tool counted.  The load tools
+requests/s, p50, p99 and the server's CPU per request (the user and system time of its
+process over the requests it answered) per row, then the ratios the serving issue sets
+targets for; every answer of a probe request is checked against Paddle's CPU executor
+first, and the server's own count of 200s must cover what the load tool counted.  The load tools
 come from Debian (``--install-tools`` runs ``apt-get install wrk nghttp2-client``).
 
     python bench/serving.py [--models double mlp512 transformer cnn]
@@ -696,6 +697,11 @@ class Served:
         key = 'paddle_ipu_requests_total{model="m",version="1",status="200"} '
         return float(text.split(key)[1].split()[0])
 
+    def cpu_seconds(self) -> float:
+        """The server process's user + system CPU time so far (every thread)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()  # SIGTERM: the server drains
         self.proc.wait(timeout=120)
@@ -713,17 +719,20 @@ def load(
 ) -> dict[str, float]:
     """One round of the load tool against ``server``; checked against its count."""
     before = server.answered()
+    cpu = server.cpu_seconds()
     if proto == "http":
         url = f"http://127.0.0.1:{server.port}/v2/models/m/infer"
         r = run_wrk(url, script, conns, args.seconds)
     else:
         url = f"http://127.0.0.1:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"
         r = run_h2load(url, body, conns, args.seconds, work / "h2.log")
+    cpu = server.cpu_seconds() - cpu
     done = server.answered() - before
     # every request the tool counted was answered 200 by the server (gRPC errors
     # travel in trailers, which h2load does not read)
     if r.get("errors", 0) or done < r.get("requests", 0):
         raise RuntimeError(f"{kind} {proto}: {r}, server 200s {done}")
+    r["cpu_us"] = cpu / max(done, 1) * 1e6  # the server's CPU per request answered
     return r
 
 
@@ -742,7 +751,7 @@ def out_of_process(args: argparse.Namespace) -> list[Row]:
     )
     print(
         f"  {'model':11} {'batching':8} {'proto':5} {'conns':>5} {'req/s':>9} "
-        f"{'p50 ms':>8} {'p99 ms':>8}"
+        f"{'p50 ms':>8} {'p99 ms':>8} {'CPU µs':>7}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -781,7 +790,7 @@ def out_of_process(args: argparse.Namespace) -> list[Row]:
                         for batching in servers:
                             med = {
                                 k: statistics.median(r[k] for r in rounds[batching])
-                                for k in ("rps", "p50", "p99")
+                                for k in ("rps", "p50", "p99", "cpu_us")
                             }
                             row = {
                                 "model": kind,
@@ -793,7 +802,8 @@ def out_of_process(args: argparse.Namespace) -> list[Row]:
                             rows.append(row)
                             print(
                                 f"  {kind:11} {batching:8} {proto:5} {conns:5d} "
-                                f"{med['rps']:9.0f} {med['p50']:8.2f} {med['p99']:8.2f}",
+                                f"{med['rps']:9.0f} {med['p50']:8.2f} {med['p99']:8.2f} "
+                                f"{med['cpu_us']:7.1f}",
                                 flush=True,
                             )
             finally:
@@ -822,6 +832,14 @@ def oop_summary(rows: list[Row]) -> None:
                 f"mlp512, 32 connections, {proto}: batching on {on['rps']:.0f} req/s "
                 f"(p99 {on['p99']:.2f} ms) / off {off['rps']:.0f} req/s = "
                 f"{on['rps'] / off['rps']:.2f}x (target >= 3x, p99 <= 10 ms)"
+            )
+    for model in ("mlp512", "double"):
+        http, grpc = find(model, "on", "http", 32), find(model, "on", "grpc", 32)
+        if http and grpc:
+            print(
+                f"{model}, 32 connections, batching on: grpc {grpc['rps']:.0f} req/s "
+                f"(p99 {grpc['p99']:.2f} ms) / http {http['rps']:.0f} req/s = "
+                f"{grpc['rps'] / http['rps']:.2f}x (target >= 0.7x, p99 <= 10 ms)"
             )
     for batching in ("on", "off"):
         r = find("double", batching, "http", 32)

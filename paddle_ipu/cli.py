@@ -688,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=None, help="also serve gRPC on this port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the ports (1)")
-    p.add_argument("--threads", type=int, default=1, help="HTTP IO threads per process (1)")
+    p.add_argument("--threads", type=int, default=1, help="IO threads per process (1)")
     p.add_argument(
         "--request-timeout-ms",
         type=float,

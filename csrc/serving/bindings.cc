@@ -264,6 +264,37 @@ void RegisterServing(py::module_& m) {
           py::arg("message"), py::arg("traceparent") = std::string(),
           "Route a serialized ModelInferRequest to its model; parse, check and queue it\n"
           "(traceparent: the call's W3C trace context, for the access log).")
+      .def("start_grpc", &Server::StartGrpc, py::arg("host"), py::arg("port"),
+           py::arg("reuse_port") = false, py::call_guard<py::gil_scoped_release>(),
+           "Listen for gRPC (HTTP/2, nghttp2) on host:port on every IO thread (after\n"
+           "start_http); returns the port. ModelInfer runs without Python; the other RPCs\n"
+           "are taken by next_grpc().")
+      .def(
+          "next_grpc",
+          [](Server& s, double timeout) -> py::object {
+            std::shared_ptr<GrpcUnaryJob> job;
+            {
+              py::gil_scoped_release nogil;
+              job = s.NextGrpcUnary(timeout);
+            }
+            if (!job) return py::none();
+            return py::make_tuple(job->id, job->method, py::bytes(job->body));
+          },
+          py::arg("timeout"),
+          "The next gRPC call other than ModelInfer: (id, method, request bytes), or None\n"
+          "on timeout or once the server shut down.")
+      .def(
+          "grpc_done",
+          [](Server& s, int64_t id, int code, std::string message, py::bytes body) {
+            std::string b = body;
+            py::gil_scoped_release nogil;
+            s.GrpcUnaryDone(id, code, std::move(message), std::move(b));
+          },
+          py::arg("id"), py::arg("code"), py::arg("message"), py::arg("body"),
+          "Answer gRPC call `id`: code 0 and the serialized response, or a gRPC code and\n"
+          "its message.")
+      .def("close_grpc", &Server::CloseGrpcUnary, py::call_guard<py::gil_scoped_release>(),
+           "No more gRPC calls for next_grpc(): those queued are answered UNAVAILABLE.")
       .def("open_access_log", &Server::OpenAccessLog, py::arg("path"),
            "Write one JSON line per inference request to path ('-': standard error),\n"
            "before start_http.")

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -124,7 +125,10 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
 
   // gRPC (grpc_call.cc).
   // `trace`: the call's traceparent metadata ("" when none), for the access log.
-  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
+  // `done`: called when the call is answered (see grpc_call.h; null: wait in Result()).
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string(),
+                                      std::function<void(std::shared_ptr<GrpcCall>)> done =
+                                          nullptr);
 
   std::atomic<int64_t> active{0};  // requests admitted, not answered
 

@@ -13,7 +13,7 @@ int GrpcCode(int status) {
   switch (status) {
     case 200: return 0;     // OK
     case 400: return 3;     // INVALID_ARGUMENT
-    case 413: return 3;
+    case 413: return 8;     // RESOURCE_EXHAUSTED
     case 404: return 5;     // NOT_FOUND
     case 503: return 14;    // UNAVAILABLE
     case 504: return 4;     // DEADLINE_EXCEEDED
@@ -35,6 +35,11 @@ void GrpcCall::Done(int status, std::string message) {
   message_ = std::move(message);
   done_ = true;
   request_.reset();  // the request owns this call: break the cycle
+  if (done_cb_) {
+    GrpcDone cb = std::move(done_cb_);
+    done_cb_ = nullptr;
+    cb(shared_from_this());
+  }
 }
 
 void GrpcCall::Finish(const Request& r) {
@@ -75,8 +80,9 @@ void GrpcCall::Wait(double timeout, Counters* counters) {
 
 std::shared_ptr<GrpcCall> GrpcCall::Refused(const Error& e, std::shared_ptr<Counters> counters,
                                             std::string trace, std::string_view model,
-                                            std::string_view version) {
+                                            std::string_view version, GrpcDone done) {
   auto call = std::make_shared<GrpcCall>();
+  call->done_cb_ = std::move(done);
   call->job_ = std::make_shared<Job>();
   call->job_->start = std::chrono::steady_clock::now();
   call->trace_ = std::move(trace);
@@ -91,15 +97,38 @@ std::shared_ptr<GrpcCall> GrpcCall::Refused(const Error& e, std::shared_ptr<Coun
 
 Counters* GrpcCall::counters() const { return fe_ ? fe_->counters() : unrouted_.get(); }
 
-int GrpcCall::Result(double timeout) {
-  // The first of: the call's deadline, the request's timeout parameter, the server's
-  // request timeout.
-  double t = timeout;
+double GrpcCall::EffectiveTimeout(double deadline) const {
+  double t = deadline;
   const double server_timeout = fe_ ? fe_->plan().request_timeout_s : 0.0;
   for (double other : {job_->req.timeout_s, server_timeout}) {
     if (other > 0 && (t <= 0 || other < t)) t = other;
   }
-  Wait(t, counters());
+  return t;
+}
+
+void GrpcCall::Expire(double timeout) {
+  RequestPtr r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    r = request_;
+  }
+  const bool cancelled = r && fe_->Cancel(r.get());
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled && !done_) {
+    counters()->Add(&CounterValues::timed_out);
+    Done(504, TimeoutMessage(timeout, fe_ && fe_->dynamic()));
+  }
+}
+
+int GrpcCall::Result(double timeout) {
+  // The first of: the call's deadline, the request's timeout parameter, the server's
+  // request timeout.
+  Wait(EffectiveTimeout(timeout), counters());
+  return Complete();
+}
+
+int GrpcCall::Complete() {
   const int status = status_;
   const int64_t rows = status == 200 && job_ ? job_->req.rows : 0;
   AccessEntry e;
@@ -135,15 +164,17 @@ bool GrpcCall::Cancel() {
   if (!r || !fe_->Cancel(r.get())) return false;
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) {
+    counters()->Add(&CounterValues::disconnected);
     Done(499, "the client cancelled the call");
     cv_.notify_all();
-    counters()->Add(&CounterValues::disconnected);
   }
   return true;
 }
 
-std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace) {
+std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace,
+                                              GrpcDone done) {
   auto call = std::make_shared<GrpcCall>();
+  call->done_cb_ = std::move(done);
   call->trace_ = std::move(trace);
   auto job = std::make_shared<Job>();
   job->start = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include <boost/beast/core/error.hpp>
 
 #include "connection.h"
+#include "grpc_connection.h"
 #include "server.h"
 
 namespace asio = boost::asio;
@@ -14,7 +15,10 @@ using tcp = asio::ip::tcp;
 namespace paddle_ipu {
 namespace serving {
 
-int Listener::Listen(const std::string& host, int port, bool reuse_port) {
+namespace {
+
+int Bind(std::optional<tcp::acceptor>& acceptor, asio::io_context& ioc, const std::string& host,
+         int port, bool reuse_port) {
   acceptor.emplace(ioc);
   tcp::endpoint ep(asio::ip::make_address(host), static_cast<unsigned short>(port));
   acceptor->open(ep.protocol());
@@ -36,6 +40,32 @@ int Listener::Listen(const std::string& host, int port, bool reuse_port) {
   return acceptor->local_endpoint().port();
 }
 
+}  // namespace
+
+int Listener::Listen(const std::string& host, int port, bool reuse_port) {
+  return Bind(acceptor, ioc, host, port, reuse_port);
+}
+
+int Listener::ListenGrpc(const std::string& host, int port, bool reuse_port) {
+  return Bind(grpc_acceptor, ioc, host, port, reuse_port);
+}
+
+void Listener::AcceptGrpc(Server* srv) {
+  grpc_acceptor->async_accept([this, srv](boost::beast::error_code ec, tcp::socket s) {
+    if (ec == asio::error::operation_aborted || !grpc_acceptor->is_open()) return;
+    if (!ec) {
+      boost::beast::error_code ignored;
+      s.set_option(tcp::no_delay(true), ignored);
+      if (srv->draining()) {
+        s.close(ignored);
+      } else {
+        std::make_shared<GrpcConnection>(std::move(s), this, srv)->Start();
+      }
+    }
+    AcceptGrpc(srv);
+  });
+}
+
 void Listener::Accept(Server* srv) {
   acceptor->async_accept([this, srv](boost::beast::error_code ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
@@ -52,8 +82,11 @@ void Listener::StopAccepting() {
   asio::post(ioc, [this] {
     boost::beast::error_code ignored;
     if (acceptor) acceptor->close(ignored);
+    if (grpc_acceptor) grpc_acceptor->close(ignored);
     std::vector<Connection*> all(connections.begin(), connections.end());
     for (Connection* c : all) c->OnDrain();
+    std::vector<GrpcConnection*> grpc(grpc_connections.begin(), grpc_connections.end());
+    for (GrpcConnection* c : grpc) c->OnDrain();
   });
 }
 

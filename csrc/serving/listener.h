@@ -1,6 +1,7 @@
-// One HTTP IO thread: its io_context, its listening socket (every IO thread accepts
-// on its own, with SO_REUSEPORT where there are several), the connections it runs,
-// and the sink through which the queue hands it the requests a run finished.
+// One IO thread: its io_context, its listening sockets, HTTP's and gRPC's (every IO
+// thread accepts on its own, with SO_REUSEPORT where there are several), the
+// connections it runs, and the sink through which the queue hands it the HTTP
+// requests a run finished.
 #pragma once
 
 #include <boost/asio.hpp>
@@ -18,21 +19,30 @@ namespace paddle_ipu {
 namespace serving {
 
 class Connection;
+class GrpcConnection;
 class Server;
 
 struct Listener : NativeSink, std::enable_shared_from_this<Listener> {
+  // Touched on this thread only. Declared before the io_context: destroying it
+  // destroys the connections its handlers still hold, which leave these sets.
+  std::unordered_set<Connection*> connections;
+  std::unordered_set<GrpcConnection*> grpc_connections;
   boost::asio::io_context ioc{1};
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard{
       ioc.get_executor()};
   std::optional<boost::asio::ip::tcp::acceptor> acceptor;
+  std::optional<boost::asio::ip::tcp::acceptor> grpc_acceptor;
   std::thread thread;
-  std::unordered_set<Connection*> connections;  // touched on this thread only
 
   // Binds and listens on `host` (an address) and `port` (0: a free one); returns the port.
   int Listen(const std::string& host, int port, bool reuse_port);
+  // As Listen(), gRPC's socket.
+  int ListenGrpc(const std::string& host, int port, bool reuse_port);
   // Accepts connections for `srv` until the acceptor closes.
   void Accept(Server* srv);
-  // Closes the acceptor, and the connections that wait for a request.
+  void AcceptGrpc(Server* srv);
+  // Closes the acceptors, and the connections that wait for a request (gRPC's are
+  // sent GOAWAY, and close once their calls are answered).
   void StopAccepting();
   // Posts the answers of finished requests to their connections.
   void Deliver(std::vector<RequestPtr>&& finished) override;

@@ -11,6 +11,8 @@
 #include "protobuf.h"
 #include "text.h"
 
+namespace asio = boost::asio;
+
 namespace paddle_ipu {
 namespace serving {
 
@@ -347,8 +349,22 @@ bool Server::Drain(double timeout) {
   return drained_.wait_until(lock, deadline, done);
 }
 
+int Server::StartGrpc(const std::string& host, int port, bool reuse_port) {
+  if (listeners_.empty()) throw std::runtime_error("start the HTTP front end before gRPC");
+  if (grpc_port_ >= 0) throw std::runtime_error("the gRPC front end is already started");
+  const bool reuse = listeners_.size() > 1 || reuse_port;
+  for (auto& l : listeners_) port = l->ListenGrpc(host, port, reuse);
+  for (auto& l : listeners_) {
+    Listener* p = l.get();
+    asio::post(p->ioc, [p, this] { p->AcceptGrpc(this); });
+  }
+  grpc_port_ = port;
+  return port;
+}
+
 void Server::Shutdown() {
   draining_ = true;
+  CloseGrpcUnary();
   for (auto& l : listeners_) {
     l->guard.reset();
     l->ioc.stop();
@@ -361,7 +377,13 @@ void Server::Shutdown() {
 
 // -- gRPC ---------------------------------------------------------------------------
 
-std::shared_ptr<GrpcCall> Server::GrpcInfer(std::string msg, std::string trace) {
+std::shared_ptr<GrpcCall> Server::GrpcRefused(const Error& e, std::string trace,
+                                              std::function<void(std::shared_ptr<GrpcCall>)> done) {
+  return GrpcCall::Refused(e, unrouted_, std::move(trace), {}, {}, std::move(done));
+}
+
+std::shared_ptr<GrpcCall> Server::GrpcInfer(std::string msg, std::string trace,
+                                            std::function<void(std::shared_ptr<GrpcCall>)> done) {
   // ModelInferRequest's model_name (1) and model_version (2).
   std::string_view name, version;
   Wire w(msg);
@@ -373,13 +395,18 @@ std::shared_ptr<GrpcCall> Server::GrpcInfer(std::string msg, std::string trace) 
   }
   if (!w.ok) {
     return GrpcCall::Refused({400, "malformed ModelInferRequest: the protobuf bytes do not parse"},
-                             unrouted_, std::move(trace));
+                             unrouted_, std::move(trace), {}, {}, std::move(done));
   }
-  if (draining_) return GrpcCall::Refused({503, kShuttingDown}, unrouted_, std::move(trace), name, version);
+  if (draining_) {
+    return GrpcCall::Refused({503, kShuttingDown}, unrouted_, std::move(trace), name, version,
+                             std::move(done));
+  }
   Error e;
   std::shared_ptr<FrontEnd> fe = Find(name, version, &e, true);
-  if (!fe) return GrpcCall::Refused(e, unrouted_, std::move(trace), name, version);
-  return fe->GrpcInfer(std::move(msg), std::move(trace));
+  if (!fe) {
+    return GrpcCall::Refused(e, unrouted_, std::move(trace), name, version, std::move(done));
+  }
+  return fe->GrpcInfer(std::move(msg), std::move(trace), std::move(done));
 }
 
 }  // namespace serving

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,14 @@ struct ModelEntry {
   std::string state;              // READY, LOADING, UNLOADING or UNAVAILABLE
   std::string reason;             // why it is not READY ("" when it is)
   std::shared_ptr<FrontEnd> fe;   // READY and UNLOADING only
+};
+
+// A gRPC call other than ModelInfer, for the Python side: the method's name (after
+// the service's), the serialized request, and who is answered.
+struct GrpcUnaryJob {
+  int64_t id = 0;
+  std::string method, body;
+  std::function<void(int code, std::string message, std::string body)> done;
 };
 
 // A load or unload request of the repository extension, waiting for the Python side
@@ -104,12 +113,33 @@ class Server {
   void Shutdown();
   void NotifyDrain();
   int64_t active() const;
-  std::atomic<int64_t> connections{0};  // open HTTP connections
+  std::atomic<int64_t> connections{0};  // open HTTP and gRPC connections
 
   // -- gRPC -------------------------------------------------------------------------
+  // Listens for gRPC (HTTP/2, grpc_connection.h) on host:port on every IO thread of
+  // the HTTP front end (started first); returns the port.
+  int StartGrpc(const std::string& host, int port, bool reuse_port);
+  int grpc_port() const { return grpc_port_; }
   // Routes a serialized ModelInferRequest to its model and queues it there (`trace`:
-  // the call's traceparent metadata, for the access log).
-  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string());
+  // the call's traceparent metadata, for the access log; `done`: see grpc_call.h).
+  std::shared_ptr<GrpcCall> GrpcInfer(std::string msg, std::string trace = std::string(),
+                                      std::function<void(std::shared_ptr<GrpcCall>)> done =
+                                          nullptr);
+  // A ModelInfer call answered at once with `e`, counted with the unrouted ones.
+  std::shared_ptr<GrpcCall> GrpcRefused(const Error& e, std::string trace,
+                                        std::function<void(std::shared_ptr<GrpcCall>)> done);
+
+  // The other RPCs of the service go to the Python side (grpc_unary.cc), which
+  // answers them with the GIL; the IO thread never waits for it.
+  // Queues a call; false when the server takes none (stopping).
+  bool GrpcUnary(std::shared_ptr<GrpcUnaryJob> job);
+  // The next call (waits without the GIL at most `timeout` seconds; negative: no
+  // limit); null on timeout or once CloseGrpcUnary() was called.
+  std::shared_ptr<GrpcUnaryJob> NextGrpcUnary(double timeout);
+  // Answers call `id`: a gRPC code, its message, and (code 0) the serialized answer.
+  void GrpcUnaryDone(int64_t id, int code, std::string message, std::string body);
+  // No more calls: the queued ones are answered UNAVAILABLE.
+  void CloseGrpcUnary();
 
   // -- the repository's load / unload (repository.cc) -------------------------------
   // Whether load / unload requests go to the Python side (else they are refused).
@@ -149,6 +179,14 @@ class Server {
   std::map<int64_t, std::shared_ptr<ControlJob>> control_taken_;
   int64_t control_next_ = 1;
   bool control_closed_ = false;
+
+  int grpc_port_ = -1;
+  std::mutex unary_mu_;
+  std::condition_variable unary_cv_;
+  std::deque<std::shared_ptr<GrpcUnaryJob>> unary_queue_;
+  std::map<int64_t, std::shared_ptr<GrpcUnaryJob>> unary_taken_;
+  int64_t unary_next_ = 1;
+  bool unary_closed_ = false;
 };
 
 }  // namespace serving

@@ -40,7 +40,8 @@ The request path is C++ (``paddle_ipu._core.ServingServer`` routing to one
 thread (Boost.Beast) parses and checks a request, and admits it to the runtime's queue
 without the GIL; the queue reads its inputs from the request body and writes its
 outputs into the response body; the runtime's worker takes the GIL once per graph run.
-No Python runs per request (gRPC: grpcio's own handler, then the same C++ path).
+No Python runs per request, over HTTP or gRPC (the gRPC port is served by the same
+IO threads, through nghttp2; only gRPC's control-plane RPCs reach Python).
 
 Dynamic models (request shapes that vary beyond the rows, BYTES tensors, Python code:
 :mod:`paddle_ipu.serving.dynamic`) take the same routes and policies; their requests
@@ -79,8 +80,9 @@ Policies:
   (gRPC INVALID_ARGUMENT / NOT_FOUND) whose message names the input, and the server
   keeps serving.
 
-gRPC needs the ``serve`` extra (``pip install paddle-ipu[serve]``: grpcio and
-tritonclient's generated protocol messages); HTTP needs nothing beyond the package.
+gRPC needs the ``serve`` extra (``pip install paddle-ipu[serve]``: tritonclient's
+generated protocol messages, for the control-plane RPCs); HTTP needs nothing beyond
+the package.
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ class InferenceServer:
         version: that model's version.
         grpc_port: also serve KServe v2 over gRPC on this port (0: a free port, see
             :attr:`grpc_port`; None: no gRPC).
-        threads: HTTP IO threads (each accepts connections and parses requests).
+        threads: IO threads, HTTP and gRPC (each accepts connections and parses requests).
         request_timeout_ms: a request not started within this time is answered 504
             (0: no limit; a request's ``timeout`` parameter overrides it).
         max_body_mb: the largest request body accepted (413 beyond).
@@ -582,15 +584,14 @@ class InferenceServer:
         self.server.close_control()
         if self._control is not None:
             self._control.join(timeout)
-        grpc_done = self._grpc.stop(timeout) if self._grpc is not None else None
+        if self._grpc is not None:
+            self._grpc.stop(timeout)
         if not self.server.drain(wait):
             log.warning(
                 "%d request(s) were still in flight %s s after the stop began",
                 self.server.active,
                 timeout,
             )
-        if grpc_done is not None:
-            grpc_done.wait(timeout)
         if self._warmup_thread is not None:
             self._warmup_thread.join(timeout)
         with self._models_lock:
