@@ -134,3 +134,50 @@ def test_statistics_count_the_routed_requests(served: Served) -> None:
         _check(served, _feed(2, 5, 50 + i), grpc=False)
     after = served.http.get_inference_statistics("seq")["model_stats"][0]["inference_count"]
     assert int(after) - int(before) >= 4
+
+
+def test_threads_over_two_routed_shapes_then_an_unload(served: Served) -> None:
+    """8 client threads, two lengths routed and one new, every answer right; then the
+    model is unloaded: refused (404) from then on, nothing in flight lost."""
+    import threading
+
+    s = served
+    _check(s, _feed(1, 6, 60), grpc=False)  # a third length, routed from now on
+    calls = s.python_calls
+    errors: list[BaseException] = []
+
+    names = [o["name"] for o in s.http.get_model_metadata("seq")["outputs"]]
+    feeds = [
+        [_feed(1 + (t + i) % 3, (5, 6)[(t + i) % 2], 100 * t + i) for i in range(15)]
+        for t in range(8)
+    ]
+    wants = [[s.cpu(feed) for feed in mine] for mine in feeds]  # Paddle's, in this thread
+
+    def client(t: int) -> None:
+        try:
+            mine = httpclient.InferenceServerClient(f"127.0.0.1:{s.srv.port}")
+            for feed, want in zip(feeds[t], wants[t]):
+                inputs = []
+                for name, value in feed.items():
+                    dtype = "INT64" if name == "ids" else "FP32"
+                    inp = httpclient.InferInput(name, list(value.shape), dtype)
+                    inp.set_data_from_numpy(value)
+                    inputs.append(inp)
+                answer = mine.infer("seq", inputs)
+                for name, w in zip(names, want):
+                    np.testing.assert_allclose(answer.as_numpy(name), w, rtol=1e-5, atol=1e-5)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert s.python_calls == calls  # 120 requests, none through the handler
+    assert s.srv.remove_model("seq") == ["1"]
+    with pytest.raises(Exception) as raised:
+        _infer(s, _feed(1, 5, 99), grpc=False)
+    error = raised.value
+    assert error.status() == "404" and 'unknown model "seq"' in error.message(), error.message()
