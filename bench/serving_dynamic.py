@@ -1,13 +1,18 @@
-"""Server CPU per request of the same model served as a fixed model (no Python per
-request) and as a dynamic one (a handler called once per request).
+"""Server CPU per request of a model served as a fixed model (no Python per request),
+as a dynamic one (a handler called once per request), and as a model compiled per
+input shape (its first request of a shape goes through the handler, the later ones run
+in C++ on that shape's runtime).
 
-One small compiled model (a 16 -> 4 linear layer, micro-batch 16, auto-batching with a
-2 ms timeout) behind two runtimes in one server: ``fixed`` (its ModelRuntime's queue
-fed from C++) and ``dynamic`` (a RuntimeModel over another ModelRuntime: the C++ front
-end hands each parsed request to its ``submit``).  ``wrk`` (Debian's package) posts a
-one-row JSON request on ``--connections`` connections for ``--seconds`` to each in
-turn; the CPU is this process's (user + system, ``resource.getrusage``) over the run,
-divided by the requests wrk completed.
+``fixed`` and ``dynamic``: one small compiled model (a 16 -> 4 linear layer,
+micro-batch 16, auto-batching with a 2 ms timeout) behind two runtimes (``fixed``: its
+ModelRuntime's queue fed from C++; ``dynamic``: a RuntimeModel over another
+ModelRuntime, the C++ front end handing each parsed request to its ``submit``).
+``shaped``: a saved model whose feed ``x`` is ``[-1, -1]`` (an elementwise
+``relu(0.5 x + 1)``), compiled per input shape (micro-batch 16, 2 ms), served through a
+ShapeRuntime.  ``wrk`` (Debian's package) posts a one-row ``[1, 16]`` JSON request on
+``--connections`` connections for ``--seconds`` to each in turn, twice; the CPU is this
+process's (user + system, ``resource.getrusage``) over the run, divided by the
+requests wrk completed.
 
     python bench/serving_dynamic.py [--connections 16] [--seconds 5]
 """
@@ -45,6 +50,27 @@ def _runtime() -> Any:
     return ModelRuntime(executor_for(model, strategy), timeout_ms=2.0)
 
 
+def _shaped(directory: str) -> Any:
+    import paddle
+
+    from paddle_ipu.serving.bucketed_runtime import runtime_for
+    from paddle_ipu.serving.saved_model import compile_model
+
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, -1], "float32")
+        y = paddle.nn.functional.relu(x * 0.5 + 1.0)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    prefix = str(Path(directory) / "shaped")
+    paddle.static.save_inference_model(prefix, [x], [y], exe, program=main)
+    package, _ = compile_model(
+        prefix, micro_batch_size=16, cache=False, input_shapes=[{"x": [-1, 16]}]
+    )
+    return runtime_for(package, timeout_ms=2.0)
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -61,18 +87,28 @@ def main() -> None:
 
     server = InferenceServer(_runtime(), name="fixed", port=0, threads=1)
     server.add_model(RuntimeModel(_runtime()), "dynamic", queue_limit=1024)
+    work = tempfile.mkdtemp()
+    server.add_model(_shaped(work), "shaped", queue_limit=1024)
     server.start()
     body = json.dumps(
         {"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}
     )
-    script = Path(tempfile.mkdtemp()) / "post.lua"
+    # The shape's first request (through the handler: it makes the shape's runtime).
+    first = subprocess.run(
+        ["curl", "-sf", "-d", body, f"http://127.0.0.1:{server.port}/v2/models/shaped/infer"],
+        capture_output=True,
+        text=True,
+    )
+    if first.returncode != 0:
+        raise RuntimeError(f"shaped: the first request failed: {first.stderr}")
+    script = Path(work) / "post.lua"
     script.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"wrk.body = {json.dumps(body)}\n"
     )
     print(f"{'model':>8} {'req/s':>9} {'CPU µs/req':>11}")
     try:
-        for name in ("fixed", "dynamic", "fixed", "dynamic"):
+        for name in ("fixed", "dynamic", "shaped") * 2:
             url = f"http://127.0.0.1:{server.port}/v2/models/{name}/infer"
             before = _cpu()
             load = ["wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds:g}s"]

@@ -170,6 +170,17 @@ void RegisterServing(py::module_& m) {
           py::arg("message"), py::arg("traceparent") = std::string(),
           "Parse, check and queue a serialized ModelInferRequest (traceparent: the\n"
           "call's W3C trace context, for the access log).")
+      .def(
+          "add_route",
+          [](FrontEnd& f, const py::object& queue, const py::dict& plan) {
+            return f.AddRoute(queue, PlanFrom(plan));
+          },
+          py::arg("queue"), py::arg("plan"),
+          "A dynamic model: serve requests of the shape of `plan` (the plan of one of its\n"
+          "fixed runtimes, whose ServingQueue is `queue`) without Python from now on.\n"
+          "Returns '' when routed, else why not (the handler keeps taking them).")
+      .def_property_readonly("routes", &FrontEnd::routes,
+                             "A dynamic model's input shapes served without Python.")
       .def("server_metadata_json", [](FrontEnd& f) { return f.server_metadata(); })
       .def("metadata_json", [](FrontEnd& f) { return f.metadata(); })
       .def("config_json", [](FrontEnd& f) { return f.config(); })

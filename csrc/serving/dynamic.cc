@@ -139,7 +139,11 @@ py::object BytesArray(const char* p, const std::vector<int64_t>& shape) {
 }  // namespace
 
 DynamicQueue::DynamicQueue(py::object model, const ModelPlan* plan, int64_t limit, int workers)
-    : model_(std::move(model)), plan_(plan), limit_(limit), workers_(workers) {}
+    : model_(std::move(model)),
+      plan_(plan),
+      routes_(std::make_shared<ShapeRoutes>(plan)),
+      limit_(limit),
+      workers_(workers) {}
 
 DynamicQueue::~DynamicQueue() {
   for (std::thread& t : threads_) {
@@ -159,7 +163,10 @@ void DynamicQueue::Start() {
   for (int i = 0; i < workers_; ++i) threads_.emplace_back([self] { self->Loop(); });
 }
 
-int DynamicQueue::Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t* in_flight) {
+int DynamicQueue::Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t* in_flight,
+                         Error* error) {
+  const int routed = routes_->Submit(r, job, error);
+  if (routed >= 0) return routed;
   std::lock_guard<std::mutex> lock(mu_);
   *in_flight = in_flight_;
   if (closed_) return 2;
@@ -177,6 +184,8 @@ int DynamicQueue::Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t*
 }
 
 bool DynamicQueue::Cancel(Request* r) {
+  bool cancelled = false;
+  if (routes_->Cancel(r, &cancelled)) return cancelled;
   std::lock_guard<std::mutex> lock(mu_);
   if (r->state != RequestState::kQueued && r->state != RequestState::kStarted) return false;
   for (auto it = queued_.begin(); it != queued_.end(); ++it) {
@@ -212,9 +221,13 @@ bool DynamicQueue::closed() const {
 }
 
 QueueStats DynamicQueue::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
-  QueueStats s = stats_;
-  s.in_flight = in_flight_;
+  QueueStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+    s.in_flight = in_flight_;
+  }
+  routes_->AddStats(&s);
   return s;
 }
 

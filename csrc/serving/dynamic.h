@@ -8,7 +8,8 @@
 // GIL, makes the request's numpy arrays, calls the handler's submit(feed) and hangs a
 // callback on the future it returns; the callback copies the outputs out (with the
 // GIL) and hands the request back to its sink (its IO thread, or its gRPC call),
-// which renders the answer in C++. Python runs once per request here.
+// which renders the answer in C++. Python runs once per request here, except for
+// the shapes routed to a fixed runtime (shape_routes.h): those run without Python.
 //
 // Cancel() takes a request back when its client goes away or its timeout passes: one
 // still queued is dropped; one handed to the handler has its future cancelled (by a
@@ -29,6 +30,7 @@
 #include "../core/queue.h"
 #include "answers.h"
 #include "plan.h"
+#include "shape_routes.h"
 
 namespace paddle_ipu {
 namespace serving {
@@ -42,8 +44,9 @@ class DynamicQueue : public std::enable_shared_from_this<DynamicQueue> {
   ~DynamicQueue();
 
   void Start();
-  // As SubmitNative: 0 queued, 1 busy, 2 closed.
-  int Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t* in_flight);
+  // As SubmitNative: 0 queued, 1 busy, 2 closed; a request of a routed shape goes to
+  // its runtime's queue (then 4: bad input; with 1 and 4, *error is the answer).
+  int Submit(const RequestPtr& r, std::shared_ptr<Job> job, int64_t* in_flight, Error* error);
   // True: the request will not be answered through its sink (taken out of the queue,
   // or its future cancelled); false once its answer is on its way.
   bool Cancel(Request* r);
@@ -52,6 +55,7 @@ class DynamicQueue : public std::enable_shared_from_this<DynamicQueue> {
   void Stop();
   bool closed() const;
   QueueStats Stats();
+  ShapeRoutes* routes() { return routes_.get(); }
 
  private:
   struct Item {
@@ -67,6 +71,7 @@ class DynamicQueue : public std::enable_shared_from_this<DynamicQueue> {
 
   pybind11::object model_;
   const ModelPlan* plan_;
+  std::shared_ptr<ShapeRoutes> routes_;
   int64_t limit_;
   int workers_;
   mutable std::mutex mu_;

@@ -95,6 +95,13 @@ std::string FrontEnd::Prometheus() {
   return serving::Prometheus(plan_, counters_.Copy(), s, active.load());
 }
 
+std::string FrontEnd::AddRoute(py::handle queue, ModelPlan plan) {
+  if (!dynamic_) return "model " + Quote(plan_.name) + " is a fixed model: it has one shape";
+  return dynamic_->routes()->Add(QueueOf(queue), std::move(plan));
+}
+
+size_t FrontEnd::routes() const { return dynamic_ ? dynamic_->routes()->size() : 0; }
+
 bool FrontEnd::Cancel(Request* r) { return dynamic_ ? dynamic_->Cancel(r) : CancelNative(r); }
 
 Error FrontEnd::Failure(const Request& r, const Job& job) const {
@@ -112,9 +119,14 @@ Error FrontEnd::Admit(const RequestPtr& r, const std::shared_ptr<Job>& job) {
                      " is unloading or the server is stopping: no new requests are accepted"};
   }
   int64_t in_flight = 0;
-  const int submitted = dynamic_ ? dynamic_->Submit(r, job, &in_flight)
+  Error routed;  // a dynamic model's request of a routed shape: its answer, if refused
+  const int submitted = dynamic_ ? dynamic_->Submit(r, job, &in_flight, &routed)
                                  : SubmitNative(queue_.get(), r, &in_flight);
   if (submitted != 0) Answered();
+  if (routed) {
+    if (submitted == 1) counters_.Add(&CounterValues::rejected_busy);
+    return routed;
+  }
   switch (submitted) {
     case 0: return {};
     case 1:

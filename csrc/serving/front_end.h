@@ -62,6 +62,9 @@ struct Job {
   // HTTP: the request's sink. A request outlives its front end when a stop gave up
   // waiting for it: the worker still delivers it, to a sink that must still exist.
   std::shared_ptr<Listener> io;
+  // A dynamic model's request of a routed shape: the routes that forward its answer
+  // to its sink (shape_routes.h), kept while the request is.
+  std::shared_ptr<NativeSink> routes;
 };
 
 // The queue's request for `job`, its outputs written to `out`, answered to `sink`.
@@ -122,6 +125,13 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   // Waits until every admitted request is answered; false on timeout (negative: no
   // limit).
   bool Drain(double timeout);
+
+  // A dynamic model (call with the GIL): requests of the shape of `plan`, the plan of
+  // a fixed runtime of the model, go to `queue` (that runtime's ServingQueue) without
+  // Python from now on (shape_routes.h). Returns "" when routed, else why not.
+  std::string AddRoute(pybind11::handle queue, ModelPlan plan);
+  // The shapes routed so.
+  size_t routes() const;
 
   // gRPC (grpc_call.cc).
   // `trace`: the call's traceparent metadata ("" when none), for the access log.

@@ -396,8 +396,35 @@ class InferenceServer:
                 )
                 plan["instance_count"] = self.instances
                 front = _core.ServingFrontEnd(model, plan)
+                if hasattr(runtime, "on_runtime"):  # one fixed runtime per input shape
+                    runtime.on_runtime(self._router(front, name, version))
             self._models[(name, version)] = (runtime, front)
         self.server.add_model(front)
+
+    def _router(self, front: Any, name: str, version: str) -> Any:
+        """What routes a dynamic model's requests of one input shape to that shape's
+        fixed runtime, in C++ (no Python per request from then on)."""
+
+        def route(runtime: Any) -> None:
+            shapes = [list(s.shape) for s in runtime.executor.model.inputs]
+            try:
+                plan = _plan(
+                    runtime, name, version, self.request_timeout_ms, self.max_body, self.instances
+                )
+                why = front.add_route(runtime._queue, plan)
+            except Exception as e:  # the handler keeps serving the shape
+                why = f"{type(e).__name__}: {e}"
+            if why:
+                log.warning(
+                    "model %r: requests of input shapes %s keep going through Python: %s",
+                    name,
+                    shapes,
+                    why,
+                )
+            else:
+                log.debug("model %r: input shapes %s served without Python", name, shapes)
+
+        return route
 
     def models(self) -> list[tuple[str, str, str, str]]:
         """Every model version the server knows: (name, version, state, reason)."""

@@ -13,7 +13,7 @@ A package without open dimensions is one shape (the key ``""``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -89,6 +89,17 @@ class ShapeRuntime:
         self.runtimes: dict[str, ModelRuntime] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._watchers: list[Callable[[ModelRuntime], None]] = []
+
+    def on_runtime(self, watcher: Callable[[ModelRuntime], None]) -> None:
+        """Call ``watcher(runtime)`` for every shape's model runtime: those made
+        already, now, and each new one once it is made (the inference server routes
+        the requests of its shape to it without Python)."""
+        with self._lock:
+            self._watchers.append(watcher)
+            made = list(self.runtimes.values())
+        for runtime in made:
+            watcher(runtime)
 
     def _runtime(self, feed: Mapping[str, Any]) -> tuple[ModelRuntime, dict[str, np.ndarray]]:
         _, arrays = feeds.open_request(self.policy.declared, feed)
@@ -97,9 +108,13 @@ class ShapeRuntime:
             if self._closed:
                 raise RuntimeClosedError("the model runtime is closed: no new requests")
             runtime = self.runtimes.get(key)
+            made = runtime is None
             if runtime is None:
                 runtime = ModelRuntime(self.shapes.executor(key), **self._runtime_options)
                 self.runtimes[key] = runtime
+            watchers = list(self._watchers) if made else []
+        for watcher in watchers:
+            watcher(runtime)
         return runtime, arrays
 
     @property
