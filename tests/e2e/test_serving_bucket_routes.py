@@ -55,7 +55,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         pad_values={"attention_mask": 0, "input_ids": 7},
         cache=False,
     )
-    runtime = runtime_for(package, timeout_ms=2.0)
+    runtime = runtime_for(package, timeout_ms=2.0, max_request_rows=4)
     assert isinstance(runtime, BucketedRuntime)
     srv = InferenceServer(runtime, name="enc", port=0, grpc_port=0).start()
     try:
@@ -77,14 +77,21 @@ def _feed(rows: int, length: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def _infer(
-    s: Served, feed: dict[str, np.ndarray], grpc: bool, clients: tuple[Any, Any] | None = None
+    s: Served,
+    feed: dict[str, np.ndarray],
+    grpc: bool,
+    clients: tuple[Any, Any] | None = None,
+    binary: bool = True,
 ) -> np.ndarray:
     http, grpc_ = clients or (s.http, s.grpc)
     client, mod = (grpc_, grpcclient) if grpc else (http, httpclient)
     inputs = []
     for name, value in feed.items():
         inp = mod.InferInput(name, list(value.shape), "INT64")
-        inp.set_data_from_numpy(value)
+        if grpc:
+            inp.set_data_from_numpy(value)
+        else:
+            inp.set_data_from_numpy(value, binary_data=binary)
         inputs.append(inp)
     answer = client.infer("enc", inputs)
     (name,) = [o["name"] for o in http.get_model_metadata("enc")["outputs"]]
@@ -100,7 +107,8 @@ def test_every_length_runs_without_python(served: Served) -> None:
     for length in range(1, 9):
         for rows in (1, 2, 3):
             feed = _feed(rows, length, 10 * length + rows)
-            got = _infer(served, feed, grpc=bool((length + rows) % 2))
+            # HTTP with JSON or binary data, and gRPC
+            got = _infer(served, feed, grpc=bool((length + rows) % 2), binary=rows != 2)
             assert got.shape == (rows, length, VOCAB)
             np.testing.assert_allclose(got, _want(served, feed), **TOL)
     assert served.python_calls == 0
@@ -128,6 +136,12 @@ def test_what_the_route_does_not_take_goes_to_the_handler(served: Served) -> Non
     feed = _feed(2, 5, 3)  # and the server goes on, without Python
     np.testing.assert_allclose(_infer(served, feed, grpc=True), _want(served, feed), **TOL)
     assert served.python_calls == calls + 4
+    # More rows than the runtime's max_request_rows (4): the handler's, which refuses.
+    with pytest.raises(Exception) as raised:
+        _infer(served, _feed(5, 3, 5), grpc=False)
+    assert raised.value.status() == "400", raised.value
+    assert "at most 4 rows (max_request_rows), received 5" in str(raised.value)
+    assert served.python_calls == calls + 5
 
 
 def test_an_index_out_of_range_is_refused_in_cpp_by_name(served: Served) -> None:
