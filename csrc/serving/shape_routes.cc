@@ -375,6 +375,7 @@ void ShapeRoutes::AddStats(QueueStats* s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& kv : routes_) routes.push_back(kv.second);
+    routes.insert(routes.end(), buckets_.begin(), buckets_.end());
   }
   for (const auto& route : routes) {
     const QueueStats q = StatsOf(route->queue.get());

@@ -76,7 +76,7 @@ class ShapeRoutes : public NativeSink, public std::enable_shared_from_this<Shape
   // before it started (it is then never answered through its sink).
   bool Cancel(Request* r, bool* cancelled);
 
-  // The routes' queues' counters, added to `s` (not the fill histogram).
+  // The routes' (and buckets') queues' counters, added to `s` (not the fill histogram).
   void AddStats(QueueStats* s);
   size_t size();  // the shapes and buckets routed
 

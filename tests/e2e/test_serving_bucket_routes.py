@@ -189,3 +189,24 @@ def test_threads_over_every_bucket(served: Served) -> None:
         t.join()
     assert not errors, errors[0]
     assert s.python_calls == calls
+
+
+def test_statistics_count_the_buckets_runs(served: Served) -> None:
+    """Triton's statistics of the model sum the buckets' runs (their queues')."""
+
+    def stats() -> tuple[int, int]:
+        doc = served.http.get_inference_statistics("enc")["model_stats"][0]
+        return int(doc["inference_count"]), int(doc["execution_count"])
+
+    inferences, executions = stats()
+    calls = served.python_calls
+    for length in (2, 7):
+        feed = _feed(1, length, 60 + length)
+        np.testing.assert_allclose(_infer(served, feed, grpc=False), _want(served, feed), **TOL)
+    assert served.python_calls == calls
+    after = stats()
+    assert after[0] - inferences == 2 and after[1] - executions >= 1, (
+        after,
+        inferences,
+        executions,
+    )
