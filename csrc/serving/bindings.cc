@@ -172,12 +172,26 @@ void RegisterServing(py::module_& m) {
           "call's W3C trace context, for the access log).")
       .def(
           "add_route",
-          [](FrontEnd& f, const py::object& queue, const py::dict& plan) {
-            return f.AddRoute(queue, PlanFrom(plan));
+          [](FrontEnd& f, const py::object& queue, const py::dict& plan, const py::object& seq) {
+            if (seq.is_none()) return f.AddRoute(queue, PlanFrom(plan));
+            Bucket b;
+            b.length = seq["length"].cast<int64_t>();
+            for (auto [name, v] : seq["inputs"].cast<py::dict>()) {
+              auto pair = v.cast<py::tuple>();
+              b.inputs[name.cast<std::string>()] = {pair[0].cast<std::vector<int64_t>>(),
+                                                    pair[1].cast<std::string>()};
+            }
+            for (auto [name, v] : seq["outputs"].cast<py::dict>()) {
+              b.outputs[name.cast<std::string>()] = v.cast<std::vector<int64_t>>();
+            }
+            return f.AddRoute(queue, PlanFrom(plan), &b);
           },
-          py::arg("queue"), py::arg("plan"),
+          py::arg("queue"), py::arg("plan"), py::arg("bucket") = py::none(),
           "A dynamic model: serve requests of the shape of `plan` (the plan of one of its\n"
           "fixed runtimes, whose ServingQueue is `queue`) without Python from now on.\n"
+          "`bucket`: the runtime is a bucket of sequence lengths, {'length': n, 'inputs':\n"
+          "{name: (sequence axes, pad element bytes)}, 'outputs': {name: sequence axes}}:\n"
+          "requests of every shorter length no shorter bucket holds are padded to it.\n"
           "Returns '' when routed, else why not (the handler keeps taking them).")
       .def_property_readonly("routes", &FrontEnd::routes,
                              "A dynamic model's input shapes served without Python.")

@@ -9,7 +9,8 @@
 // callback on the future it returns; the callback copies the outputs out (with the
 // GIL) and hands the request back to its sink (its IO thread, or its gRPC call),
 // which renders the answer in C++. Python runs once per request here, except for
-// the shapes routed to a fixed runtime (shape_routes.h): those run without Python.
+// the shapes (and buckets of sequence lengths) routed to a fixed runtime
+// (shape_routes.h): those run without Python.
 //
 // Cancel() takes a request back when its client goes away or its timeout passes: one
 // still queued is dropped; one handed to the handler has its future cancelled (by a

@@ -95,9 +95,9 @@ std::string FrontEnd::Prometheus() {
   return serving::Prometheus(plan_, counters_.Copy(), s, active.load());
 }
 
-std::string FrontEnd::AddRoute(py::handle queue, ModelPlan plan) {
+std::string FrontEnd::AddRoute(py::handle queue, ModelPlan plan, const Bucket* bucket) {
   if (!dynamic_) return "model " + Quote(plan_.name) + " is a fixed model: it has one shape";
-  return dynamic_->routes()->Add(QueueOf(queue), std::move(plan));
+  return dynamic_->routes()->Add(QueueOf(queue), std::move(plan), bucket);
 }
 
 size_t FrontEnd::routes() const { return dynamic_ ? dynamic_->routes()->size() : 0; }

@@ -37,6 +37,7 @@
 #include "answers.h"
 #include "metrics.h"
 #include "plan.h"
+#include "shape_routes.h"
 
 namespace paddle_ipu {
 namespace serving {
@@ -56,6 +57,9 @@ struct Job {
   GrpcAnswer grpc;
   // A dynamic model's outputs (by model output), or why its handler failed.
   std::vector<OutTensor> outputs;
+  // A request routed to a bucket of sequence lengths: its inputs padded to the bucket
+  // (by model input; empty where not padded).
+  std::vector<std::string> padded;
   Error failure;
   std::chrono::steady_clock::time_point start;
   std::weak_ptr<Connection> connection;  // HTTP: who answers
@@ -129,8 +133,10 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   // A dynamic model (call with the GIL): requests of the shape of `plan`, the plan of
   // a fixed runtime of the model, go to `queue` (that runtime's ServingQueue) without
   // Python from now on (shape_routes.h). Returns "" when routed, else why not.
-  std::string AddRoute(pybind11::handle queue, ModelPlan plan);
-  // The shapes routed so.
+  // `bucket`: the runtime is a bucket of sequence lengths (requests of shorter
+  // lengths are padded to it).
+  std::string AddRoute(pybind11::handle queue, ModelPlan plan, const Bucket* bucket = nullptr);
+  // The shapes (and buckets) routed so.
   size_t routes() const;
 
   // gRPC (grpc_call.cc).

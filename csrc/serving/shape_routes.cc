@@ -1,6 +1,9 @@
 // The shapes of a dynamic model that run without Python (see shape_routes.h).
 #include "shape_routes.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "checks.h"
 #include "front_end.h"
 #include "text.h"
@@ -48,9 +51,104 @@ std::string Match(const TensorPlan& t, const std::vector<TensorPlan>& route, con
   return std::string();
 }
 
+// "" when `axes` are sequence axes of a tensor of shape `shape` in the runtime (not
+// the batch, in range, `length` there), else why not.
+std::string CheckAxes(const std::string& name, const std::vector<int64_t>& axes,
+                      const std::vector<int64_t>& shape, int64_t length) {
+  for (int64_t a : axes) {
+    if (a < 1 || a >= static_cast<int64_t>(shape.size()) || shape[a] != length) {
+      return name + ": sequence axis " + std::to_string(a) + " is not an axis of length " +
+             std::to_string(length) + " of its shape " + ShapeStr(shape) + " in the runtime";
+    }
+  }
+  return std::string();
+}
+
 }  // namespace
 
-std::string ShapeRoutes::Add(std::shared_ptr<ServingQueue> queue, ModelPlan route) {
+void CornerCopy(const char* from, const std::vector<int64_t>& fs, char* to,
+                const std::vector<int64_t>& ts, int64_t elem) {
+  const size_t n = fs.size();
+  std::vector<int64_t> common(n), fstride(n), tstride(n);
+  int64_t f = elem, t = elem;
+  for (size_t d = n; d-- > 0;) {
+    common[d] = std::min(fs[d], ts[d]);
+    if (common[d] <= 0) return;
+    fstride[d] = f;
+    tstride[d] = t;
+    f *= fs[d];
+    t *= ts[d];
+  }
+  // The trailing axes both blocks share are one contiguous run, with the axis before.
+  size_t j = n;
+  int64_t run = elem;
+  while (j > 0 && fs[j - 1] == ts[j - 1]) run *= fs[--j];
+  if (j == 0) {
+    std::memcpy(to, from, static_cast<size_t>(run));
+    return;
+  }
+  run = common[j - 1] * fstride[j - 1];
+  const size_t outer = j - 1;  // the axes iterated over
+  std::vector<int64_t> idx(outer, 0);
+  for (;;) {
+    int64_t fo = 0, to_ = 0;
+    for (size_t d = 0; d < outer; ++d) {
+      fo += idx[d] * fstride[d];
+      to_ += idx[d] * tstride[d];
+    }
+    std::memcpy(to + to_, from + fo, static_cast<size_t>(run));
+    size_t d = outer;
+    while (d > 0 && ++idx[d - 1] == common[d - 1]) idx[--d] = 0;
+    if (d == 0) return;
+  }
+}
+
+std::string ShapeRoutes::SetBucket(const Bucket& b, Route* r) const {
+  const ModelPlan& m = *model_;
+  if (b.length < 1) return "a bucket's length must be >= 1, got " + std::to_string(b.length);
+  r->length = b.length;
+  r->in_axes.assign(m.inputs.size(), {});
+  r->in_pad.assign(m.inputs.size(), std::string());
+  r->out_axes.assign(m.outputs.size(), {});
+  size_t seen = 0;
+  for (size_t k = 0; k < m.inputs.size(); ++k) {
+    auto it = b.inputs.find(m.inputs[k].name);
+    if (it == b.inputs.end()) continue;
+    seen += 1;
+    const TensorPlan& t = r->plan.inputs[r->in_index[k]];
+    const std::string name = "input " + Repr(t.name);
+    const auto& [axes, pad] = it->second;
+    if (t.dtype == DType::kBytes) return name + ": a BYTES sequence input is not padded here";
+    if (static_cast<int64_t>(pad.size()) != ElemSize(t.dtype)) {
+      return name + ": its pad element has " + std::to_string(pad.size()) + " bytes, its " +
+             V2Name(t.dtype) + " elements " + std::to_string(ElemSize(t.dtype));
+    }
+    std::string why = CheckAxes(name, axes, t.shape, b.length);
+    if (!why.empty()) return why;
+    r->in_axes[k] = axes;
+    r->in_pad[k] = pad;
+  }
+  if (seen != b.inputs.size() || seen == 0) {
+    return "the bucket names " + std::to_string(b.inputs.size()) + " sequence inputs, " +
+           std::to_string(seen) + " of them the model's";
+  }
+  seen = 0;
+  for (size_t i = 0; i < m.outputs.size(); ++i) {
+    auto it = b.outputs.find(m.outputs[i].name);
+    if (it == b.outputs.end()) continue;
+    seen += 1;
+    const TensorPlan& t = r->plan.outputs[r->out_index[i]];
+    std::string why = CheckAxes("output " + Repr(t.name), it->second, t.shape, b.length);
+    if (!why.empty()) return why;
+    if (t.dtype == DType::kBytes) return "output " + Repr(t.name) + " is BYTES: not cut here";
+    r->out_axes[i] = it->second;
+  }
+  if (seen != b.outputs.size()) return "the bucket names outputs the model does not have";
+  return std::string();
+}
+
+std::string ShapeRoutes::Add(std::shared_ptr<ServingQueue> queue, ModelPlan route,
+                             const Bucket* bucket) {
   const ModelPlan& m = *model_;
   if (!route.auto_batch) {
     return "its runtime does not batch rows (timeout_ms 0): a request is a whole micro-batch";
@@ -77,9 +175,71 @@ std::string ShapeRoutes::Add(std::shared_ptr<ServingQueue> queue, ModelPlan rout
   }
   r->queue = std::move(queue);
   r->plan = std::move(route);
+  if (bucket) {
+    std::string why = SetBucket(*bucket, r.get());
+    if (!why.empty()) return why;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!buckets_.empty() && buckets_[0]->in_axes != r->in_axes) {
+      return "its sequence axes are not those of the model's other buckets";
+    }
+    auto at = std::lower_bound(
+        buckets_.begin(), buckets_.end(), r->length,
+        [](const std::shared_ptr<Route>& x, int64_t length) { return x->length < length; });
+    if (at != buckets_.end() && (*at)->length == r->length) {
+      return "a bucket of length " + std::to_string(r->length) + " is routed already";
+    }
+    buckets_.insert(at, std::move(r));
+    return std::string();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   routes_[Key(shapes)] = std::move(r);
   return std::string();
+}
+
+std::shared_ptr<ShapeRoutes::Route> ShapeRoutes::FindBucket(
+    const std::vector<std::vector<int64_t>>& shapes, int64_t* length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (buckets_.empty()) return nullptr;
+  const Route& first = *buckets_[0];
+  int64_t len = -1;  // the length the sequence inputs agree on
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    if (shapes[k].size() != first.plan.inputs[first.in_index[k]].shape.size()) return nullptr;
+    for (int64_t a : first.in_axes[k]) {
+      if (len >= 0 && shapes[k][a] != len) return nullptr;
+      len = shapes[k][a];
+    }
+  }
+  if (len < 1) return nullptr;
+  auto at = std::lower_bound(
+      buckets_.begin(), buckets_.end(), len,
+      [](const std::shared_ptr<Route>& x, int64_t l) { return x->length < l; });
+  if (at == buckets_.end()) return nullptr;  // longer than the longest bucket
+  const Route& b = **at;
+  for (size_t k = 0; k < shapes.size(); ++k) {  // the other axes: the runtime's
+    const std::vector<int64_t>& want = b.plan.inputs[b.in_index[k]].shape;
+    const std::vector<int64_t>& axes = b.in_axes[k];
+    for (size_t d = 1; d < want.size(); ++d) {
+      const bool seq = std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end();
+      if (!seq && shapes[k][d] != want[d]) return nullptr;
+    }
+  }
+  *length = len;
+  return *at;
+}
+
+void ShapeRoutes::Cut(const Routed& routed) {
+  const Route& route = *routed.route;
+  for (size_t i = 0; i < route.out_axes.size(); ++i) {
+    if (route.out_axes[i].empty()) continue;
+    OutTensor& o = routed.job->outputs[i];
+    std::vector<int64_t> shape = o.shape;
+    for (int64_t a : route.out_axes[i]) shape[a] = routed.length;
+    const int64_t elem = ElemSize(route.plan.outputs[route.out_index[i]].dtype);
+    std::string cut(static_cast<size_t>(Elements(shape) * elem), '\0');
+    CornerCopy(o.data.data(), o.shape, cut.data(), shape, elem);
+    o.data.swap(cut);
+    o.shape = std::move(shape);
+  }
 }
 
 int ShapeRoutes::Submit(const RequestPtr& r, const std::shared_ptr<Job>& job, Error* error) {
@@ -96,11 +256,13 @@ int ShapeRoutes::Submit(const RequestPtr& r, const std::shared_ptr<Job>& job, Er
   std::shared_ptr<Route> route;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (routes_.empty()) return -1;
     auto it = routes_.find(Key(shapes));
-    if (it == routes_.end()) return -1;
-    route = it->second;
+    if (it != routes_.end()) route = it->second;
   }
+  int64_t length = 0;  // a bucket's request: its sequence length
+  if (!route) route = FindBucket(req.in_shapes, &length);
+  if (!route) return -1;
+  const bool pad = length > 0 && length != route->length;
   const ModelPlan& p = route->plan;
   // A request the runtime would take in several pieces, or refuse: the handler's.
   if (rows < 1 || rows > p.max_rows) return -1;
@@ -114,9 +276,25 @@ int ShapeRoutes::Submit(const RequestPtr& r, const std::shared_ptr<Job>& job, Er
   }
   r->units = rows;
   r->in.assign(p.inputs.size(), Span{nullptr, 0});
+  if (pad) job->padded.assign(m.inputs.size(), std::string());
   for (size_t k = 0; k < m.inputs.size(); ++k) {
     const size_t j = route->in_index[k];
-    r->in[j] = {const_cast<char*>(req.in[k]), rows * p.inputs[j].unit_bytes};
+    const TensorPlan& t = p.inputs[j];
+    const size_t bytes = static_cast<size_t>(rows * t.unit_bytes);
+    if (!pad || route->in_axes[k].empty()) {
+      r->in[j] = {const_cast<char*>(req.in[k]), rows * t.unit_bytes};
+      continue;
+    }
+    std::string& padded = job->padded[k];  // the pad element everywhere, then the data
+    const std::string& element = route->in_pad[k];
+    padded.resize(bytes);
+    for (size_t at = 0; at < bytes; at += element.size()) {
+      std::memcpy(&padded[at], element.data(), element.size());
+    }
+    std::vector<int64_t> shape = t.shape;
+    shape[0] = rows;
+    CornerCopy(req.in[k], req.in_shapes[k], padded.data(), shape, ElemSize(t.dtype));
+    r->in[j] = {padded.data(), rows * t.unit_bytes};
   }
   job->outputs.assign(m.outputs.size(), OutTensor{});
   r->out.assign(p.outputs.size(), Span{nullptr, 0});
@@ -131,9 +309,14 @@ int ShapeRoutes::Submit(const RequestPtr& r, const std::shared_ptr<Job>& job, Er
   }
   NativeSink* own = r->sink;
   job->routes = shared_from_this();  // the request's owner keeps its job
+  Routed routed{own, nullptr, nullptr, length};
+  if (pad) {  // kept until delivered or taken back
+    routed.job = job;
+    routed.route = route;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    routed_[r.get()] = own;
+    routed_[r.get()] = std::move(routed);
     r->sink = this;
   }
   int64_t in_flight = 0;
@@ -168,18 +351,23 @@ bool ShapeRoutes::Cancel(Request* r, bool* cancelled) {
 }
 
 void ShapeRoutes::Deliver(std::vector<RequestPtr>&& finished) {
-  std::vector<std::pair<NativeSink*, RequestPtr>> out;
+  std::vector<std::pair<Routed, RequestPtr>> out;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const RequestPtr& r : finished) {
       auto it = routed_.find(r.get());
       if (it == routed_.end()) continue;
-      out.emplace_back(it->second, r);
+      out.emplace_back(std::move(it->second), r);
       routed_.erase(it);
     }
   }
-  // Each request to its own sink (the requests of one run may come from several).
-  for (auto& [sink, r] : out) sink->Deliver({r});
+  // Each request to its own sink (the requests of one run may come from several), a
+  // padded one's outputs cut back to its length first.
+  for (auto& [routed, r] : out) {
+    if (routed.job && r->state == RequestState::kDone) Cut(routed);
+    routed.job.reset();
+    routed.sink->Deliver({r});
+  }
 }
 
 void ShapeRoutes::AddStats(QueueStats* s) {
@@ -187,6 +375,7 @@ void ShapeRoutes::AddStats(QueueStats* s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& kv : routes_) routes.push_back(kv.second);
+    routes.insert(routes.end(), buckets_.begin(), buckets_.end());
   }
   for (const auto& route : routes) {
     const QueueStats q = StatsOf(route->queue.get());
@@ -202,7 +391,7 @@ void ShapeRoutes::AddStats(QueueStats* s) {
 
 size_t ShapeRoutes::size() {
   std::lock_guard<std::mutex> lock(mu_);
-  return routes_.size();
+  return routes_.size() + buckets_.size();
 }
 
 }  // namespace serving

@@ -77,6 +77,29 @@ class BucketedRuntime:
                     shape[axis] = -1
         return feeds, outs
 
+    def buckets(self) -> list[tuple[ModelRuntime, dict[str, Any]]]:
+        """Each bucket's model runtime and its sequence description, shortest first:
+        ``{"length": n, "inputs": {feed: (sequence axes, one pad element's bytes in
+        the feed's dtype)}, "outputs": {output: sequence axes}}`` (the inference
+        server pads and cuts the requests of every length in C++ with it)."""
+        model = self.executor.model
+        inputs: dict[str, tuple[list[int], bytes]] = {}
+        for spec in model.inputs:
+            name = spec.paddle_name or spec.name
+            axes = self.sequence.feeds.get(name)
+            if axes:
+                value = np.dtype(spec.numpy_dtype).type(self.sequence.pad_values.get(name, 0.0))
+                inputs[name] = ([int(a) for a in axes], value.tobytes())
+        outputs = {
+            name: [int(a) for a in self.sequence.outputs[name]]
+            for name in self._out_names
+            if self.sequence.outputs.get(name)
+        }
+        return [
+            (self.runtimes[n], {"length": n, "inputs": inputs, "outputs": outputs})
+            for n in sorted(self.runtimes)
+        ]
+
     def _route(self, feed: Mapping[str, Any]) -> tuple[int, ModelRuntime, dict[str, Any]]:
         length = self.sequence.length_of(feed)
         bucket = self.sequence.bucket_for(length)

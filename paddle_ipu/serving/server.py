@@ -98,6 +98,7 @@ import numpy as np
 
 from paddle_ipu import _core
 from paddle_ipu.errors import NotSupportedError, OptionError
+from paddle_ipu.serving.bucketed_runtime import BucketedRuntime
 from paddle_ipu.serving.dynamic import runtime_model, v2_datatype
 
 if TYPE_CHECKING:
@@ -398,20 +399,26 @@ class InferenceServer:
                 front = _core.ServingFrontEnd(model, plan)
                 if hasattr(runtime, "on_runtime"):  # one fixed runtime per input shape
                     runtime.on_runtime(self._router(front, name, version))
+                if isinstance(runtime, BucketedRuntime):  # one per bucket of sequence lengths
+                    route = self._router(front, name, version)
+                    for bucket_runtime, bucket in runtime.buckets():
+                        route(bucket_runtime, bucket)
             self._models[(name, version)] = (runtime, front)
         self.server.add_model(front)
 
     def _router(self, front: Any, name: str, version: str) -> Any:
         """What routes a dynamic model's requests of one input shape to that shape's
-        fixed runtime, in C++ (no Python per request from then on)."""
+        fixed runtime, in C++ (no Python per request from then on); with a bucket
+        (:meth:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime.buckets`), the
+        requests of every length it holds."""
 
-        def route(runtime: Any) -> None:
+        def route(runtime: Any, bucket: dict[str, Any] | None = None) -> None:
             shapes = [list(s.shape) for s in runtime.executor.model.inputs]
             try:
                 plan = _plan(
                     runtime, name, version, self.request_timeout_ms, self.max_body, self.instances
                 )
-                why = front.add_route(runtime._queue, plan)
+                why = front.add_route(runtime._queue, plan, bucket)
             except Exception as e:  # the handler keeps serving the shape
                 why = f"{type(e).__name__}: {e}"
             if why:
