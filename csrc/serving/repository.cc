@@ -74,27 +74,12 @@ void Connection::ControlAnswer(int status, std::string body) {
 }
 
 Error Server::Control(std::shared_ptr<ControlJob> job) {
-  std::lock_guard<std::mutex> lock(control_mu_);
-  if (control_closed_ || draining_) return {503, kShuttingDown};
-  job->id = control_next_++;
-  control_queue_.push_back(std::move(job));
-  control_cv_.notify_one();
+  if (draining_ || !control_jobs_.Push(std::move(job))) return {503, kShuttingDown};
   return {};
 }
 
 std::shared_ptr<ControlJob> Server::NextControl(double timeout) {
-  std::unique_lock<std::mutex> lock(control_mu_);
-  auto ready = [this] { return control_closed_ || !control_queue_.empty(); };
-  if (timeout < 0) {
-    control_cv_.wait(lock, ready);
-  } else if (!control_cv_.wait_for(lock, std::chrono::duration<double>(timeout), ready)) {
-    return nullptr;
-  }
-  if (control_closed_ || control_queue_.empty()) return nullptr;
-  std::shared_ptr<ControlJob> job = std::move(control_queue_.front());
-  control_queue_.pop_front();
-  control_taken_[job->id] = job;
-  return job;
+  return control_jobs_.Next(timeout);
 }
 
 void Server::Deliver(const std::shared_ptr<ControlJob>& job, int status, std::string body) {
@@ -105,26 +90,11 @@ void Server::Deliver(const std::shared_ptr<ControlJob>& job, int status, std::st
 }
 
 void Server::ControlDone(int64_t id, int status, std::string body) {
-  std::shared_ptr<ControlJob> job;
-  {
-    std::lock_guard<std::mutex> lock(control_mu_);
-    auto it = control_taken_.find(id);
-    if (it == control_taken_.end()) return;
-    job = std::move(it->second);
-    control_taken_.erase(it);
-  }
-  Deliver(job, status, std::move(body));
+  if (auto job = control_jobs_.Take(id)) Deliver(job, status, std::move(body));
 }
 
 void Server::CloseControl() {
-  std::deque<std::shared_ptr<ControlJob>> left;
-  {
-    std::lock_guard<std::mutex> lock(control_mu_);
-    control_closed_ = true;
-    left.swap(control_queue_);
-    control_cv_.notify_all();
-  }
-  for (const auto& job : left) Deliver(job, 503, ErrorJson(kShuttingDown));
+  for (const auto& job : control_jobs_.Close()) Deliver(job, 503, ErrorJson(kShuttingDown));
 }
 
 }  // namespace serving

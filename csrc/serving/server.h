@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "front_end.h"
+#include "hand_off.h"
 #include "metrics.h"
 
 namespace paddle_ipu {
@@ -173,20 +174,10 @@ class Server {
   std::condition_variable drained_;
 
   std::atomic<bool> control_{false};
-  std::mutex control_mu_;
-  std::condition_variable control_cv_;
-  std::deque<std::shared_ptr<ControlJob>> control_queue_;
-  std::map<int64_t, std::shared_ptr<ControlJob>> control_taken_;
-  int64_t control_next_ = 1;
-  bool control_closed_ = false;
+  HandOff<ControlJob> control_jobs_;
 
   int grpc_port_ = -1;
-  std::mutex unary_mu_;
-  std::condition_variable unary_cv_;
-  std::deque<std::shared_ptr<GrpcUnaryJob>> unary_queue_;
-  std::map<int64_t, std::shared_ptr<GrpcUnaryJob>> unary_taken_;
-  int64_t unary_next_ = 1;
-  bool unary_closed_ = false;
+  HandOff<GrpcUnaryJob> unary_jobs_;
 };
 
 }  // namespace serving
