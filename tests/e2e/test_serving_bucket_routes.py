@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.serving_models import decoder_reference, save_decoder
+from support.serving_models import ServedInProcess, decoder_reference, save_decoder
 
 from paddle_ipu.serving.bucketed_runtime import BucketedRuntime, runtime_for
 from paddle_ipu.serving.saved_model import compile_model
@@ -27,19 +27,10 @@ VOCAB = 50
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 
 
-class Served:
+class Served(ServedInProcess):
     def __init__(self, srv: InferenceServer, runtime: BucketedRuntime, layer: Any) -> None:
-        self.srv, self.runtime, self.layer = srv, runtime, layer
-        self.python_calls = 0  # requests the Python handler took
-        submit = runtime.submit
-
-        def counted(feed: Any, timeout: float | None = None) -> Any:
-            self.python_calls += 1
-            return submit(feed, timeout)
-
-        runtime.submit = counted  # type: ignore[method-assign]
-        self.http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.port}")
-        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        super().__init__(srv, runtime)
+        self.layer = layer
 
 
 @pytest.fixture(scope="module")
@@ -83,19 +74,9 @@ def _infer(
     clients: tuple[Any, Any] | None = None,
     binary: bool = True,
 ) -> np.ndarray:
-    http, grpc_ = clients or (s.http, s.grpc)
-    client, mod = (grpc_, grpcclient) if grpc else (http, httpclient)
-    inputs = []
-    for name, value in feed.items():
-        inp = mod.InferInput(name, list(value.shape), "INT64")
-        if grpc:
-            inp.set_data_from_numpy(value)
-        else:
-            inp.set_data_from_numpy(value, binary_data=binary)
-        inputs.append(inp)
-    answer = client.infer("enc", inputs)
-    (name,) = [o["name"] for o in http.get_model_metadata("enc")["outputs"]]
-    return answer.as_numpy(name)
+    types = {name: "INT64" for name in feed}
+    (out,) = s.infer("enc", feed, types, grpc, binary=binary, clients=clients)
+    return out
 
 
 def _want(s: Served, feed: dict[str, np.ndarray]) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import pytest
 from support.helpers import fresh_programs
+from support.serving_models import ServedInProcess
 
 from paddle_ipu.serving.bucketed_runtime import runtime_for
 from paddle_ipu.serving.saved_model import compile_model
@@ -24,19 +25,10 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 VOCAB = 11
 
 
-class Served:
+class Served(ServedInProcess):
     def __init__(self, srv: InferenceServer, runtime: Any, cpu: Any) -> None:
-        self.srv, self.runtime, self.cpu = srv, runtime, cpu
-        self.python_calls = 0  # requests the Python handler took
-        submit = runtime.submit
-
-        def counted(feed: Any, timeout: float | None = None) -> Any:
-            self.python_calls += 1
-            return submit(feed, timeout)
-
-        runtime.submit = counted
-        self.http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.port}")
-        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        super().__init__(srv, runtime)
+        self.cpu = cpu
 
     @property
     def routes(self) -> int:
@@ -83,15 +75,7 @@ def _feed(rows: int, seq: int, seed: int) -> dict[str, np.ndarray]:
 
 
 def _infer(s: Served, feed: dict[str, np.ndarray], grpc: bool) -> list[np.ndarray]:
-    client, mod = (s.grpc, grpcclient) if grpc else (s.http, httpclient)
-    inputs = []
-    for name, value in feed.items():
-        inp = mod.InferInput(name, list(value.shape), "INT64" if name == "ids" else "FP32")
-        inp.set_data_from_numpy(value)
-        inputs.append(inp)
-    answer = client.infer("seq", inputs)
-    names = [o["name"] for o in s.http.get_model_metadata("seq")["outputs"]]
-    return [answer.as_numpy(name) for name in names]
+    return s.infer("seq", feed, {"ids": "INT64", "x": "FP32"}, grpc)
 
 
 def _check(s: Served, feed: dict[str, np.ndarray], grpc: bool) -> None:

@@ -219,3 +219,54 @@ def decoder_reference(layer: TinyDecoder, *feeds: np.ndarray) -> np.ndarray:
     finally:
         if static:
             paddle.enable_static()
+
+
+class ServedInProcess:
+    """A runtime served by an InferenceServer in this process, with tritonclient HTTP
+    and gRPC clients, counting the requests its Python handler takes (its ``submit``
+    wrapped): a request the C++ front end routes never reaches it."""
+
+    def __init__(self, srv: Any, runtime: Any) -> None:
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
+
+        self.srv, self.runtime = srv, runtime
+        self.python_calls = 0
+        submit = runtime.submit
+
+        def counted(feed: Any, timeout: float | None = None) -> Any:
+            self.python_calls += 1
+            return submit(feed, timeout)
+
+        runtime.submit = counted
+        self.http = httpclient.InferenceServerClient(f"127.0.0.1:{srv.port}")
+        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+
+    def infer(
+        self,
+        model: str,
+        feed: dict[str, np.ndarray],
+        datatypes: dict[str, str],
+        grpc: bool,
+        binary: bool = True,
+        clients: tuple[Any, Any] | None = None,
+    ) -> list[np.ndarray]:
+        """``model``'s outputs, in its metadata's order, for ``feed`` (``datatypes``: the
+        KServe datatype of every input) over gRPC or HTTP (binary or JSON data), with
+        this object's clients or ``clients`` (http, grpc)."""
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
+
+        http, grpc_ = clients or (self.http, self.grpc)
+        client, mod = (grpc_, grpcclient) if grpc else (http, httpclient)
+        inputs = []
+        for name, value in feed.items():
+            inp = mod.InferInput(name, list(value.shape), datatypes[name])
+            if grpc:
+                inp.set_data_from_numpy(value)
+            else:
+                inp.set_data_from_numpy(value, binary_data=binary)
+            inputs.append(inp)
+        answer = client.infer(model, inputs)
+        names = [o["name"] for o in http.get_model_metadata(model)["outputs"]]
+        return [answer.as_numpy(name) for name in names]
