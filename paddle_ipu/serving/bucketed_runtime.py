@@ -116,9 +116,10 @@ class BucketedRuntime:
         """Queue one request of any compiled length (see :meth:`ModelRuntime.submit`)."""
         length, runtime, padded = self._route(feed)
         inner = runtime.submit(padded, timeout)
-        outer: Future[list[np.ndarray]] = _ChainedFuture(inner)
+        outer = _ChainedFuture(inner)
 
         def done(f: Future[list[np.ndarray]]) -> None:
+            outer.release()  # no cycle outer -> inner -> this callback -> outer
             if f.cancelled():
                 outer.cancel()
                 return
@@ -169,10 +170,15 @@ class _ChainedFuture(Future):
 
     def __init__(self, inner: Future[Any]) -> None:
         super().__init__()
-        self._inner = inner
+        self._inner: Future[Any] | None = inner
+
+    def release(self) -> None:
+        """Forget the bucket's request (it is done)."""
+        self._inner = None
 
     def cancel(self) -> bool:
-        if not self._inner.cancel() and not self._inner.cancelled():
+        inner = self._inner
+        if inner is not None and not inner.cancel() and not inner.cancelled():
             return False
         return super().cancel()
 

@@ -449,12 +449,11 @@ class ModelRuntime:
                         np.ascontiguousarray(o).reshape(shape) for o, shape in zip(raw, shapes)
                     ]
                 except Exception as exc:
-                    for future in queue.fail(exc, time.perf_counter() - t0):
-                        _set_exception(future, exc)
+                    _fail(queue.fail(exc, time.perf_counter() - t0), exc)
                     continue
-                for future in queue.complete(outputs, time.perf_counter() - t0):
-                    if future.set_running_or_notify_cancel():
-                        future.set_result(future._outs)
+                # (a function: no local of this loop keeps the last answered future,
+                # and its outputs, until the next run)
+                _answer(queue.complete(outputs, time.perf_counter() - t0))
         except BaseException as exc:  # a bug here must not leave callers hanging
             log.exception("the model runtime's worker failed")
             with self._lock:
@@ -478,6 +477,20 @@ class ModelRuntime:
             _set_exception(future, exc)
 
 
+def _answer(futures: list[Any]) -> None:
+    for future in futures:
+        future._request = None
+        if future.set_running_or_notify_cancel():
+            future.set_result(future._outs)
+
+
+def _fail(futures: list[Any], exc: BaseException) -> None:
+    for future in futures:
+        _set_exception(future, exc)
+
+
 def _set_exception(future: Future[Any], exc: BaseException) -> None:
+    if isinstance(future, _RequestFuture):
+        future._request = None
     if not future.done() and future.set_running_or_notify_cancel():
         future.set_exception(exc)

@@ -354,6 +354,12 @@ class Pipeline:
         if future.cancelled():
             for f in list(request.pending):
                 f.cancel()
+        # The future holds this callback and the callback the request: a reference
+        # cycle that only the garbage collector frees, and it runs rarely when the
+        # objects are few and the arrays large (PP-OCR's pipeline grew by 0.5-0.7 GB
+        # per 12 images).  Let the request's tensors go now.
+        request.values = {}
+        request.pending = []
         with self._idle:
             self._in_flight -= 1
             self._idle.notify_all()
@@ -442,6 +448,10 @@ class Pipeline:
         self, request: _Request, step: Step, index: int, runtime: Any, futures: list[Future[Any]]
     ) -> None:
         request.pending = []
+        # The model requests' futures hold the callback that holds this list: emptied,
+        # the futures and their outputs go when their answers have been read.
+        futures, done = list(futures), futures
+        done.clear()
         if request.future.cancelled():
             return
         try:

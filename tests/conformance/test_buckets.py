@@ -4,8 +4,10 @@ once per length, answering requests of every length as its own dygraph forward d
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,28 @@ def test_concurrent_requests_of_different_lengths_get_their_own_answers(
             answers[k] = f.result(timeout=60)[0]
     for k, ids in enumerate(requests):
         np.testing.assert_allclose(answers[k], decoder_reference(decoder[1], ids), **TOL)
+
+
+def test_a_finished_request_is_freed_without_the_garbage_collector(package: Any) -> None:
+    """A bucketed request's future held the bucket's future, whose callback held the
+    first: their outputs stayed until a collection found the cycle.  Reference counting
+    alone frees them now, for the bucket's own runtime's futures too."""
+    rng = np.random.default_rng(7)
+    gc.collect()
+    gc.disable()
+    try:
+        with runtime_for(package, timeout_ms=1.0) as runtime:
+            refs = []
+            for length in (3, 9):
+                future = runtime.submit({"input_ids": _ids(rng, 2, length)})
+                inner = future._inner  # type: ignore[attr-defined]
+                (got,) = future.result(timeout=60)
+                assert got.shape == (2, length, 50)
+                refs += [weakref.ref(future), weakref.ref(inner), weakref.ref(got)]
+                del future, inner, got
+            assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        gc.enable()
 
 
 def test_the_package_reports_its_buckets(package: Any, tmp_path: Path) -> None:

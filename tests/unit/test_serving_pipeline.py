@@ -5,8 +5,10 @@ runtimes is tests/conformance/trained/test_ocr_serving.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ class AddOne:
     def __init__(self, fail: bool = False, gate: threading.Event | None = None) -> None:
         self.pool = ThreadPoolExecutor(2)
         self.requests: list[int] = []
+        self.answers: list[weakref.ref[np.ndarray]] = []
         self.fail = fail
         self.gate = gate
 
@@ -44,7 +47,9 @@ class AddOne:
                 self.gate.wait(10)
             if self.fail:
                 raise RuntimeError("the graph run failed")
-            return [x + 1, np.array([len(x)])]
+            y = x + 1
+            self.answers.append(weakref.ref(y))
+            return [y, np.array([len(x)])]
 
         return self.pool.submit(run)
 
@@ -124,6 +129,26 @@ def test_tensors_flow_through_host_and_model_steps() -> None:
             assert out["out"].dtype == np.float32
     # one request per request for "add", one per row for "each"; 0 rows: nothing for each
     assert sorted(model.requests) == sorted([1, 4, 0, 2] + [1] * 7)
+
+
+def test_a_finished_request_lets_its_tensors_go_without_the_garbage_collector() -> None:
+    """The pipeline's request, its futures and their callbacks referred to each other:
+    every tensor of a finished request stayed until a collection found the cycle, and
+    with few, large arrays it rarely runs (PP-OCR's pipeline grew by 0.5-0.7 GB per
+    pass over twelve images).  Reference counting alone now frees them."""
+    model = AddOne()
+    gc.collect()
+    gc.disable()
+    try:
+        with Pipeline(definition(), {"add1": model}) as pipeline:
+            for rows in (4, 2):
+                out = pipeline.run({"x": np.ones((rows, 3), np.float32)})
+                assert out["out"].shape == (rows, 3)
+        assert len(model.answers) == (1 + 4) + (1 + 2)  # the whole batch, then each row
+        alive = [r for r in model.answers if r() is not None]
+        assert alive == [], f"{len(alive)} model answers of finished requests still held"
+    finally:
+        gc.enable()
 
 
 def test_a_failing_step_fails_its_request_naming_the_step() -> None:
