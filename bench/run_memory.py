@@ -84,11 +84,23 @@ for _ in range(rounds):
         start = time.perf_counter()
         predictor.run([feeds[s]])
         times[s].append(time.perf_counter() - start)
-print(json.dumps({"rss": rss, "ms": 1000 * sum(statistics.median(t) for t in times.values())}))
+sessions = []
+for key in predictor._shared.shapes.specialisations():
+    options = predictor._shared.shapes.executor(key).session._ort.get_session_options()
+    try:
+        shared_arena = options.get_session_config_entry("session.use_env_allocators")
+    except RuntimeError:  # not set
+        shared_arena = None
+    sessions.append([shared_arena, options.enable_mem_pattern])
+print(json.dumps({"rss": rss, "ms": 1000 * sum(statistics.median(t) for t in times.values()),
+                  "sessions": sessions}))
 """
 
 
-def _run(model: str, setting: str, rounds: int, cache: str) -> dict:
+def run(model: str, setting: str, rounds: int, cache: str) -> dict:
+    """One run in a fresh process: ``{"rss": MB after each shape, "ms": sum of the
+    shapes' median run times, "sessions": [use_env_allocators, enable_mem_pattern] of
+    each shape's session}`` (tests/conformance/test_host_memory.py runs it too)."""
     env = dict(os.environ, PADDLE_IPU_CACHE_DIR=os.path.join(cache, "compiled"))
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, model, setting, str(rounds), cache],
@@ -107,10 +119,10 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, list[dict]] = {"shared": [], "per-session": []}
     with tempfile.TemporaryDirectory() as cache:
-        _run(args.model, "shared", 1, cache)  # compiles every shape into the cache
+        run(args.model, "shared", 1, cache)  # compiles every shape into the cache
         for pair in range(args.pairs):
             for setting in ("shared", "per-session"):
-                got = _run(args.model, setting, args.rounds, cache)
+                got = run(args.model, setting, args.rounds, cache)
                 results[setting].append(got)
                 print(f"pair {pair + 1} {setting:>11}: resident MB after each shape "
                       f"{got['rss']}, sum of medians {got['ms']:.0f} ms", flush=True)  # fmt: skip
