@@ -58,12 +58,15 @@ def test_cxx_parts_compile_for_aarch64() -> None:
         if os.environ.get("CI"):
             pytest.fail("CI must install g++-aarch64-linux-gnu for this check")
         pytest.skip("no aarch64 cross compiler (apt-get install g++-aarch64-linux-gnu)")
+    # the script's `python` is this one (its Paddle's headers), venv activated or not
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     result = subprocess.run(
         ["bash", str(ROOT / "tools" / "check_aarch64.sh")],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, "PATH": path},
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
