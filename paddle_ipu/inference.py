@@ -128,7 +128,7 @@ class Config:
         """``set_model(model_dir)`` or ``set_model(prog_file, params_file)``."""
         path = str(model)
         self._from_memory = False
-        if params is not None:
+        if params is not None and str(params) != "":  # "": a model without parameters
             m, p = Path(path), Path(str(params))
             if m.with_suffix("") != p.with_suffix(""):
                 raise NotSupportedError(

@@ -96,6 +96,34 @@ def test_model_paths_as_paddle_reports_them(tmp_path: Path) -> None:
     assert config.model_prefix() == str(tmp_path / "m")
 
 
+def test_an_empty_params_file_is_a_model_without_parameters(tmp_path: Path) -> None:
+    """``Config(model_file, "")``: Paddle's Config takes it for a model that has no
+    parameters (its predictor runs it); so does this one, running it as Paddle does."""
+    import numpy as np
+    import paddle
+
+    paddle.enable_static()
+    try:
+        main, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(main, startup):
+            x = paddle.static.data("x", [-1, 4], "float32")
+            y = x * 2.0 + 1.0
+            exe = paddle.static.Executor(paddle.CPUPlace())
+            paddle.static.save_inference_model(str(tmp_path / "m"), [x], [y], exe, program=main)
+    finally:
+        paddle.disable_static()
+    model = str(tmp_path / "m.json")
+    assert not (tmp_path / "m.pdiparams").exists()
+    feed = np.arange(8, dtype=np.float32).reshape(2, 4)
+    cpu = paddle_inference.create_predictor(paddle_inference.Config(model, ""))
+    (want,) = cpu.run([paddle.to_tensor(feed)])
+    config = inference.Config(model, "")
+    assert (config.prog_file(), config.params_file()) == (model, "")
+    config.enable_ipu()
+    (got,) = inference.create_predictor(config).run([feed])
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=0)
+
+
 def test_set_model_buffer_writes_the_model_files() -> None:
     config = inference.Config()
     config.set_model_buffer(b'{"program": 1}', 14, b"\x01\x02\x03", 3)
