@@ -323,16 +323,22 @@ void DynamicQueue::Done(const std::shared_ptr<Item>& item, py::handle future) {
 void DynamicQueue::Finish(const std::shared_ptr<Item>& item, RequestState state) {
   bool deliver = false;
   py::object future;
+  // A model with routes (per-shape or bucketed runtimes) runs the handler's request in
+  // a route's queue, whose counters the statistics sum already (AddStats): counted here
+  // too, a shape's first request was two runs.
+  const bool routed = routes_->size() > 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (started_.erase(item->r.get()) == 0) return;  // answered already
     in_flight_ -= 1;
-    stats_.runs += 1;
-    stats_.requests += 1;
-    stats_.units += 1;
-    if (state != RequestState::kDone) stats_.failed_runs += 1;
     const double busy = Seconds(std::chrono::steady_clock::now() - item->started);
-    stats_.busy_seconds += busy;
+    if (!routed) {
+      stats_.runs += 1;
+      stats_.requests += 1;
+      stats_.units += 1;
+      if (state != RequestState::kDone) stats_.failed_runs += 1;
+      stats_.busy_seconds += busy;
+    }
     item->r->compute_seconds = busy;  // the handler's time: its future's
     deliver = item->r->state == RequestState::kStarted;
     if (deliver) {

@@ -120,6 +120,24 @@ def test_statistics_count_the_routed_requests(served: Served) -> None:
     assert int(after) - int(before) >= 4
 
 
+def test_statistics_count_each_graph_run_once(served: Served) -> None:
+    """A new shape's first request runs through the handler and the shape's queue, later
+    ones through the queue alone: Triton's execution_count moves by the graph runs the
+    runtime made, not by one more for the handler."""
+
+    def executions() -> int:
+        doc = served.http.get_inference_statistics("seq")["model_stats"][0]
+        return int(doc["execution_count"])
+
+    before, runs, calls = executions(), served.runtime.stats().runs, served.python_calls
+    for i in range(3):
+        _check(served, _feed(1, 9, 70 + i), grpc=False)  # a length no other test sends
+    assert served.python_calls == calls + 1
+    made = served.runtime.stats().runs - runs
+    assert made >= 1
+    assert executions() - before == made
+
+
 def test_threads_over_two_routed_shapes_then_an_unload(served: Served) -> None:
     """8 client threads, two lengths routed and one new, every answer right; then the
     model is unloaded: refused (404) from then on, nothing in flight lost."""
