@@ -135,6 +135,12 @@ def register_kernels() -> int:
     if _kernels is not None or not is_registered():
         return 0
     path = Path(__file__).resolve().parent / KERNELS_NAME
+    if not path.exists():  # a source tree (a copy, or a clone beside an editable install)
+        raise DeviceError(
+            f"the ipu kernels {path} are missing: paddle_ipu is imported from its source "
+            f"tree ({path.parent.parent}) instead of the installed package: install it "
+            "with `pip install .` and run Python from another directory"
+        )
     try:
         library = ctypes.CDLL(str(path))
     except OSError as exc:
