@@ -460,8 +460,7 @@ class ModelRuntime:
                 self._failure = exc
                 queue.close(False)
             error = RuntimeClosedError(self._closed_message())
-            for future in queue.fail(error, 0.0):
-                _set_exception(future, error)
+            _fail(queue.fail(error, 0.0), error)
             self._fail_pending(RuntimeClosedError(self._closed_message()), exc)
         finally:
             if queue.cancelled:

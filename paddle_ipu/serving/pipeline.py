@@ -450,12 +450,12 @@ class Pipeline:
         request.pending = []
         # The model requests' futures hold the callback that holds this list: emptied,
         # the futures and their outputs go when their answers have been read.
-        futures, done = list(futures), futures
-        done.clear()
+        answered = list(futures)
+        futures.clear()
         if request.future.cancelled():
             return
         try:
-            answers = [f.result() for f in futures]
+            answers = [f.result() for f in answered]
             names = self._model_outputs(runtime)
             by_name = [dict(a) if isinstance(a, Mapping) else dict(zip(names, a)) for a in answers]
             for key, tensor in step.outputs:
