@@ -305,6 +305,24 @@ class Config:
         IpuStrategy.unpatched().set_options(dict(options))  # the check
         self.strategy_options = {**self.strategy_options, **options}
 
+    def exp_disable_mixed_precision_ops(self, black_list: Any) -> None:
+        """With ``set_ipu_config(ipu_enable_fp16=True)``: the Paddle operators that
+        compute in float32 (Paddle Inference's name for its mixed-precision black list;
+        the strategy option ``fp16_black_list``).  ``black_list``: operator names,
+        ``"softmax"``, ``"pd_op.softmax"`` or a legacy type (``"elementwise_add"``);
+        replaces the list of an earlier call, as Paddle's does."""
+        from paddle_ipu.options.precision import op_keys
+
+        if isinstance(black_list, (str, bytes)) or not hasattr(black_list, "__iter__"):
+            raise OptionError(
+                "exp_disable_mixed_precision_ops: expected a set of operator names, got "
+                f"{black_list!r}"
+            )
+        self.strategy_options = {
+            **self.strategy_options,
+            "fp16_black_list": op_keys("exp_disable_mixed_precision_ops", black_list),
+        }
+
     def set_ipu_shape_ranges(self, ranges: dict[str, Any]) -> None:
         """Bounds of the inputs' open dimensions: input name -> ``[min, max]`` or
         ``[min, opt, max]`` shapes (the form of ``set_trt_dynamic_shape_info`` and of a
@@ -545,7 +563,6 @@ NO_EFFECT: dict[str, str] = {
     "enable_save_optim_model": "the compile cache keeps the compiled graph (PADDLE_IPU_CACHE_DIR)",
     "set_optim_cache_dir": "the compile cache is PADDLE_IPU_CACHE_DIR",
     "enable_profile": "Paddle Inference's profiler does not see the IPU graph",
-    "exp_disable_mixed_precision_ops": "float16 is all or nothing: set_ipu_config(ipu_enable_fp16)",
     "exp_enable_use_cutlass": _NO_EFFECT_GPU,
     "exp_sparse_conv_using_buffer": _NO_EFFECT_EXPERIMENT,
     "enable_ort_optimization": "ONNX Runtime is not one of its engines here",

@@ -144,6 +144,17 @@ def _is_pir(program: Any) -> bool:
     return isinstance(program, paddle.pir.Program)
 
 
+def _custom_black_list(amp_lists: Any) -> list[str]:
+    """The operators ``amp_lists`` (Paddle AMP's lists) adds to Paddle's default black
+    list."""
+    if amp_lists is None:
+        return []
+    import paddle
+
+    default = set(paddle.static.amp.CustomOpLists().black_list)
+    return sorted(set(getattr(amp_lists, "black_list", ())) - default)
+
+
 def _amp_wrappers(original_model: Any, original_params: Any) -> tuple[Any, Any]:
     def cast_model_to_fp16(program: Any, amp_lists: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Paddle 2.x's way to run a program in float16 on the IPU.  Paddle's own
@@ -153,6 +164,16 @@ def _amp_wrappers(original_model: Any, original_params: Any) -> tuple[Any, Any]:
         parameters that run in float16."""
         if not _is_pir(program):
             return original_model(program, amp_lists, *args, **kwargs)
+        custom = _custom_black_list(amp_lists)
+        if custom:
+            import logging
+
+            logging.getLogger("paddle_ipu").warning(
+                "cast_model_to_fp16 on a PIR program: every operator computes in float16 "
+                "on the IPU, the black list %s is not applied; to keep operators in "
+                "float32 in inference, set IpuStrategy's fp16_black_list",
+                custom,
+            )
         setattr(program, FP16_ATTR, True)
         return [
             str(op.attrs()["parameter_name"])
@@ -242,6 +263,10 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
 
         def set_ipu_strategy_options(self, options: dict[str, Any]) -> None:
             self._ipu_settings().set_ipu_strategy_options(options)
+
+        def exp_disable_mixed_precision_ops(self, black_list: Any) -> None:
+            super().exp_disable_mixed_precision_ops(black_list)
+            self._ipu_settings().exp_disable_mixed_precision_ops(black_list)
 
         def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
             self._ipu_settings().set_ipu_custom_info(*args, **kwargs)

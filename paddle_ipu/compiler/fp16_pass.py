@@ -39,11 +39,13 @@ FLOAT16_MAX = 65504.0
 FLOAT16_TINY = 2.0**-25
 
 
-def convert_proto(proto: Any, keep: Collection[str] = ()) -> Any:
+def convert_proto(proto: Any, keep: Collection[str] = (), float32: Collection[str] = ()) -> Any:
     """Return ``proto`` (an ``onnx.ModelProto``) converted to float16 compute.
 
     ``keep``: tensors (initializers, Constant outputs) that stay float32
     (:attr:`Fp16Report.kept_names`); the nodes reading them compute in float32.
+    ``float32``: nodes that compute in float32 (``fp16_black_list``, as
+    :mod:`paddle_ipu.compiler.float32_ops` says; pass the weights they read in ``keep``).
     Values are rounded to nearest over float16's whole range (no clamp).
 
     Raises:
@@ -52,7 +54,18 @@ def convert_proto(proto: Any, keep: Collection[str] = ()) -> Any:
     from onnxconverter_common import float16
 
     _separate_consumed_outputs(proto)
-    blocked = _readers_of(proto.graph, keep)
+    if float32:
+        # a graph output a listed node makes is float32 (and the Identity that now
+        # makes it, when other nodes read the value, reads it in float32)
+        producer = {out: node.name for node in proto.graph.node for out in node.output}
+        float32 = set(float32) | {
+            node.name
+            for node in proto.graph.node
+            if node.op_type == "Identity"
+            and node.name.endswith("::out")
+            and producer.get(node.input[0]) in float32
+        }
+    blocked = _readers_of(proto.graph, keep) | set(float32)
     try:
         converted = float16.convert_float_to_float16(
             proto,
@@ -66,6 +79,10 @@ def convert_proto(proto: Any, keep: Collection[str] = ()) -> Any:
     except Exception as exc:  # the converter raises plain exceptions
         raise CompileError(f"converting the graph to fp16 failed: {exc}") from exc
     _retype_float_casts(converted)
+    if float32:
+        from paddle_ipu.compiler.float32_ops import join_float32
+
+        join_float32(converted, float32)
     return converted
 
 
@@ -201,16 +218,22 @@ def _to_half(array: Any) -> Any:
     return np.asarray(array, dtype=np.float32).astype(np.float16)
 
 
-def convert_model(onnx_bytes: bytes, synced: Collection[str] = ()) -> bytes:
+def convert_model(
+    onnx_bytes: bytes, synced: Collection[str] = (), float32: Collection[str] = ()
+) -> bytes:
     """:func:`prepare` and :func:`convert_proto` on a serialized model (weights
     included); returns the serialized result.  ``synced``: the weights the executor
-    keeps in sync with the Paddle scope (never folded)."""
+    keeps in sync with the Paddle scope (never folded); ``float32``: the nodes that
+    compute in float32 (``fp16_black_list``), whose weights stay float32."""
     import onnx
+
+    from paddle_ipu.compiler.float32_ops import weights_read_by
 
     proto = onnx.load_from_string(onnx_bytes)
     report = prepare(proto, synced=synced)
     report.log()
-    return bytes(convert_proto(proto, report.kept_names).SerializeToString())
+    keep = report.kept_names | weights_read_by(proto, float32)
+    return bytes(convert_proto(proto, keep, float32).SerializeToString())
 
 
 # -- trained weights: float16's range, BatchNorm folded, what does not fit reported --

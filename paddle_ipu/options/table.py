@@ -182,6 +182,12 @@ def _set_half_partial(values: dict[str, Any], explicit: set[str], flag: bool) ->
     explicit.update(("partials_type_matmuls", "convolution_options"))
 
 
+def _op_names(spec: OptionSpec, current: Any, value: Any, key: str) -> list[str]:
+    from paddle_ipu.options.precision import op_keys
+
+    return op_keys(spec.name, [*current, *as_items(spec.name, value)])
+
+
 def _as_dicts(ops: list[CustomOp]) -> list[dict[str, Any]]:
     return [op.as_dict() for op in ops]
 
@@ -273,6 +279,12 @@ _add("host_fp16_arithmetic", "string", "float16", PRODUCT, choices=("float16", "
          "does: docs/without_ipu.md) or \"float32\" (weights and constants held in float16, "
          "arithmetic in float32: faster serving where the IPU's rounding does not matter; its "
          "speed against float32: docs/ecosystem.md).")
+_add("fp16_black_list", "vector", (), PRODUCT, coerce=_op_names,
+     doc="With enable_fp16, Paddle operators that compute in float32 (Paddle AMP's black list; "
+         "Paddle Inference's exp_disable_mixed_precision_ops): 'softmax', 'pd_op.sigmoid' or a "
+         "legacy type ('elementwise_add'). Their float16 operands are widened exactly, their "
+         "weights stay float32, and their results are rounded to float16 where an operator "
+         "that is not listed reads them (docs/without_ipu.md). Setting adds.")
 _add("host_memory_check", "string", "error", PRODUCT, choices=("error", "warning", "off"),
      doc="What the host backend does at compile time with a model that does not fit in an "
          "IPU's memory (paddle_ipu.memory_report): \"error\" refuses it (IpuMemoryError, as "

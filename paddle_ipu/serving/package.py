@@ -177,6 +177,9 @@ class Package:
                     "inputs": [spec_json(s) for s in model.inputs],
                     "outputs": [spec_json(s) for s in model.outputs],
                     "weights": weights,
+                    # the Paddle operator of each node (fp16_black_list)
+                    "source_ops": list(model.source_ops),
+                    "node_ops": dict(model.node_ops),
                 }
             )
         meta["graphs"] = entries
@@ -356,4 +359,6 @@ def _graph(
         weights={},  # the weights are the graph's initializers
         micro_batch_size=mbs,
         opset=int(entry["opset"]),
+        source_ops=[str(op) for op in entry.get("source_ops", [])],
+        node_ops={str(k): int(v) for k, v in entry.get("node_ops", {}).items()},
     )

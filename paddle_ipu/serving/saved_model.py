@@ -467,6 +467,7 @@ def _packaged(model: CompiledModel, micro_batch_size: int) -> CompiledModel:
         micro_batch_size=micro_batch_size,
         opset=model.opset,
         source_ops=list(model.source_ops),
+        node_ops=dict(model.node_ops),
     )
 
 

@@ -248,6 +248,8 @@ def _sample(name: str, option: dict[str, Any]) -> Any:
         return [1]
     if name == "custom_codelets":
         return ["codelet.cpp"]
+    if name == "fp16_black_list":
+        return ["softmax", "layer_norm"]
     if spec.group == "popart.location":
         return {"on_chip": 1 - option["value"]["on_chip"], "min_elements_for_off_chip": 7}
     if name == "replicated_collectives_settings":

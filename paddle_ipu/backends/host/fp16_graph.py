@@ -141,11 +141,13 @@ def _add_watch(ed: Editor, arith: Fp16Arithmetic) -> None:
     ed.graph.output.append(onnx.helper.make_tensor_value_info(WATCHED, FLOAT, []))
 
 
-def _round_outputs(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> None:
-    """Round ``node``'s float outputs (it is the last node emitted)."""
+def _round_outputs(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> list[str]:
+    """Round ``node``'s float outputs (it is the last node emitted); returns the names
+    its unrounded results now have."""
     if node.name.startswith(MARK) or _exact(node, ed.types):
-        return
+        return []
     bounded = node.op_type in BOUNDED
+    raws = []
     for k, out in enumerate(node.output):
         if not out or ed.types.get(out) != FLOAT or out in ed.rounded:
             continue
@@ -153,6 +155,8 @@ def _round_outputs(ed: Editor, node: onnx.NodeProto, arith: Fp16Arithmetic) -> N
         node.output[k] = raw
         ed.types[raw] = FLOAT
         ed.round_to(raw, out, arith, out=out, bounded=bounded)
+        raws.append(raw)
+    return raws
 
 
 def _round_inputs(ed: Editor, arith: Fp16Arithmetic) -> dict[str, str]:
@@ -167,41 +171,68 @@ def _round_inputs(ed: Editor, arith: Fp16Arithmetic) -> dict[str, str]:
     }
 
 
+def _float32_readers(model: onnx.ModelProto, float32: frozenset[str]) -> set[str]:
+    """The tensors a node of ``float32`` reads."""
+    return {name for node in model.graph.node if node.name in float32 for name in node.input}
+
+
 def prepare(
     model: onnx.ModelProto,
     arith: Fp16Arithmetic,
     *,
     exact: bool = False,
     stable_norm: bool = False,
-) -> onnx.ModelProto:
+    float32: frozenset[str] = frozenset(),
+) -> frozenset[str]:
     """Rewrite ``model`` (float32 arithmetic, float16 weights and constants) into the
     IPU's float16 arithmetic: the inputs rounded, the operators of :mod:`.fp16_ops`
     rewritten; with ``exact`` every other operator's result rounded too (else
-    :func:`finish` does it after ONNX Runtime's optimisation).  In place; returned."""
+    :func:`finish` does it after ONNX Runtime's optimisation).  In place.
+
+    ``float32``: the nodes that compute in float32 (``fp16_black_list``): their results
+    are not rounded, and an operator not among them reads a rounded copy (as the IPU
+    casts a float32 result to float16 for a float16 operator); a float16 result they
+    read is rounded where it is made, so that no fusion of ONNX Runtime's computes it
+    unrounded inside theirs.  Returns the tensors :func:`finish` leaves as they are."""
     ed = Editor(model)
     renamed = _round_inputs(ed, arith)
+    widened = _float32_readers(model, float32) if float32 else set()
+    unrounded: set[str] = set()
+    copies: dict[str, str] = {}
     for node in list(model.graph.node):
+        listed = node.name in float32
         for i, name in enumerate(node.input):
             if name in renamed:
                 node.input[i] = renamed[name]
+            elif name in unrounded and not listed:
+                if name not in copies:
+                    copies[name] = ed.round_to(name, f"{name}::fp16", arith)
+                node.input[i] = copies[name]
+        if listed:
+            ed.nodes.append(node)
+            unrounded.update(o for o in node.output if o)
+            continue
         if fp16_ops.rewrite(ed, node, arith, stable_norm=stable_norm):
             continue
         if exact:
             _watch_operands(ed, node, arith)
         ed.nodes.append(node)
-        if exact:
-            _round_outputs(ed, node, arith)
+        if exact or widened.intersection(node.output):
+            unrounded.update(_round_outputs(ed, node, arith))
     if exact:
         _add_watch(ed, arith)
     ed.commit()
-    return model
+    return frozenset(unrounded)
 
 
-def finish(model: onnx.ModelProto, arith: Fp16Arithmetic) -> onnx.ModelProto:
+def finish(
+    model: onnx.ModelProto, arith: Fp16Arithmetic, unrounded: frozenset[str] = frozenset()
+) -> onnx.ModelProto:
     """Round the results of every operator of ONNX Runtime's optimised graph
-    ``model`` that :func:`prepare` did not round (see the module's docstring).  In
-    place; returned."""
+    ``model`` that :func:`prepare` did not round (see the module's docstring), but
+    for ``unrounded`` (what :func:`prepare` returned).  In place; returned."""
     ed = Editor(model, infer=False)
+    ed.rounded.update(unrounded)
     for node in list(model.graph.node):
         _watch_operands(ed, node, arith)
         ed.nodes.append(node)

@@ -115,8 +115,12 @@ class Plan:
     checked: fp_checks.Checked | None
     source: onnx.ModelProto = field(repr=False)
     stable_norm: bool = False
-    #: weights and constants float16 cannot hold: float32 (fp16_pass.prepare)
+    #: weights and constants float16 cannot hold, and those of ``float32``: float32
     keep: frozenset[str] = frozenset()
+    #: the nodes that compute in float32 (fp16_black_list)
+    float32: frozenset[str] = frozenset()
+    #: the tensors fp16_graph.finish leaves unrounded (what fp16_graph.prepare says)
+    unrounded: frozenset[str] = frozenset()
 
     @property
     def lazy(self) -> bool:
@@ -127,7 +131,9 @@ class Plan:
         """The same graph clipping every rounded result (see the module docstring)."""
         assert self.arith is not None
         arith = dataclasses.replace(self.arith, lazy_saturation=False)
-        return _plan_fp16(self.source, arith, self.checked, self.stable_norm, self.keep)
+        return _plan_fp16(
+            self.source, arith, self.checked, self.stable_norm, self.keep, self.float32
+        )
 
     def build(
         self,
@@ -192,7 +198,7 @@ class Plan:
         rounded, its float constants held in float16 (fp16_graph)."""
         assert self.arith is not None
         optimized, arrays = fp16_graph.optimize(self.proto, weights, threads)
-        fp16_graph.finish(optimized, self.arith)
+        fp16_graph.finish(optimized, self.arith, self.unrounded)
         arrays = fp16_graph.round_constants(arrays, self.keep)
         for init in optimized.graph.initializer:
             if init.name in arrays:
@@ -215,6 +221,7 @@ def _plan_fp16(
     checked: fp_checks.Checked | None,
     stable_norm: bool,
     keep: frozenset[str] = frozenset(),
+    float32: frozenset[str] = frozenset(),
 ) -> Plan:
     from paddle_ipu.compiler.fp16_pass import convert_storage
 
@@ -222,15 +229,17 @@ def _plan_fp16(
     if not arith.rounded:
         if checked is not None:
             fp_checks.add_flags(proto, checked)
-        return Plan(proto, arith, False, checked, source, stable_norm, keep)
+        return Plan(proto, arith, False, checked, source, stable_norm, keep, float32)
     # With the checks every operator of the compiled graph is rounded where it is,
     # so that a trap names it; else ONNX Runtime optimises first (fp16_graph).
     exact = checked is not None
-    fp16_graph.prepare(proto, arith, exact=exact, stable_norm=stable_norm)
+    unrounded = fp16_graph.prepare(
+        proto, arith, exact=exact, stable_norm=stable_norm, float32=float32
+    )
     if exact:
         assert checked is not None
         fp_checks.add_flags(proto, checked)
-    return Plan(proto, arith, not exact, checked, source, stable_norm, keep)
+    return Plan(proto, arith, not exact, checked, source, stable_norm, keep, float32, unrounded)
 
 
 def plan(
@@ -239,10 +248,12 @@ def plan(
     *,
     replica: int = 0,
     keep: frozenset[str] = frozenset(),
+    float32: frozenset[str] = frozenset(),
 ) -> Plan:
     """The graph ``config`` asks for, from the compiled graph ``source`` (weightless;
     not modified); ``keep``: with enable_fp16, the weights and constants that stay
-    float32 (fp16_pass.prepare: float16 cannot hold them)."""
+    float32 (fp16_pass.prepare: float16 cannot hold them; those of ``float32``);
+    ``float32``: the nodes that compute in float32 (fp16_black_list)."""
     checks = bool(config.option("enable_floating_point_checks"))
     checked = fp_checks.plan(source) if checks else None
     arith = numerics.from_config(config)
@@ -256,7 +267,8 @@ def plan(
         replica_offset=arith.replica_offset + replica,
         lazy_saturation=arith.saturate and not arith.stochastic,
     )
-    return _plan_fp16(source, arith, checked, bool(config.option("enable_stable_norm")), keep)
+    stable_norm = bool(config.option("enable_stable_norm"))
+    return _plan_fp16(source, arith, checked, stable_norm, keep, float32)
 
 
 def needs_saturation(built: Built, outputs: list[Any]) -> bool:

@@ -110,6 +110,8 @@ class HostSession(Session):
         self._source: Any = None
         # enable_fp16: the weights and constants float16 cannot hold (kept float32)
         self._kept: frozenset[str] = frozenset()
+        # enable_fp16 with fp16_black_list: the nodes that compute in float32
+        self._float32: frozenset[str] = frozenset()
         self._built: Any = None
         # the graph that clips every rounded result (lazy saturation), built when needed
         self._saturating: Any = None
@@ -161,10 +163,16 @@ class HostSession(Session):
                 else:
                     arrays[init.name] = (onnx.numpy_helper.to_array(init), False)
         kept: frozenset[str] = frozenset()
+        float32: frozenset[str] = frozenset()
         if self.config.enable_fp16:
+            from paddle_ipu.compiler.float32_ops import for_session, weights_read_by
+
             # Trained weights first: BatchNorm folded, what float16 cannot hold kept
-            # float32 (compiler/fp16_pass.prepare; refused in training).
+            # float32 (compiler/fp16_pass.prepare; refused in training); then the
+            # operators fp16_black_list keeps in float32, with their weights.
+            float32 = for_session(self.model, self.config)
             kept = self._prepare_fp16(proto, {n: a for n, (a, _) in arrays.items()})
+            kept |= weights_read_by(proto, float32)
         elif not self.config.is_training:
             # Constant arithmetic around convolutions (BatchNorm, biases, scales) folded
             # into them: one pass over memory less per operator (the fp16 pass folds
@@ -176,8 +184,8 @@ class HostSession(Session):
         # The graph this configuration runs (float32, float16 storage, or the IPU's
         # float16 arithmetic; with the floating-point checks' flags): inference_graph.
         self._source = proto
-        self._kept = kept
-        self._plan = inference_graph.plan(proto, self.config, keep=kept)
+        self._kept, self._float32 = kept, float32
+        self._plan = inference_graph.plan(proto, self.config, keep=kept, float32=float32)
         retyped = {init.name: init.data_type for init in self._plan.proto.graph.initializer}
         for name, (array, is_view) in arrays.items():
             device_dtype = array.dtype
@@ -462,7 +470,13 @@ class HostSession(Session):
             return self._built
         if replica not in self._replica_built:
             self._replica_built[replica] = self._build(
-                inference_graph.plan(self._source, self.config, replica=replica, keep=self._kept)
+                inference_graph.plan(
+                    self._source,
+                    self.config,
+                    replica=replica,
+                    keep=self._kept,
+                    float32=self._float32,
+                )
             )
         return self._replica_built[replica]
 

@@ -40,6 +40,11 @@ _NOTES: dict[str, str] = {
         "saturation included: host_fp16_arithmetic, docs/without_ipu.md"
     ),
     "host_fp16_arithmetic": "docs/without_ipu.md",
+    "fp16_black_list": (
+        "in inference, the listed operators compute in float32 and their results are "
+        "rounded where a float16 operator reads them (docs/without_ipu.md); refused in "
+        "training, whose float16 program rounds every operator"
+    ),
     "enable_stochastic_rounding": (
         "on every float16 result and weight update, seeded with random_seed, plus the "
         "replica index in the forward and backward passes; it changes nothing without "

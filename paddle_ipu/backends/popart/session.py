@@ -256,9 +256,11 @@ class PopartSession(Session):
         (the same pass the host backend runs)."""
         if not self.config.enable_fp16:
             return self.model.onnx
+        from paddle_ipu.compiler.float32_ops import for_session
         from paddle_ipu.compiler.fp16_pass import convert_model
 
-        return convert_model(self.model.onnx, synced=self.model.weights)
+        float32 = for_session(self.model, self.config)
+        return convert_model(self.model.onnx, synced=self.model.weights, float32=float32)
 
     def _build(self) -> Any:
         """Create the device, the DataFlow, the options and the PopART session."""
