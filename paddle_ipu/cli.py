@@ -210,6 +210,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         pad_values=_pad_values(args.pad_value),
         input_shapes=_input_shapes(args.input_shapes),
         max_specialisations=_max_specialisations(args.max_specialisations),
+        fp16_black_list=[op for op in (args.fp16_black_list or "").split(",") if op.strip()],
     )
     path = package.save(args.output)
     how = "from the compile cache" if cached else "compiled"
@@ -637,6 +638,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=1, help="rows per micro-batch (1)")
     p.add_argument("--batches-per-step", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="run the graph in float16")
+    p.add_argument(
+        "--fp16-black-list",
+        metavar="OP[,OP...]",
+        help="with --fp16, Paddle operators that compute in float32 (softmax, layer_norm ...)",
+    )
     p.add_argument("--backend", default="host", choices=("host", "popart"))
     p.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
     p.add_argument(

@@ -80,7 +80,8 @@ class Package:
     ``source``: the saved model it was compiled from, which compiles more shapes."""
 
     model: CompiledModel | None
-    options: dict[str, Any]  # micro_batch_size, batches_per_step, enable_fp16, seq_buckets
+    # micro_batch_size, batches_per_step, enable_fp16 (and its fp16_black_list), seq_buckets
+    options: dict[str, Any]
     meta: dict[str, Any]
     buckets: dict[int, CompiledModel] = field(default_factory=dict)
     sequence: SequenceBuckets | None = None
@@ -117,6 +118,8 @@ class Package:
         s.set_graph_config(is_training=False, micro_batch_size=self.options["micro_batch_size"])
         s.set_pipelining_config(batches_per_step=self.options["batches_per_step"])
         s.set_precision_config(enable_fp16=bool(self.options["enable_fp16"]))
+        if self.options.get("fp16_black_list"):
+            s.set_options({"fp16_black_list": list(self.options["fp16_black_list"])})
         if overrides:
             s.set_options(overrides)
         return s

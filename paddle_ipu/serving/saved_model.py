@@ -143,6 +143,7 @@ def compile_model(
     input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
     max_specialisations: int = DEFAULT_MAX_SPECIALISATIONS,
     shape_ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
+    fp16_black_list: Sequence[str] = (),
 ) -> tuple[Package, bool]:
     """Compile the saved inference model at ``prefix`` (``prefix.json`` and
     ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
@@ -156,7 +157,9 @@ def compile_model(
     (:func:`compile_shape`), at most ``max_specialisations`` in all; ``shape_ranges``
     (feed -> ``[min, max]`` or ``[min, opt, max]`` shapes) bound the open dimensions a
     request may bring (None: the ``trt_dynamic_shapes`` of an ``inference.yml`` beside
-    the model, as PaddleX exports ship it, if there is one; ``{}``: no bounds)."""
+    the model, as PaddleX exports ship it, if there is one; ``{}``: no bounds).
+    ``fp16_black_list``: with ``enable_fp16``, the Paddle operators the package's
+    executors keep in float32 (the IpuStrategy option of that name)."""
     _check_options(micro_batch_size, batches_per_step)
     lengths, pads = check_buckets(seq_buckets, pad_values)
     options: dict[str, Any] = {
@@ -164,6 +167,15 @@ def compile_model(
         "batches_per_step": batches_per_step,
         "enable_fp16": bool(enable_fp16),
     }
+    if fp16_black_list:
+        from paddle_ipu.options.precision import op_keys
+
+        if not enable_fp16:
+            raise OptionError(
+                f"fp16_black_list {list(fp16_black_list)}: the operators it keeps in float32 "
+                "are those of a float16 graph: compile with enable_fp16 (--fp16)"
+            )
+        options["fp16_black_list"] = op_keys("fp16_black_list", fp16_black_list)
     if lengths:
         options["seq_buckets"] = lengths
         options["pad_values"] = dict(sorted(pads.items()))

@@ -284,3 +284,30 @@ def test_paddle_amp_black_list_on_a_pir_program_is_said_not_applied(
         paddle.disable_static()
     said = [r.getMessage() for r in caplog.records if "cast_model_to_fp16" in r.getMessage()]
     assert len(said) == 1 and "['relu'] is not applied" in said[0] and "fp16_black_list" in said[0]
+
+
+def test_a_package_compiled_with_a_black_list_keeps_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``paddle-ipu compile --fp16 --fp16-black-list softmax``: the package's executors
+    (``paddle-ipu run``, ``serve``) keep the softmax in float32; the list without
+    ``--fp16`` is refused by name."""
+    from paddle_ipu import cli
+    from paddle_ipu.serving.package import load_package
+
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(tmp_path / "cache"))
+    prefix = _saved_classifier(tmp_path)
+    np.save(tmp_path / "x.npy", np.random.default_rng(4).standard_normal((3, 12)).astype("f4"))
+    outputs = {}
+    for name, extra in (("plain", []), ("listed", ["--fp16-black-list", "pd_op.softmax"])):
+        package = str(tmp_path / f"{name}.pdipu")
+        assert cli.main(["compile", prefix, "-o", package, "--fp16", *extra]) == 0
+        run = ["run", package, "--input", f"x={tmp_path / 'x.npy'}"]
+        assert cli.main([*run, "--output-dir", str(tmp_path / name)]) == 0
+        (outputs[name],) = [np.load(p) for p in (tmp_path / name).glob("*.npy")]
+    assert _is_half(outputs["plain"]) and not _is_half(outputs["listed"])
+    assert load_package(tmp_path / "listed.pdipu").options["fp16_black_list"] == ["softmax"]
+    capsys.readouterr()
+    refused = ["compile", prefix, "-o", str(tmp_path / "x.pdipu"), "--fp16-black-list", "exp"]
+    assert cli.main(refused) != 0
+    assert "compile with enable_fp16 (--fp16)" in capsys.readouterr().err
