@@ -275,3 +275,47 @@ def character_errors(reference: str, text: str) -> int:
             current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a != b)))
         previous = current
     return previous[-1]
+
+
+#: rapidocr-paddle's binarisation threshold of the detector's map (DBPostProcess thresh)
+DET_THRESHOLD = 0.3
+
+
+class MapRecorder:
+    """Wraps a pipeline's detector engine (``pipeline.text_det.infer``), keeping the
+    probability map of each call."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.maps: list[np.ndarray] = []
+
+    def __call__(self, image: np.ndarray) -> Any:
+        out = self.inner(image)
+        self.maps.append(np.asarray(out[0], np.float32))
+        return out
+
+
+def recording(pipeline: Any) -> Any:
+    """``pipeline`` with its detector's maps recorded (:func:`read_with_map`)."""
+    pipeline.text_det.infer = MapRecorder(pipeline.text_det.infer)
+    return pipeline
+
+
+def read_with_map(pipeline: Any, image: np.ndarray) -> tuple[str, np.ndarray]:
+    """The text a :func:`recording` pipeline reads in ``image`` (lines joined), and its
+    detector's probability map."""
+    recorder = pipeline.text_det.infer
+    recorder.maps.clear()
+    text = " ".join(line.text for line in read(pipeline, image))
+    return text, recorder.maps[0]
+
+
+def noisy(image: np.ndarray, seed: int) -> np.ndarray:
+    """``image`` with -1, 0 or +1 grey level added to each pixel (draw ``seed``)."""
+    noise = np.random.RandomState(seed).randint(-1, 2, image.shape)
+    return np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+
+
+def crossed(a: np.ndarray, b: np.ndarray) -> int:
+    """The pixels where maps ``a`` and ``b`` fall on different sides of the threshold."""
+    return int(np.count_nonzero((a > DET_THRESHOLD) != (b > DET_THRESHOLD)))

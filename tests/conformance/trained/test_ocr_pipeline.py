@@ -97,23 +97,48 @@ def _character_error_rate(text_images: list[Any], lines: list[list[ocr.Line]]) -
     return wrong / total
 
 
-def test_fp16_as_the_ipu_computes_reads_as_well_as_the_cpu(
+#: draws of one grey level of noise the CPU's reading is measured against
+NOISE_SEEDS = 3
+
+
+def test_fp16_as_the_ipu_computes_moves_the_reading_less_than_a_grey_level_of_noise(
     text_images: list[Any], cpu_lines: list[list[ocr.Line]], compiles: list[Any]
 ) -> None:
     """The one-line port with ``set_ipu_config(ipu_enable_fp16=True)``, whose host
-    arithmetic is the IPU's float16 (every operator rounded; docs/without_ipu.md): the
-    detector's probability map moves near its threshold, so a box, and with it a crop,
-    can differ -- measured: the CPU's text on 11 of the 12 images ("lazy dog" read
-    "lazy 6op").  The bound is the CPU pipeline's own reading: float16 as the IPU
-    computes it reads the rendered text with no more character errors than the CPU
-    does, and most images exactly as the CPU does."""
+    arithmetic is the IPU's float16 (every operator rounded; docs/without_ipu.md),
+    against the CPU pipeline and against the CPU pipeline's own reading of each image
+    with -1, 0 or +1 grey level of noise per pixel:
+
+    - the detector's map crosses the package's threshold (0.3) at no more pixels than
+      the noise makes it cross, on every image (measured: 112-573 pixels, against a
+      median of 2,368-52,137 over eight draws);
+    - every image whose text no noise draw changes is read exactly as the CPU reads
+      it; an image the noise changes may differ (measured: "lazy dog" read "lazy 6op",
+      in an image whose CPU text four of eight draws change; the detector in float64
+      reads the CPU's text on all twelve: bench/ocr_fp16.py);
+    - the rendered text is read with no more character errors than the CPU makes."""
+    cpu = ocr.recording(ocr.new_pipeline())
     with ocr.ported_engine(ipu_enable_fp16=True):
-        pipeline = ocr.new_pipeline()
-    got = _run_all(pipeline, text_images)
-    result = _compare(cpu_lines, got)
-    assert len(result["wrong"]) <= len(text_images) // 6, result["wrong"]
+        half = ocr.recording(ocr.new_pipeline())
+    stable, wrong, louder = [], [], []
+    for index, image in enumerate(text_images):
+        text, reference = ocr.read_with_map(cpu, image.image)
+        assert text == " ".join(line.text for line in cpu_lines[index])
+        got, moved = ocr.read_with_map(half, image.image)
+        draws = [ocr.read_with_map(cpu, ocr.noisy(image.image, s)) for s in range(NOISE_SEEDS)]
+        noise = float(np.median([ocr.crossed(m, reference) for _, m in draws]))
+        if ocr.crossed(moved, reference) > noise:
+            louder.append((index, ocr.crossed(moved, reference), noise))
+        if all(t == text for t, _ in draws):
+            stable.append(index)
+            if got != text:
+                wrong.append((index, text, got))
+    assert not louder, louder
+    assert len(stable) >= len(text_images) // 2, stable
+    assert not wrong, wrong
+    got_lines = [ocr.read(half, image.image) for image in text_images]
     cpu_rate = _character_error_rate(text_images, cpu_lines)
-    assert _character_error_rate(text_images, got) <= cpu_rate + 0.01, result["wrong"]
+    assert _character_error_rate(text_images, got_lines) <= cpu_rate + 0.01
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16-weights"])
