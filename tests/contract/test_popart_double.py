@@ -266,6 +266,23 @@ def test_fp16_pass_reaches_popart(popart_double: ModuleType) -> None:
     assert session.get_info("x").dtype == "float32"  # inputs stay float32 (keep_io_types)
 
 
+def test_fp16_black_list_reaches_popart(popart_double: ModuleType) -> None:
+    """The listed operator's weight stays float32 in the graph PopART is given (the
+    fp16 pass with the list); the others are float16."""
+    model = affine_model()
+    proto = __import__("onnx").load_from_string(model.onnx)
+    for node, name in zip(proto.graph.node, ("mm", "add")):
+        node.name = name
+    model.onnx = proto.SerializeToString()
+    model.source_ops, model.node_ops = ["pd_op.matmul", "pd_op.add"], {"mm": 0, "add": 1}
+    config = SessionConfig(enable_fp16=True, options={"fp16_black_list": ["elementwise_add"]})
+    session = adapter.create_session(model, config)
+    session.prepare_device()
+    assert session.get_info("w").dtype == "float16"
+    assert session.get_info("b").dtype == "float32"
+    assert session.get_info("y").dtype == "float32"
+
+
 # The whole stack (compiler, executor, adapter) over the double ---------------------------
 
 
