@@ -265,6 +265,15 @@ def _report(model: CompiledModel, values: Mapping[str, Any]) -> MemoryReport:
     manual = int(opts["virtual_graph_mode"]) == 1 or bool(opts["enable_manual_shard"])
     recompute = _RECOMPUTE[int(opts["auto_recomputation"])] if training else "None"
 
+    # weights fp16_black_list keeps float32 (those its operators read: float32_ops)
+    wide: frozenset[str] = frozenset()
+    if fp16 and not training and opts["fp16_black_list"]:
+        from paddle_ipu.compiler.float32_ops import float32_nodes
+
+        listed = float32_nodes(model.node_ops, model.source_ops, opts["fp16_black_list"])
+        wide = frozenset(i for n in g.nodes if n.name in listed for i in n.input) & frozenset(
+            g.weights
+        )
     ipu_of, stage_of = _placement(model, g, manual, pipelining)
     per_replica = max(1, int(opts["num_ipus"]) // max(1, replicas)) if manual else 1
     n_ipus = max([per_replica, *(i + 1 for i in ipu_of.values())])
@@ -278,7 +287,7 @@ def _report(model: CompiledModel, values: Mapping[str, Any]) -> MemoryReport:
         stages = tuple(sorted({stage_of.get(n.name, 0) for n in nodes})) or (0,)
         mem = IpuMemory(ipu, stages)
         mine = [w for w, i in weight_ipu.items() if i == ipu and w in model.weights]
-        mem.parts.append(_weights_part(g, mine, fp16, opts, replicas))
+        mem.parts.append(_weights_part(g, mine, fp16, opts, replicas, wide))
         mem.parts.append(_io_part(g, nodes, fp16))
         if training:
             mem.parts.extend(_training_parts(model, g, mine, fp16, opts, replicas, af, pipelining))
@@ -337,17 +346,26 @@ def _first_consumers(g: Graph) -> dict[str, str]:
 
 
 def _weights_part(
-    g: Graph, names: Sequence[str], fp16: bool, opts: _Options, replicas: int
+    g: Graph,
+    names: Sequence[str],
+    fp16: bool,
+    opts: _Options,
+    replicas: int,
+    wide: frozenset[str] = frozenset(),
 ) -> Part:
+    """The weights; ``wide``: those an fp16 graph keeps float32 (fp16_black_list)."""
     location = _location(opts, "location_weight")
     total, where = 0, set()
     for name in names:
         shape, elem = g.weights[name]
-        nbytes = numel(shape) * itemsize(elem, fp16)
+        nbytes = numel(shape) * itemsize(elem, fp16 and name not in wide)
         cost, how = _on_chip_bytes(nbytes, numel(shape), location, replicas)
         total += cost
         where.add(how)
     dtype = "float16" if fp16 else "float32"
+    kept = sum(1 for name in names if name in wide) if fp16 else 0
+    if kept:
+        dtype += f" ({kept} in float32: fp16_black_list)"
     return Part(
         "weights",
         total,

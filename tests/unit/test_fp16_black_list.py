@@ -311,3 +311,21 @@ def test_a_package_compiled_with_a_black_list_keeps_it(
     refused = ["compile", prefix, "-o", str(tmp_path / "x.pdipu"), "--fp16-black-list", "exp"]
     assert cli.main(refused) != 0
     assert "compile with enable_fp16 (--fp16)" in capsys.readouterr().err
+
+
+def test_the_memory_report_counts_the_listed_operators_weights_in_float32() -> None:
+    """Whether a model fits: the weights a listed operator reads take float32's bytes."""
+    from paddle_ipu.compiler.memory import memory_report
+
+    model, weights = _model(np.random.default_rng(5))
+    base = {"enable_fp16": True, "is_training": False}
+
+    def weight_bytes(options: dict[str, Any]) -> int:
+        (ipu,) = memory_report(model, options).ipus
+        return next(part.bytes for part in ipu.parts if part.name == "weights")
+
+    half = sum(a.size * 2 for a in weights.values())
+    assert weight_bytes(base) == half
+    listed = {**base, "fp16_black_list": ["multiply"]}
+    assert weight_bytes(listed) == half + weights["V"].size * 2
+    assert weight_bytes({**listed, "enable_fp16": False}) == 2 * half
