@@ -20,7 +20,7 @@ and leaves a blocked graph output in float16); the host backend rounds as
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from paddle_ipu.errors import NotSupportedError
@@ -83,6 +83,11 @@ def for_session(model: Any, config: Any) -> frozenset[str]:
     return float32_nodes(model.node_ops, model.source_ops, names)
 
 
+def read_by(graph_nodes: Iterable[Any], nodes: Collection[str]) -> frozenset[str]:
+    """The tensors the nodes named ``nodes`` among ``graph_nodes`` read."""
+    return frozenset(name for node in graph_nodes if node.name in nodes for name in node.input)
+
+
 def weights_read_by(proto: Any, nodes: Collection[str]) -> frozenset[str]:
     """The float32 initializers the nodes ``nodes`` of ``proto`` read."""
     from onnx import TensorProto
@@ -90,9 +95,7 @@ def weights_read_by(proto: Any, nodes: Collection[str]) -> frozenset[str]:
     if not nodes:
         return frozenset()
     floats = {i.name for i in proto.graph.initializer if i.data_type == TensorProto.FLOAT}
-    return frozenset(
-        name for node in proto.graph.node if node.name in nodes for name in node.input
-    ) & frozenset(floats)
+    return read_by(proto.graph.node, nodes) & floats
 
 
 def join_float32(proto: Any, nodes: Collection[str]) -> None:
@@ -151,4 +154,4 @@ def join_float32(proto: Any, nodes: Collection[str]) -> None:
     graph.node.extend(kept)
 
 
-__all__ = ["float32_nodes", "for_session", "join_float32", "weights_read_by"]
+__all__ = ["float32_nodes", "for_session", "join_float32", "read_by", "weights_read_by"]

@@ -268,12 +268,10 @@ def _report(model: CompiledModel, values: Mapping[str, Any]) -> MemoryReport:
     # weights fp16_black_list keeps float32 (those its operators read: float32_ops)
     wide: frozenset[str] = frozenset()
     if fp16 and not training and opts["fp16_black_list"]:
-        from paddle_ipu.compiler.float32_ops import float32_nodes
+        from paddle_ipu.compiler.float32_ops import float32_nodes, read_by
 
         listed = float32_nodes(model.node_ops, model.source_ops, opts["fp16_black_list"])
-        wide = frozenset(i for n in g.nodes if n.name in listed for i in n.input) & frozenset(
-            g.weights
-        )
+        wide = read_by(g.nodes, listed) & frozenset(g.weights)
     ipu_of, stage_of = _placement(model, g, manual, pipelining)
     per_replica = max(1, int(opts["num_ipus"]) // max(1, replicas)) if manual else 1
     n_ipus = max([per_replica, *(i + 1 for i in ipu_of.values())])

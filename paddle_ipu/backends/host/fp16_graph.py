@@ -39,6 +39,7 @@ from onnx import numpy_helper
 from paddle_ipu.backends.host import fp16_ops
 from paddle_ipu.backends.host.numerics import Fp16Arithmetic, round_fp16
 from paddle_ipu.backends.host.onnx_edit import FLOAT, FLOAT16, MARK, Editor
+from paddle_ipu.compiler.float32_ops import read_by
 
 #: the results are values of the operands (or exactly representable from them)
 EXACT = frozenset(
@@ -171,11 +172,6 @@ def _round_inputs(ed: Editor, arith: Fp16Arithmetic) -> dict[str, str]:
     }
 
 
-def _float32_readers(model: onnx.ModelProto, float32: frozenset[str]) -> set[str]:
-    """The tensors a node of ``float32`` reads."""
-    return {name for node in model.graph.node if node.name in float32 for name in node.input}
-
-
 def prepare(
     model: onnx.ModelProto,
     arith: Fp16Arithmetic,
@@ -196,7 +192,7 @@ def prepare(
     unrounded inside theirs.  Returns the tensors :func:`finish` leaves as they are."""
     ed = Editor(model)
     renamed = _round_inputs(ed, arith)
-    widened = _float32_readers(model, float32) if float32 else set()
+    widened = read_by(model.graph.node, float32) if float32 else frozenset()
     unrounded: set[str] = set()
     copies: dict[str, str] = {}
     for node in list(model.graph.node):
