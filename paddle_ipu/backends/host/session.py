@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._internals import ort_api
 from paddle_ipu._util import dtypes
 from paddle_ipu._util.arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
@@ -264,9 +263,10 @@ class HostSession(Session):
                     for spec in self.model.outputs
                 )
             )
-            # The binding under InferenceSession.run when it is the one checked:
-            # the wrapper only re-checks input names, which the executor has checked.
-            self._ort_run = ort_api.fast_run(self._ort)
+            # ONNX Runtime: the binding under InferenceSession.run when it is the one
+            # checked (the wrapper only re-checks input names, which the executor has
+            # checked); OpenVINO: its compiled graph's run.
+            self._ort_run = self._built.run
             self._dirty = False
         return self._ort
 
@@ -280,6 +280,12 @@ class HostSession(Session):
             )
         except Exception as exc:
             raise BackendError(f"ONNX Runtime could not load the compiled graph: {exc}") from exc
+
+    @property
+    def engine(self) -> str | None:
+        """What runs the inference graph: "onnxruntime" or "openvino" (host_engine,
+        host_precision); None before the first run builds it."""
+        return self._built.engine if self._built is not None else None
 
     # -- weights --------------------------------------------------------------
     def get_info(self, name: str) -> TensorSpec:
