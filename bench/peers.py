@@ -26,7 +26,9 @@ untimed call) until the time budget of the model is spent; the median per engine
 reported, with the ratio engine time / paddle-ipu time of the same precision (fp32
 engines against ``ipu``, ``OV default`` against ``ipu bf16``: > 1 means paddle-ipu is
 faster), and each engine's error against Paddle Inference without oneDNN (largest
-absolute difference over the largest magnitude of the reference).  The OpenVINO
+absolute difference over the largest magnitude of the reference).  The second table
+also gives the median CPU time of the process per call (less sensitive than the wall
+clock to other jobs on a shared machine) and the engines paddle-ipu's sessions chose.  The OpenVINO
 columns need the ``openvino`` extra: ``pip install 'paddle-ipu[openvino]'``.
 """
 
@@ -190,21 +192,39 @@ def _openvino(
     return run
 
 
-def _time(engines: dict[str, Callable[[], Any]], budget: float) -> dict[str, float]:
-    """Median ms per engine, the engines taking turns in blocks of ``_BLOCK`` timed
-    calls after an untimed one, until ``budget`` seconds are spent (at least 5 turns)."""
-    times: dict[str, list[float]] = {name: [] for name in engines}
+def _engines() -> str:
+    """The engines of paddle-ipu's host sessions in this process (host_engine's choice)."""
+    import gc
+
+    from paddle_ipu.backends.host.session import HostSession
+
+    found = [o.engine for o in gc.get_objects() if isinstance(o, HostSession)]
+    return ", ".join(sorted(str(e) for e in found))
+
+
+def _time(
+    engines: dict[str, Callable[[], Any]], budget: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ms per engine, of the wall clock and of the process's CPU time, the
+    engines taking turns in blocks of ``_BLOCK`` timed calls after an untimed one, until
+    ``budget`` seconds are spent (at least 5 turns)."""
+    wall: dict[str, list[float]] = {name: [] for name in engines}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}
     start = time.perf_counter()
     turns = 0
     while turns < 5 or time.perf_counter() - start < budget:
         for name, fn in engines.items():
             fn()
             for _ in range(_BLOCK):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 fn()
-                times[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+                wall[name].append(time.perf_counter() - t)
         turns += 1
-    return {name: 1e3 * statistics.median(v) for name, v in times.items()}
+    return (
+        {name: 1e3 * statistics.median(v) for name, v in wall.items()},
+        {name: 1e3 * statistics.median(v) for name, v in cpu.items()},
+    )
 
 
 def measure(name: str, threads: int, budget: float, engines: list[str]) -> dict[str, Any]:
@@ -234,7 +254,10 @@ def measure(name: str, threads: int, budget: float, engines: list[str]) -> dict[
             k: float(np.abs(fn(feed).astype(np.float64) - reference).max()) / scale
             for k, fn in runs.items()
         }
-        row["ms"] = _time({k: (lambda fn=fn: fn(feed)) for k, fn in runs.items()}, budget)
+        row["engine"] = _engines()
+        row["ms"], row["cpu_ms"] = _time(
+            {k: (lambda fn=fn: fn(feed)) for k, fn in runs.items()}, budget
+        )
     return row
 
 
@@ -274,16 +297,18 @@ def main() -> None:
     for row in rows:
         print(f"| {row['model']} | " + " | ".join(_ratio(row["ms"], e) for e in compared) + " |")
     print()
-    print("| model | engine | median ms | error vs Paddle Inference (no oneDNN) |")
-    print("|---|---|---|---|")
+    print("| model | engine | median ms | CPU ms | error vs Paddle Inference (no oneDNN) |")
+    print("|---|---|---|---|---|")
     for row in rows:
         for engine in engines:
             if engine in row["ms"]:
-                ms, err = row["ms"][engine], row["errors"][engine]
-                print(f"| {row['model']} | {engine} | {ms:.2f} | {err:.1e} |")
+                ms, cpu, err = row["ms"][engine], row["cpu_ms"][engine], row["errors"][engine]
+                print(f"| {row['model']} | {engine} | {ms:.2f} | {cpu:.2f} | {err:.1e} |")
             else:
                 why = row["skipped"].get(engine, "not run")
-                print(f"| {row['model']} | {engine} | - | {why} |")
+                print(f"| {row['model']} | {engine} | - | - | {why} |")
+        if "ipu" in row["ms"]:
+            print(f"| {row['model']} | (paddle-ipu's engine) | {row.get('engine', '?')} | | |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
