@@ -92,6 +92,17 @@ def check_openvino() -> None:
     _openvino()
 
 
+def summary() -> str:
+    """What ``paddle-ipu info`` says of the second engine (nothing imported)."""
+    if not openvino_installed():
+        return "; OpenVINO: not installed (the openvino extra)"
+    from importlib.metadata import version
+
+    flags = _cpu_flags()
+    bf16 = "unknown" if flags is None else "yes" if flags.intersection(BF16_FLAGS) else "no"
+    return f"; OpenVINO {version('openvino')}; CPU bfloat16: {bf16}"
+
+
 def _ov_core() -> Any:
     with _lock:
         if not _core:

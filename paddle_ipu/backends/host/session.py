@@ -40,7 +40,12 @@ def available() -> tuple[bool, str]:
         import onnxruntime
     except ImportError as exc:  # pragma: no cover - a hard dependency
         return False, f"onnxruntime is not importable: {exc}"
-    return True, f"emulated IPU on the CPU (onnxruntime {onnxruntime.__version__})"
+    from paddle_ipu.backends.host import engines
+
+    return (
+        True,
+        f"emulated IPU on the CPU (onnxruntime {onnxruntime.__version__}{engines.summary()})",
+    )
 
 
 def create_session(model: CompiledModel, config: SessionConfig) -> HostSession:
