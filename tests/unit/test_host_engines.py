@@ -223,3 +223,22 @@ def test_a_served_repository_model_runs_in_bfloat16(tmp_path: Path, cache_dir: P
         assert 1e-4 < _rel(np.asarray(out), reference(built, {"x": x})) < 2e-2
     finally:
         runtime.close()
+
+
+@needs_bf16
+def test_the_cli_runs_a_package_in_bfloat16(tmp_path: Path, cache_dir: Path) -> None:
+    from paddle_ipu import cli
+
+    built = build("mlp512")
+    prefix = save(built, tmp_path)
+    package = tmp_path / "m.pdipu"
+    assert cli.main(["compile", prefix, "-o", str(package), "--micro-batch", "2"]) == 0
+    x = np.random.default_rng(5).standard_normal((2, 512)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    ref = reference(built, {"x": x})
+    for precision, low, high in (("float32", 0.0, 1e-5), ("bfloat16", 1e-4, 2e-2)):
+        out = tmp_path / precision
+        args = ["run", str(package), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir"]
+        assert cli.main([*args, str(out), "--precision", precision]) == 0
+        (got,) = [np.load(p) for p in out.glob("*.npy")]
+        assert low <= _rel(got, ref) < high, precision
