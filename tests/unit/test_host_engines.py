@@ -242,3 +242,27 @@ def test_the_cli_runs_a_package_in_bfloat16(tmp_path: Path, cache_dir: Path) -> 
         assert cli.main([*args, str(out), "--precision", precision]) == 0
         (got,) = [np.load(p) for p in out.glob("*.npy")]
         assert low <= _rel(got, ref) < high, precision
+
+
+@needs_bf16
+def test_paddle_inference_scripts_ask_for_bfloat16_as_paddle_does(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A Paddle Inference CPU script (``paddle.inference.Config``) ported by
+    ``enable_ipu()``: its ``enable_mkldnn_bfloat16()`` reaches the IPU predictor."""
+    import paddle.inference as paddle_infer
+
+    import paddle_ipu  # noqa: F401  (enables the IPU on paddle.inference.Config)
+
+    built = build("mlp512")
+    prefix = save(built, tmp_path)
+    x = np.random.default_rng(6).standard_normal((1, 512)).astype(np.float32)
+    config = paddle_infer.Config(prefix + ".json", prefix + ".pdiparams")
+    config.enable_mkldnn_bfloat16()
+    config.enable_ipu()
+    predictor = paddle_infer.create_predictor(config)
+    predictor.get_input_handle("x").copy_from_cpu(x)
+    predictor.run()
+    out = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+    assert predictor._shared.shapes.executor("").session.engine == "openvino"
+    assert 1e-4 < _rel(out, reference(built, {"x": x})) < 2e-2
