@@ -183,7 +183,7 @@ class Plan:
         names = [o.name for o in built.session.get_outputs()]
         try:
             record, graph, keep = engines.measure(
-                built.run, lambda: self._openvino(weights, threads).session, names, feed
+                built.run, lambda: self._openvino(weights, threads).session, names, feed, threads
             )
         except Exception as exc:  # a feed of zeros the graph refuses: nothing measured
             _log.debug("host engine not measured (a feed of zeros fails: %s)", exc)
