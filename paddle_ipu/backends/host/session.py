@@ -283,6 +283,8 @@ class HostSession(Session):
                 spin=_spin(self.config),
                 seed=self._seed,
             )
+        except BackendError:
+            raise  # the engine's own message (engines.openvino_graph)
         except Exception as exc:
             raise BackendError(f"ONNX Runtime could not load the compiled graph: {exc}") from exc
 
