@@ -1,7 +1,7 @@
-"""How far float16 moves rapidocr-paddle's OCR pipeline, against how far the CPU's own
-reading moves under input noise of one grey level.
+"""How far float16 (or bfloat16) moves rapidocr-paddle's OCR pipeline, against how far
+the CPU's own reading moves under input noise of one grey level.
 
-    python bench/ocr_fp16.py [--seeds 8] [--black-list OP,OP ...] [--float64]
+    python bench/ocr_fp16.py [--seeds 8] [--black-list OP,OP ...] [--float64] [--bf16]
 
 The pipeline is the package's ``RapidOCR`` (PP-OCRv4 det and rec, the mobile v2
 direction classifier, trained) on the twelve rendered images of
@@ -12,7 +12,9 @@ tests/conformance/trained/images.py, three ways:
   draws): how stable the reference's own text is;
 - ported with ``enable_ipu()`` and ``set_ipu_config(ipu_enable_fp16=True)``: float16 as
   the IPU computes it (``--black-list``: these Paddle operators in float32, through
-  ``exp_disable_mixed_precision_ops``).
+  ``exp_disable_mixed_precision_ops``); with ``--bf16``, instead,
+  ``enable_onednn_bfloat16()``: the host backend's bfloat16 for CPU serving (matmuls and
+  convolutions in bfloat16 on OpenVINO; needs the openvino extra too).
 
 Per image: whether the text is the CPU's, in how many of the noise draws the CPU's text
 changes, and the detector's probability map against the CPU's: the pixels that cross the
@@ -57,11 +59,15 @@ def _ported(black: list[str] | None, **ipu: Any) -> Any:
 
     import paddle_ipu  # noqa: F401
 
+    bf16 = ipu.pop("bf16", False)
+
     class Port:
         def __enter__(self) -> None:
             def create_predictor(config: Any) -> Any:
                 config.enable_ipu()
                 config.set_ipu_config(**ipu)
+                if bf16:
+                    config.enable_onednn_bfloat16()
                 if black:
                     config.exp_disable_mixed_precision_ops(set(black))
                 return paddle_infer.create_predictor(config)
@@ -124,6 +130,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--black-list", default="", help="Paddle operators kept in float32")
     parser.add_argument("--float64", action="store_true")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 instead of float16")
     args = parser.parse_args()
     os.environ.setdefault("GLOG_minloglevel", "2")
     import images
@@ -131,11 +138,16 @@ def main() -> None:
 
     pictures = [t.image for t in images.render_all()]
     cpu = _pipeline()
-    fp16 = _pipeline(ipu_enable_fp16=True, black_list=[b for b in args.black_list.split(",") if b])
+    low = "bfloat16" if args.bf16 else "float16"
+    if args.bf16:
+        fp16 = _pipeline(bf16=True)
+    else:
+        black = [b for b in args.black_list.split(",") if b]
+        fp16 = _pipeline(ipu_enable_fp16=True, black_list=black)
     texts64 = _float64_texts(pictures) if args.float64 else None
     print(
-        "| image | CPU text | float16 text | CPU text changed by noise | pixels across 0.3: "
-        "float16 | noise (median) |" + (" float64 text |" if texts64 else "")
+        f"| image | CPU text | {low} text | CPU text changed by noise | pixels across 0.3: "
+        f"{low} | noise (median) |" + (" float64 text |" if texts64 else "")
     )
     print("|---|---|---|---|---|---|" + ("---|" if texts64 else ""))
     same = quieter = 0
@@ -159,7 +171,7 @@ def main() -> None:
             row += f" {'same' if texts64[index] == text else texts64[index]} |"
         print(row, flush=True)
     print(
-        f"\nfloat16 reads the CPU's text on {same} of {len(pictures)} images; its map "
+        f"\n{low} reads the CPU's text on {same} of {len(pictures)} images; its map "
         f"crosses the threshold at no more pixels than one grey level of noise does on "
         f"{quieter} of {len(pictures)}"
     )

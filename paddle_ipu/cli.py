@@ -194,7 +194,6 @@ def _pad_values(items: Sequence[str]) -> dict[str, float]:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-
     from paddle_ipu.serving.saved_model import compile_model
 
     t0 = time.perf_counter()
@@ -261,7 +260,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     package = load_package(args.package)
     feed = _parse_inputs(args.input)
-    with runtime_for(package, args.backend, timeout_ms=0.001, compiled_outputs=True) as runtime:
+    options = _host_options(args)
+    with runtime_for(
+        package, args.backend, timeout_ms=0.001, compiled_outputs=True, executor_options=options
+    ) as runtime:
         outputs = runtime.run(feed)
         names = [s.paddle_name or s.name for s in runtime.executor.model.outputs]
     if package.tail is not None:  # data-dependent outputs: the host tail gives them
@@ -313,7 +315,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return feed
 
     # a package of sequence buckets: requests of the longest compiled length
-    runtime = runtime_for(package, args.backend, timeout_ms=args.timeout_ms)
+    runtime = runtime_for(
+        package, args.backend, timeout_ms=args.timeout_ms, executor_options=_host_options(args)
+    )
     feeds = [request(args.rows) for _ in range(64)]
     print(
         f"{args.package}: micro-batch {package.options['micro_batch_size']}, "
@@ -401,7 +405,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     runtime = runtime_for(
         package,
         args.backend,
-        executor_options={"host_spin_threads": args.spin},
+        executor_options={"host_spin_threads": args.spin, **_host_options(args)},
         timeout_ms=args.timeout_ms,
         num_buffers=args.num_buffers,
     )
@@ -473,6 +477,7 @@ def _serve_repository(args: argparse.Namespace) -> int:
         num_buffers=args.num_buffers,
         backend=args.backend,
         spin=args.spin,
+        host_options=_host_options(args),
     )
     InferenceServer(repository=repository, **_server_options(args)).serve_forever()
     return 0
@@ -502,7 +507,9 @@ def _serve_workers(args: argparse.Namespace) -> int:
         max_specialisations=args.max_specialisations,
     )
     _refuse_tail(package, _SERVE_WHY)
-    argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
+    from paddle_ipu.serving.workers import worker_argv
+
+    argv = [sys.executable, "-m", "paddle_ipu", *worker_argv(args)]
     sockets: list[str] = []
     metrics = None
     if args.metrics_port is not None:
@@ -539,42 +546,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     return max(abs(c) for c in codes)
 
 
-def _worker_argv(args: argparse.Namespace) -> list[str]:
-    out = ["serve", args.model, "--workers", "1", "--reuse-port", "--instances", str(args.workers)]
-    if args.spin:
-        out.append("--spin")
-    for flag in (
-        "port",
-        "host",
-        "name",
-        "micro_batch",
-        "timeout_ms",
-        "num_buffers",
-        "backend",
-        "grpc_port",
-        "threads",
-        "request_timeout_ms",
-        "max_body_mb",
-        "access_log",
-        "warmup",
-        "drain_grace_s",
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            out += ["--" + flag.replace("_", "-"), str(value)]
-    if args.seq_buckets:
-        out += ["--seq-buckets", args.seq_buckets]
-    for item in args.pad_value or ():
-        out += ["--pad-value", item]
-    for item in args.input_shapes or ():
-        out += ["--input-shapes", item]
-    if args.max_specialisations is not None:
-        out += ["--max-specialisations", str(args.max_specialisations)]
-    return out
-
-
 def _cmd_cache(args: argparse.Namespace) -> int:
-
     from paddle_ipu.serving.cache import cache_clear, cache_dir, cache_entries
 
     if args.action == "clear":
@@ -587,6 +559,29 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
         print(f"  {e.key[:16]}  {e.size / (1 << 20):8.2f} MiB  {when}  {e.source}")
     return 0
+
+
+#: the host backend's options on run, bench and serve: name -> (choices, help)
+_HOST = {
+    "precision": (
+        ("float32", "bfloat16"),
+        "bfloat16: matmuls and convolutions in bfloat16 on "
+        "OpenVINO, for a CPU with AVX512-BF16 or AMX (the openvino extra)",
+    ),
+    "engine": (
+        ("auto", "onnxruntime", "openvino"),
+        "what runs the graph (auto: the faster, measured once per model)",
+    ),
+}
+
+
+def _host_arguments(p: argparse.ArgumentParser) -> None:
+    for name, (choices, text) in _HOST.items():
+        p.add_argument(f"--{name}", choices=choices, default=choices[0], help=f"host: {text}")
+
+
+def _host_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {f"host_{name}": getattr(args, name) for name in _HOST}
 
 
 def _bucket_arguments(p: argparse.ArgumentParser) -> None:
@@ -657,6 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     p.add_argument("--output-dir", help="write each output to NAME.npy here")
     p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+    _host_arguments(p)
 
     p = sub.add_parser("bench", help="latency and throughput of a package under load")
     p.add_argument("package")
@@ -665,6 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=2.0, help="per row of the table (2)")
     p.add_argument("--timeout-ms", type=float, default=2.0)
     p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+    _host_arguments(p)
 
     p = sub.add_parser(
         "serve", help="serve a model over HTTP and gRPC (KServe v2 / Triton protocol)"
@@ -743,6 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-ms", type=float, default=2.0, help="batching timeout (2)")
     p.add_argument("--num-buffers", type=int, default=64, help="micro-batches in flight (64)")
     p.add_argument("--backend", default=None, choices=("host", "popart", "auto"))
+    _host_arguments(p)
     _bucket_arguments(p)
 
     p = sub.add_parser("cache", help="the compile cache: ls or clear")

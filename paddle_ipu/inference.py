@@ -356,20 +356,24 @@ class Config:
     ) -> None:
         """Paddle 3's way to pick a custom device: ``enable_custom_device("ipu")`` is
         :meth:`enable_ipu` (``precision=Config.Precision.Half`` also turns on float16);
-        any other device is refused, as this predictor runs on the IPU only."""
+        ``precision=Config.Precision.Bfloat16`` is :meth:`enable_onednn_bfloat16`; any
+        other device is refused, as this predictor runs on the IPU only."""
         if device_type != "ipu":
             raise NotSupportedError(
                 f"Config.enable_custom_device({device_type!r}): {_OTHER_DEVICE}"
             )
         _int_option("device_id", device_id, low=0)
         half = _PaddleConfig.Precision.Half
-        if precision not in (None, _PaddleConfig.Precision.Float32, half):
+        bf16 = _PaddleConfig.Precision.Bfloat16
+        if precision not in (None, _PaddleConfig.Precision.Float32, half, bf16):
             raise NotSupportedError(
                 f"Config.enable_custom_device: precision {precision}: {_LOW_PRECISION}"
             )
         self.enable_ipu()
         if precision == half:
             self.enable_fp16 = True
+        elif precision == _PaddleConfig.Precision.Bfloat16:
+            self.enable_onednn_bfloat16()
 
     def load_ipu_config(self, config_path: str) -> None:
         """Read IPU settings from a file of ``key,value`` lines, as Paddle Inference
@@ -430,6 +434,17 @@ class Config:
             "IpuStrategy.add_custom_op with IpuCompiledProgram"
         )
 
+    def enable_onednn_bfloat16(self) -> None:
+        """Paddle Inference's CPU bfloat16: on the host backend (the emulated IPU), the
+        model's matmuls and convolutions run in bfloat16 on OpenVINO, for CPU serving
+        (the strategy option ``host_precision="bfloat16"``; the ``openvino`` extra and a
+        CPU with AVX512-BF16 or AMX, else :func:`create_predictor` refuses it naming
+        what is missing).  Not the IPU's arithmetic: the IPU computes float16
+        (``set_ipu_config(ipu_enable_fp16=True)``); the two are not combined."""
+        self.strategy_options = {**self.strategy_options, "host_precision": "bfloat16"}
+
+    enable_mkldnn_bfloat16 = enable_onednn_bfloat16
+
     def disable_compile_cache(self) -> None:
         """Compile every time instead of using paddle-ipu's compile cache."""
         self.use_compile_cache = False
@@ -478,7 +493,8 @@ class Config:
     def summary(self) -> str:
         return (
             f"model {self._prefix}; ipu {self._ipu}: micro_batch_size {self.micro_batch_size}, "
-            f"batches_per_step {self.batches_per_step}, fp16 {self.enable_fp16}, model runtime "
+            f"batches_per_step {self.batches_per_step}, fp16 {self.enable_fp16}, host precision "
+            f"{self.strategy_options.get('host_precision', 'float32')}, model runtime "
             f"{self.enable_model_runtime_executor}"
         )
 
@@ -571,7 +587,9 @@ NO_EFFECT: dict[str, str] = {
 _OTHER_DEVICE = "the IPU predictor runs on the IPU; use paddle.inference for other devices"
 _TENSORRT = "TensorRT is a GPU engine; the IPU predictor compiles the whole graph for the IPU"
 _LOW_PRECISION = (
-    "the IPU predictor computes in float32 or, with set_ipu_config(ipu_enable_fp16=True), float16"
+    "the IPU predictor computes in float32, in float16 (set_ipu_config(ipu_enable_fp16=True)) "
+    "or, on the host backend, with matmuls and convolutions in bfloat16 "
+    "(enable_onednn_bfloat16())"
 )
 
 #: Raise NotSupportedError: name -> why, and what to use instead.
@@ -601,8 +619,6 @@ REFUSED: dict[str, str] = {
     "collect_shape_range_info": _TENSORRT,
     "enable_mkldnn_int8": _LOW_PRECISION,
     "enable_onednn_int8": _LOW_PRECISION,
-    "enable_mkldnn_bfloat16": _LOW_PRECISION,
-    "enable_onednn_bfloat16": _LOW_PRECISION,
     "set_bfloat16_op": _LOW_PRECISION,
     "exp_enable_mixed_precision_ops": _LOW_PRECISION,
     "enable_low_precision_io": (

@@ -6,8 +6,18 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from paddle_ipu.errors import IpuError, OutputFileError
+
+
+def compile_cache_dir() -> Path:
+    """The compile cache's directory: ``PADDLE_IPU_CACHE_DIR``, default
+    ``~/.cache/paddle_ipu/compile``."""
+    env = os.environ.get("PADDLE_IPU_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "paddle_ipu" / "compile"
 
 
 def write_atomically(

@@ -268,6 +268,14 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
             super().exp_disable_mixed_precision_ops(black_list)
             self._ipu_settings().exp_disable_mixed_precision_ops(black_list)
 
+        def enable_onednn_bfloat16(self) -> None:
+            super().enable_onednn_bfloat16()
+            self._ipu_settings().enable_onednn_bfloat16()
+
+        def enable_mkldnn_bfloat16(self) -> None:
+            super().enable_mkldnn_bfloat16()
+            self._ipu_settings().enable_onednn_bfloat16()
+
         def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
             self._ipu_settings().set_ipu_custom_info(*args, **kwargs)
 

@@ -279,6 +279,17 @@ _add("host_fp16_arithmetic", "string", "float16", PRODUCT, choices=("float16", "
          "does: docs/without_ipu.md) or \"float32\" (weights and constants held in float16, "
          "arithmetic in float32: faster serving where the IPU's rounding does not matter; its "
          "speed against float32: docs/ecosystem.md).")
+_add("host_engine", "string", "auto", PRODUCT, choices=("auto", "onnxruntime", "openvino"),
+     doc="What runs the host backend's inference graphs in float32 or bfloat16: \"onnxruntime\", "
+         "\"openvino\" (the openvino extra) or \"auto\" (the faster of the two on each model, "
+         "measured once and kept in the compile cache's directory; ONNX Runtime without the "
+         "extra). The IPU's float16 arithmetic, the floating-point checks and training run on "
+         "ONNX Runtime (docs/performance.md).")
+_add("host_precision", "string", "float32", PRODUCT, choices=("float32", "bfloat16"),
+     doc="The host backend's precision for inference without enable_fp16: \"float32\" or "
+         "\"bfloat16\" (matmuls and convolutions in bfloat16 on OpenVINO, for CPU serving, "
+         "where the CPU has AVX512-BF16 or AMX; refused elsewhere). Not the IPU's arithmetic "
+         "(the IPU computes float16); its error: docs/performance.md.")
 _add("fp16_black_list", "vector", (), PRODUCT, coerce=_op_names,
      doc="With enable_fp16, Paddle operators that compute in float32 (Paddle AMP's black list; "
          "Paddle Inference's exp_disable_mixed_precision_ops): 'softmax', 'pd_op.sigmoid' or a "

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from paddle_ipu._util.files import compile_cache_dir
 from paddle_ipu.errors import OptionError, OutputFileError, PackageError
 from paddle_ipu.serving.package import Package, load_package
 
@@ -30,10 +31,7 @@ _DEFAULT_CACHE_MB = 2048
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("PADDLE_IPU_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "paddle_ipu" / "compile"
+    return compile_cache_dir()
 
 
 def _cache_limit() -> int:

@@ -14,6 +14,8 @@ optional)::
     {"micro_batch_size": 8,      rows per micro-batch when compiling a saved model
      "timeout_ms": 2.0,          the batching timeout (0: a request is one micro-batch)
      "num_buffers": 64,          the queue's bound, in micro-batches
+     "precision": "bfloat16",    the host backend's (float32 by default; bfloat16: on
+                                 OpenVINO, a CPU with AVX512-BF16 or AMX)
      "version_policy": {"latest": {"num_versions": 1}}
                        | {"all": {}} | {"specific": {"versions": [1, 3]}},
      "pipeline": {...}}          a pipeline over other models (serving.pipeline), not
@@ -49,7 +51,15 @@ __all__ = ["CONTROL_MODES", "ModelConfig", "ModelRepository", "read_config"]
 CONTROL_MODES = ("none", "explicit")
 CONFIG_FILE = "config.json"
 PACKAGE_FILE = "model.pdipu"
-_CONFIG_KEYS = ("micro_batch_size", "timeout_ms", "num_buffers", "version_policy", "pipeline")
+_CONFIG_KEYS = (
+    "micro_batch_size",
+    "timeout_ms",
+    "num_buffers",
+    "version_policy",
+    "pipeline",
+    "precision",
+)
+_PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +73,8 @@ class ModelConfig:
     policy: tuple[str, Any] = ("latest", 1)
     #: a pipeline's definition (serving.pipeline.PipelineConfig), None for a model
     pipeline: Any = None
+    #: the host backend's precision (host_precision)
+    precision: str | None = None
 
     def select(self, versions: Sequence[int]) -> list[int]:
         """The versions (of those present, ascending) the policy serves."""
@@ -131,10 +143,16 @@ def read_config(model_dir: Path) -> ModelConfig:
         )
     if "version_policy" in doc:
         config = dataclasses.replace(config, policy=_policy(path, doc["version_policy"]))
+    if "precision" in doc:
+        if doc["precision"] not in _PRECISIONS:
+            raise OptionError(
+                f"{path}: precision must be one of {list(_PRECISIONS)}, got {doc['precision']!r}"
+            )
+        config = dataclasses.replace(config, precision=doc["precision"])
     if "pipeline" in doc:
         from paddle_ipu.serving.pipeline import parse_pipeline
 
-        batching = sorted(set(doc) & {"micro_batch_size", "timeout_ms", "num_buffers"})
+        batching = sorted(set(doc) & {"micro_batch_size", "timeout_ms", "num_buffers", "precision"})
         if batching:
             raise OptionError(
                 f"{path}: {batching} are a model's: a pipeline's steps batch in their "
@@ -159,6 +177,8 @@ class ModelRepository:
             ``config.json``.
         backend: the backend the runtimes run on (None: each package's own).
         spin: let the host backend's threads spin between runs.
+        host_options: the host backend's options of every model (host_precision,
+            host_engine); a model's ``precision`` replaces host_precision.
     """
 
     def __init__(
@@ -172,6 +192,7 @@ class ModelRepository:
         num_buffers: int = 64,
         backend: str | None = None,
         spin: bool = False,
+        host_options: dict[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
@@ -190,6 +211,7 @@ class ModelRepository:
         self.defaults = ModelConfig(micro_batch_size, float(timeout_ms), num_buffers)
         self.backend = backend
         self.spin = spin
+        self.host_options = dict(host_options or {})
         self._server: Any = None
         self._lock = threading.Lock()  # one load or unload at a time
 
@@ -401,10 +423,13 @@ class ModelRepository:
             config.timeout_ms if config.timeout_ms is not None else self.defaults.timeout_ms
         )
         num_buffers = config.num_buffers or self.defaults.num_buffers
+        options = {"host_spin_threads": self.spin, **self.host_options}
+        if config.precision is not None:
+            options["host_precision"] = config.precision
         return runtime_for(
             package,
             self.backend,
-            executor_options={"host_spin_threads": self.spin},
+            executor_options=options,
             timeout_ms=timeout_ms,
             num_buffers=num_buffers,
         )

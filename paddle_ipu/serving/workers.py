@@ -8,7 +8,8 @@ socket of the worker's own (:class:`WorkerMetricsSocket`), adds a ``worker`` lab
 ``paddle_ipu_worker_up{worker}`` (0 for a worker that did not answer).  Sum over the
 ``worker`` label for the server's totals (``sum without (worker) (...)``).
 
-Nothing of this runs per inference request: only per scrape.
+Nothing of this runs per inference request: only per scrape.  :func:`worker_argv`
+gives a worker process its arguments.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger("paddle_ipu")
 
-__all__ = ["WorkerMetricsSocket", "WorkersMetricsServer", "merge_prometheus"]
+__all__ = ["WorkerMetricsSocket", "WorkersMetricsServer", "merge_prometheus", "worker_argv"]
 
 _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -160,3 +161,28 @@ class WorkersMetricsServer:
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def worker_argv(args: Any) -> list[str]:
+    """The ``paddle-ipu serve`` arguments of one of ``--workers N`` processes, from the
+    parent's parsed arguments."""
+    out = ["serve", args.model, "--workers", "1", "--reuse-port", "--instances", str(args.workers)]
+    if args.spin:
+        out.append("--spin")
+    flags = (
+        "port host name micro_batch timeout_ms num_buffers backend grpc_port threads "
+        "request_timeout_ms max_body_mb access_log warmup drain_grace_s precision engine"
+    )
+    for flag in flags.split():
+        value = getattr(args, flag)
+        if value is not None:
+            out += ["--" + flag.replace("_", "-"), str(value)]
+    if args.seq_buckets:
+        out += ["--seq-buckets", args.seq_buckets]
+    for item in args.pad_value or ():
+        out += ["--pad-value", item]
+    for item in args.input_shapes or ():
+        out += ["--input-shapes", item]
+    if args.max_specialisations is not None:
+        out += ["--max-specialisations", str(args.max_specialisations)]
+    return out

@@ -195,9 +195,12 @@ def run_cpu(model: Model, feed: dict[str, np.ndarray], fetch: Any = None) -> np.
         return np.asarray(exe.run(model.main, feed=feed, fetch_list=[target])[0])
 
 
-def compile_ipu(model: Model, *, fp16: bool = False, arithmetic: str = "") -> tuple[Any, Any]:
+def compile_ipu(
+    model: Model, *, fp16: bool = False, arithmetic: str = "", precision: str = ""
+) -> tuple[Any, Any]:
     """(IpuCompiledProgram, runnable program) for ``model`` on the default backend;
-    ``arithmetic``: the host's fp16 arithmetic (default: the IPU's float16)."""
+    ``arithmetic``: the host's fp16 arithmetic (default: the IPU's float16);
+    ``precision``: the host's precision without fp16 (``host_precision``)."""
     import paddle_ipu
 
     s = paddle_ipu.IpuStrategy()
@@ -205,6 +208,8 @@ def compile_ipu(model: Model, *, fp16: bool = False, arithmetic: str = "") -> tu
     s.set_precision_config(enable_fp16=fp16)
     if arithmetic:
         s.set_options({"host_fp16_arithmetic": arithmetic})
+    if precision:
+        s.set_options({"host_precision": precision})
     cp = paddle_ipu.IpuCompiledProgram(model.main, scope=model.scope, ipu_strategy=s)
     target = model.loss if model.loss is not None else model.out
     return cp, cp.compile(model.feeds, [target])

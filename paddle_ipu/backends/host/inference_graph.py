@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from paddle_ipu._internals import ort_api
 from paddle_ipu.backends.base import SessionConfig
-from paddle_ipu.backends.host import fp16_graph, fp_checks, numerics
+from paddle_ipu.backends.host import engines, fp16_graph, fp_checks, numerics
 from paddle_ipu.backends.host.fp_checks import FLAGS as FLAGS
 from paddle_ipu.backends.host.fp_checks import first_failure as first_failure
 from paddle_ipu.backends.host.numerics import Fp16Arithmetic
@@ -89,7 +90,8 @@ def _mark_external(init: onnx.TensorProto) -> None:
 
 @dataclass
 class Built:
-    """An ONNX Runtime session and what runs with it."""
+    """A session (ONNX Runtime's, or OpenVINO's compiled graph: :mod:`.engines`) and
+    what runs with it."""
 
     session: Any
     keep: list[Any]
@@ -98,6 +100,10 @@ class Built:
     lazy: bool = False
     #: lazy saturation's flag (fp16_graph.WATCHED), returned after the outputs
     watched: tuple[str, ...] = ()
+    #: "onnxruntime" or "openvino"
+    engine: str = "onnxruntime"
+    #: run(output names, feed) -> outputs: the quickest call of the session
+    run: Any = None
 
     def extra(self) -> list[str]:
         """The outputs a run asks for after the model's: the flags."""
@@ -121,6 +127,9 @@ class Plan:
     float32: frozenset[str] = frozenset()
     #: the tensors fp16_graph.finish leaves unrounded (what fp16_graph.prepare says)
     unrounded: frozenset[str] = frozenset()
+    #: float32 and bfloat16 inference: host_engine and host_precision (engines)
+    engine: str = "onnxruntime"
+    precision: str = "float32"
 
     @property
     def lazy(self) -> bool:
@@ -144,7 +153,56 @@ class Plan:
         seed: int | None,
     ) -> Built:
         """A session over this graph with ``weights`` (initializer name -> the array
-        the graph's data-less initializer stands for)."""
+        the graph's data-less initializer stands for), on the engine the plan names
+        (:mod:`.engines`)."""
+        if self.precision == "bfloat16" or self.engine == "openvino":
+            return self._openvino(weights, threads)
+        if self.engine == "auto" and engines.openvino_installed():
+            return self._auto(weights, threads=threads, spin=spin, seed=seed)
+        return self._onnxruntime(weights, threads=threads, spin=spin, seed=seed)
+
+    def _openvino(self, weights: Mapping[str, np.ndarray], threads: int) -> Built:
+        graph = engines.openvino_graph(
+            self.proto, weights, threads=threads, precision=self.precision
+        )
+        return Built(graph, [], engine="openvino", run=graph.run)
+
+    def _auto(
+        self, weights: Mapping[str, np.ndarray], *, threads: int, spin: bool, seed: int | None
+    ) -> Built:
+        """The faster engine on this graph: the choice kept for it, else measured
+        (:func:`.engines.measure`) and kept."""
+        key = engines.choice_key(self.proto, threads)
+        record = engines.recorded(key)
+        if record is not None and record["engine"] == "openvino":
+            return self._openvino(weights, threads)
+        built = self._onnxruntime(weights, threads=threads, spin=spin, seed=seed)
+        feed = engines.zero_feed(self.proto)
+        if record is not None or feed is None:
+            return built
+        names = [o.name for o in built.session.get_outputs()]
+        try:
+            record, graph, keep = engines.measure(
+                built.run, lambda: self._openvino(weights, threads).session, names, feed, threads
+            )
+        except Exception as exc:  # a feed of zeros the graph refuses: nothing measured
+            _log.debug("host engine not measured (a feed of zeros fails: %s)", exc)
+            return built
+        if keep:
+            engines.store_choice(key, record)
+        _log.info("host engine of this graph: %s", engines.describe(record))
+        if graph is not None:
+            return Built(graph, [], engine="openvino", run=graph.run)
+        return built
+
+    def _onnxruntime(
+        self,
+        weights: Mapping[str, np.ndarray],
+        *,
+        threads: int,
+        spin: bool,
+        seed: int | None,
+    ) -> Built:
         import onnxruntime as ort
 
         proto, values = self.proto, dict(weights)
@@ -189,7 +247,7 @@ class Plan:
         watched = tuple(
             o.name for o in session.get_outputs() if o.name.startswith(fp16_graph.WATCHED)
         )
-        return Built(session, keep, self.checked, self.lazy, watched)
+        return Built(session, keep, self.checked, self.lazy, watched, run=ort_api.fast_run(session))
 
     def _optimized(
         self, weights: dict[str, np.ndarray], threads: int
@@ -261,7 +319,16 @@ def plan(
         proto = copy.deepcopy(source)
         if checked is not None:
             fp_checks.add_flags(proto, checked)
-        return Plan(proto, None, False, checked, source)
+        plain = checked is None and not config.is_training
+        return Plan(
+            proto,
+            None,
+            False,
+            checked,
+            source,
+            engine=str(config.option("host_engine")) if plain else "onnxruntime",
+            precision=str(config.option("host_precision")) if plain else "float32",
+        )
     arith = dataclasses.replace(
         arith,
         replica_offset=arith.replica_offset + replica,

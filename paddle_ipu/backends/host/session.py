@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu._internals import ort_api
 from paddle_ipu._util import dtypes
 from paddle_ipu._util.arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
@@ -41,7 +40,12 @@ def available() -> tuple[bool, str]:
         import onnxruntime
     except ImportError as exc:  # pragma: no cover - a hard dependency
         return False, f"onnxruntime is not importable: {exc}"
-    return True, f"emulated IPU on the CPU (onnxruntime {onnxruntime.__version__})"
+    from paddle_ipu.backends.host import engines
+
+    return (
+        True,
+        f"emulated IPU on the CPU (onnxruntime {onnxruntime.__version__}{engines.summary()})",
+    )
 
 
 def create_session(model: CompiledModel, config: SessionConfig) -> HostSession:
@@ -264,9 +268,10 @@ class HostSession(Session):
                     for spec in self.model.outputs
                 )
             )
-            # The binding under InferenceSession.run when it is the one checked:
-            # the wrapper only re-checks input names, which the executor has checked.
-            self._ort_run = ort_api.fast_run(self._ort)
+            # ONNX Runtime: the binding under InferenceSession.run when it is the one
+            # checked (the wrapper only re-checks input names, which the executor has
+            # checked); OpenVINO: its compiled graph's run.
+            self._ort_run = self._built.run
             self._dirty = False
         return self._ort
 
@@ -278,8 +283,16 @@ class HostSession(Session):
                 spin=_spin(self.config),
                 seed=self._seed,
             )
+        except BackendError:
+            raise  # the engine's own message (engines.openvino_graph)
         except Exception as exc:
             raise BackendError(f"ONNX Runtime could not load the compiled graph: {exc}") from exc
+
+    @property
+    def engine(self) -> str | None:
+        """What runs the inference graph: "onnxruntime" or "openvino" (host_engine,
+        host_precision); None before the first run builds it."""
+        return self._built.engine if self._built is not None else None
 
     # -- weights --------------------------------------------------------------
     def get_info(self, name: str) -> TensorSpec:

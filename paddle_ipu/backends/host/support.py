@@ -16,6 +16,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from paddle_ipu.backends.base import OptionSupport, SessionConfig
+from paddle_ipu.errors import NotSupportedError
 
 #: options the host honours, with what it checks
 _NOTES: dict[str, str] = {
@@ -40,6 +41,15 @@ _NOTES: dict[str, str] = {
         "saturation included: host_fp16_arithmetic, docs/without_ipu.md"
     ),
     "host_fp16_arithmetic": "docs/without_ipu.md",
+    "host_engine": (
+        "inference in float32 or bfloat16 on ONNX Runtime or OpenVINO (auto: the faster, "
+        "measured once per model); float16, the floating-point checks and training run on "
+        'ONNX Runtime, and "openvino" is refused with them'
+    ),
+    "host_precision": (
+        "bfloat16 matmuls and convolutions on OpenVINO, in inference without enable_fp16, "
+        "on a CPU with AVX512-BF16 or AMX (refused elsewhere, naming what is missing)"
+    ),
     "fp16_black_list": (
         "in inference, the listed operators compute in float32 and their results are "
         "rounded where a float16 operator reads them (docs/without_ipu.md); refused in "
@@ -179,8 +189,51 @@ _UNSUPPORTED: dict[str, str] = {
 }
 
 
-def _refuse(config: SessionConfig) -> list[str]:
+def _engines(config: SessionConfig) -> list[str]:
+    """host_engine and host_precision: what they cannot be combined with, and what
+    this machine lacks for them."""
+    from paddle_ipu.backends.host import engines
+
     refused = []
+    bf16 = config.option("host_precision") == "bfloat16"
+    openvino = config.option("host_engine") == "openvino"
+    others = [
+        name
+        for name, on in (
+            ("is_training", config.is_training),
+            ("enable_fp16", config.enable_fp16),
+            ("enable_floating_point_checks", config.option("enable_floating_point_checks")),
+        )
+        if on
+    ]
+    if bf16 and others:
+        refused.append(
+            f"host_precision='bfloat16' with {', '.join(others)} (bfloat16 is an inference "
+            "precision of its own: not with training, the IPU's float16 or its checks)"
+        )
+    elif openvino and others:
+        refused.append(
+            f"host_engine='openvino' with {', '.join(others)} (OpenVINO runs inference "
+            "graphs in float32 or bfloat16; those run on ONNX Runtime)"
+        )
+    if bf16 and config.option("host_engine") == "onnxruntime":
+        refused.append(
+            "host_precision='bfloat16' with host_engine='onnxruntime' (ONNX Runtime's CPU "
+            "provider has no bfloat16 matmul or convolution on x86: bfloat16 runs on OpenVINO)"
+        )
+    if (bf16 or openvino) and not refused:
+        try:
+            if bf16:
+                engines.check_bf16()
+            else:
+                engines.check_openvino()
+        except NotSupportedError as exc:
+            refused.append(str(exc))
+    return refused
+
+
+def _refuse(config: SessionConfig) -> list[str]:
+    refused = _engines(config)
     if config.option("accumulation_and_replication_reduction_type") == 2:
         refused.append(
             "accumulation_and_replication_reduction_type=2 (NoReduction: the host reduces "

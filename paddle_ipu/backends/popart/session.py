@@ -113,6 +113,10 @@ SUPPORT = OptionSupport(
         "host_fp16_arithmetic": "the host backend's arithmetic (the IPU computes in float16)",
         "host_memory_check": "the host backend's check (the Poplar compile refuses a model "
         "that does not fit itself)",
+        "host_engine": "the host backend's engine (Poplar runs the graph)",
+    },
+    unsupported={
+        "host_precision": "the IPU computes float32 or float16 (enable_fp16), not bfloat16",
     },
 )
 

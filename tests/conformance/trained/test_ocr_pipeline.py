@@ -116,7 +116,11 @@ def test_fp16_as_the_ipu_computes_moves_the_reading_less_than_a_grey_level_of_no
       it; an image the noise changes may differ (measured: "lazy dog" read "lazy 6op",
       in an image whose CPU text four of eight draws change; the detector in float64
       reads the CPU's text on all twelve: bench/ocr_fp16.py);
-    - the rendered text is read with no more character errors than the CPU makes."""
+    - the rendered text is read with no more character errors than the CPU makes.
+
+    Where the CPU has bfloat16 (and the openvino extra is installed), the host
+    backend's bfloat16 (``host_precision``) is held to the second: the CPU's text on
+    every stably read image (and at most 0.03 more character errors than the CPU)."""
     cpu = ocr.recording(ocr.new_pipeline())
     with ocr.ported_engine(ipu_enable_fp16=True):
         half = ocr.recording(ocr.new_pipeline())
@@ -139,6 +143,30 @@ def test_fp16_as_the_ipu_computes_moves_the_reading_less_than_a_grey_level_of_no
     got_lines = [ocr.read(half, image.image) for image in text_images]
     cpu_rate = _character_error_rate(text_images, cpu_lines)
     assert _character_error_rate(text_images, got_lines) <= cpu_rate + 0.01
+    if _bf16():
+        # The host backend's bfloat16 for CPU serving (host_precision), held to the
+        # criterion its docs state: every stably read image read as the CPU reads it.
+        # Its map moves more than float16's (measured by
+        # bench/ocr_fp16.py --bf16: 793-7,668 pixels across the threshold, each below
+        # the noise's median of eight draws, 2,367-52,137, the closest 2,695 against
+        # 3,338), too close to the noise of three draws to assert.
+        with ocr.ported_engine(strategy_options={"host_precision": "bfloat16"}):
+            bf16 = ocr.recording(ocr.new_pipeline())
+        bf16_lines = [ocr.read(bf16, image.image) for image in text_images]
+        wrong = [
+            (i, text_images[i].lines, bf16_lines[i])
+            for i in stable
+            if [line.text for line in bf16_lines[i]] != [line.text for line in cpu_lines[i]]
+        ]
+        assert not wrong, wrong
+        # measured: 0.225 against the CPU's 0.210 (its two readings of unstable images)
+        assert _character_error_rate(text_images, bf16_lines) <= cpu_rate + 0.03
+
+
+def _bf16() -> bool:
+    from paddle_ipu.backends.host import engines
+
+    return engines.openvino_installed() and engines.bf16_missing() is None
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16-weights"])
