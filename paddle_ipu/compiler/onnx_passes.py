@@ -277,13 +277,29 @@ def fix_inputs(
     return specs
 
 
+def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor of a ``Constant`` node that holds one (its ``value`` attribute), None
+    for any other node.  PopART's own attributes (``__ipu_number``, ``__pipeline_stage``
+    under manual sharding, ...) may stand beside ``value``: they place the node, they do
+    not change its value."""
+    if node.op_type != "Constant":
+        return None
+    value: onnx.TensorProto | None = None
+    for attr in node.attribute:
+        if attr.name == "value":
+            value = attr.t
+        elif not attr.name.startswith("__"):
+            return None  # value_float, sparse_value ...: not read here
+    return value
+
+
 def _constants_as_initializers(graph: onnx.GraphProto) -> None:
     keep: list[onnx.NodeProto] = []
     for node in graph.node:
-        attr = node.attribute[0] if len(node.attribute) == 1 else None
-        if node.op_type == "Constant" and attr is not None and attr.name == "value":
+        value = constant_value(node)
+        if value is not None:
             init = onnx.TensorProto()
-            init.CopyFrom(attr.t)
+            init.CopyFrom(value)
             init.name = node.output[0]
             graph.initializer.append(init)
         else:
@@ -332,9 +348,9 @@ def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     repeats) must fold too."""
     shapes = {i.name: tuple(int(d) for d in i.dims) for i in graph.initializer}
     for node in graph.node:
-        attr = node.attribute[0] if len(node.attribute) == 1 else None
-        if node.op_type == "Constant" and attr is not None and attr.name == "value":
-            shapes[node.output[0]] = tuple(int(d) for d in attr.t.dims)
+        value = constant_value(node)
+        if value is not None:
+            shapes[node.output[0]] = tuple(int(d) for d in value.dims)
     return shapes
 
 
@@ -359,9 +375,9 @@ def fold_shape_arithmetic(
         changed = False
         for pos, node in enumerate(graph.node):
             if node.op_type == "Constant":
-                attr = node.attribute[0] if len(node.attribute) == 1 else None
-                if attr is not None and attr.name == "value":
-                    const[node.output[0]] = numpy_helper.to_array(attr.t)
+                value_t = constant_value(node)
+                if value_t is not None:
+                    const[node.output[0]] = numpy_helper.to_array(value_t)
                 continue
             if node.op_type not in _FOLDABLE or len(node.output) != 1:
                 continue
