@@ -476,6 +476,7 @@ def _finalize(
     shards = onnx_passes.apply_shards(
         graph, fg.ops, owner, manual_shard=manual_shard, pipelining=pipelining
     )
+    onnx_passes.apply_hints(graph, fg.ops, owner)
     names = onnx_passes.rename_outputs(graph, fg.fetches)
     onnx_passes.drop_identities(graph)
     inputs = onnx_passes.fix_inputs(graph, fg.feeds, micro_batch_size, sequence_length)

@@ -10,11 +10,14 @@
   tensor Paddle returns (the converter produces shape ``[1]`` under a rank-0
   declaration); ONNX shape inference then gives every output a static shape.
 - Sharding: each node is attributed to the Paddle operator it was converted
-  from (see :func:`attribute_nodes`), whose ipu_index / ipu_stage it receives.
+  from (see :func:`attribute_nodes`), whose ipu_index / ipu_stage it receives,
+  and its matmul and convolution nodes the operator's IPU hints
+  (:func:`apply_hints`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +27,15 @@ from onnx import helper, numpy_helper
 
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.model import ShardSpec, TensorSpec
+from paddle_ipu.compiler.pir_values import (
+    AVAILABLE_MEMORY_ATTR,
+    SERIALIZE_FACTOR_ATTR,
+    SERIALIZE_MODE_ATTR,
+)
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
 from paddle_ipu.errors import CompileError
+
+log = logging.getLogger("paddle_ipu")
 
 IPU_NUMBER_ATTR = "__ipu_number"
 PIPELINE_STAGE_ATTR = "__pipeline_stage"
@@ -107,6 +117,55 @@ def apply_shards(
             node.attribute.append(helper.make_attribute(PIPELINE_STAGE_ATTR, stage))
         shards[node.name] = ShardSpec(ipu_index=index, ipu_stage=stage)
     return shards
+
+
+#: PopART's node attributes for Paddle 2.x's operator hints
+#: (willow/include/popart/names.hpp; read by PopART's MatMul and Conv op creators)
+AVAILABLE_MEMORY_NODE_ATTR = "__available_memory"
+SERIALIZE_MODE_NODE_ATTR = "__serialize_matmul_mode"
+SERIALIZE_FACTOR_NODE_ATTR = "__serialize_matmul_factor"
+SERIALIZE_PRECISION_NODE_ATTR = "__serialize_matmul_precision"
+_AMP_NODES = frozenset({"MatMul", "Conv", "ConvTranspose"})
+
+
+def apply_hints(graph: onnx.GraphProto, ops: Sequence[OpInfo], owner: dict[str, int]) -> None:
+    """Put the IPU hints of each Paddle operator (``op._set_attr``, see
+    :mod:`paddle_ipu.compat.op_attrs`) on its matmul and convolution nodes, as Paddle
+    2.x's IPU compiler did: ``__available_memory`` when above 0
+    (``setAvailableMemoryProportion``), and for a matmul with ``serialize_factor`` the
+    serialisation mode (``serialize_mode``, default ``output_channels``), factor and
+    precision kept (``setSerializeMatMul(ids, mode, factor, true)``).  A hint on an
+    operator without such a node has no effect, as on Paddle 2.x (logged)."""
+    hinted = {i for i, info in enumerate(ops) if info.hints}
+    if not hinted:
+        return
+    reached: set[int] = set()
+    for node in graph.node:
+        idx = owner.get(node.name, -1)
+        if idx not in hinted or node.op_type not in _AMP_NODES:
+            continue
+        hints = ops[idx].hints
+        reached.add(idx)
+        amp = hints.get(AVAILABLE_MEMORY_ATTR)
+        if amp is not None and amp > 0:
+            node.attribute.append(helper.make_attribute(AVAILABLE_MEMORY_NODE_ATTR, float(amp)))
+        factor = hints.get(SERIALIZE_FACTOR_ATTR)
+        if factor is not None and node.op_type == "MatMul":
+            mode = hints.get(SERIALIZE_MODE_ATTR, "output_channels")
+            node.attribute.extend(
+                [
+                    helper.make_attribute(SERIALIZE_MODE_NODE_ATTR, str(mode)),
+                    helper.make_attribute(SERIALIZE_FACTOR_NODE_ATTR, int(factor)),
+                    helper.make_attribute(SERIALIZE_PRECISION_NODE_ATTR, 1),
+                ]
+            )
+    for idx in sorted(hinted - reached):
+        log.info(
+            "%s: its IPU hints %s apply to matmuls and convolutions only; they have no "
+            "effect on this operator (as on Paddle 2.x)",
+            ops[idx].use.describe(),
+            sorted(ops[idx].hints),
+        )
 
 
 def drop_identities(graph: onnx.GraphProto) -> None:

@@ -19,12 +19,14 @@ import paddle
 from paddle_ipu._internals import p2o_api, paddle_api
 from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
 from paddle_ipu.compiler.pir_values import (
+    HINT_ATTRS,
     IPU_INDEX_ATTR,
     IPU_STAGE_ATTR,
     dense_type,
     dtype_name,
     has_name,
     is_real,
+    op_hints,
     op_int_attr,
     plain_attrs,
     shape_of,
@@ -189,7 +191,7 @@ class PirReader:
         # Placement lives in OpInfo now; the serialiser rejects unknown attributes
         # on some operators, so the clone drops them.
         for op in cblock.ops:
-            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR, *HINT_ATTRS):
                 if op.has_attr(attr):
                     op.erase_attr(attr)
         fetches: list[FetchInfo] = []
@@ -348,6 +350,7 @@ def _describe_op(
         onnx_names=[p2o_api.result_name(name, k, j) for j in range(op.num_results())],
         ipu_index=op_int_attr(op, IPU_INDEX_ATTR),
         ipu_stage=op_int_attr(op, IPU_STAGE_ATTR),
+        hints=op_hints(op),
     )
 
 

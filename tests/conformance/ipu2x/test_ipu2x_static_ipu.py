@@ -94,3 +94,84 @@ def test_a_feed_is_taken_by_its_element_count(bps: int) -> None:
         for bad in (batch[:, :-1], np.concatenate([batch, batch[:, :1]], axis=1)):
             with pytest.raises(FeedError, match=rf"'indices'.*any shape of {micro * seq * bps}"):
                 exe.run(prog, feed={"indices": bad}, fetch_list=[out])
+
+
+def _hinted_program() -> tuple[Any, Any]:
+    """The hints static_ipu sets, on the operators it sets them on: a matmul's
+    available memory (``qkv.block.ops[-1]``), a Linear's matmul (``ops[-2]``, before
+    its bias add) and a serialised matmul (the MLM head's ``serialize_factor``)."""
+    x = paddle.static.data("x", [4, 8], "float32")
+    qkv = paddle.matmul(x, paddle.create_parameter([8, 24], "float32"))
+    qkv.block.ops[-1]._set_attr("__available_memory", 0.28)
+    ff = paddle.nn.Linear(24, 16)(qkv)
+    ff.block.ops[-2]._set_attr("__available_memory", 0.5)
+    out = paddle.matmul(ff, paddle.create_parameter([16, 10], "float32"))
+    out.block.ops[-1]._set_attr("serialize_factor", 5)
+    return x, out
+
+
+def test_ipu_hints_on_pir_operations_reach_the_graph_and_change_no_result() -> None:
+    import onnx
+
+    from paddle_ipu.compiler import compile_program
+
+    with fresh_programs(seed=3) as (main, startup, scope):
+        x, out = _hinted_program()
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        feed = {"x": rng.standard_normal([4, 8]).astype(np.float32)}
+        (want,) = exe.run(main, feed=feed, fetch_list=[out])
+        model = compile_program(main, [x], [out], scope=scope, micro_batch_size=4)
+        strategy = _strategy(num_ipus=1, is_training=False, micro_batch_size=4)
+        prog = paddle.static.IpuCompiledProgram(main, ipu_strategy=strategy).compile(["x"], [out])
+        (got,) = exe.run(prog, feed=feed, fetch_list=[out])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    matmuls = [n for n in onnx.load_from_string(model.onnx).graph.node if n.op_type == "MatMul"]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in matmuls]
+    assert [a.get("__available_memory") for a in attrs] == pytest.approx([0.28, 0.5, None])
+    assert attrs[2]["__serialize_matmul_mode"] == b"output_channels"
+    assert (attrs[2]["__serialize_matmul_factor"], attrs[2]["__serialize_matmul_precision"]) == (
+        5,
+        1,
+    )
+    assert not any("__serialize_matmul_mode" in a for a in attrs[:2])
+
+
+def test_ipu_hints_are_checked_where_they_are_set() -> None:
+    from paddle_ipu.errors import NotSupportedError, OptionError
+
+    with fresh_programs() as _:
+        x = paddle.static.data("x", [4, 8], "float32")
+        op = paddle.matmul(x, x, transpose_y=True).get_defining_op()
+        with pytest.raises(OptionError, match=r"__available_memory.*\[0, 1\].*1\.5"):
+            op._set_attr("__available_memory", 1.5)
+        with pytest.raises(OptionError, match=r"serialize_factor.*>= 1"):
+            op._set_attr("serialize_factor", 0)
+        with pytest.raises(OptionError, match=r"serialize_mode.*output_channels"):
+            op._set_attr("serialize_mode", "rows")
+        with pytest.raises(NotSupportedError, match="float"):
+            op._set_attr("alpha", 0.5)
+        op._set_attr("serialize_mode", "reducing_dim")
+        op._set_attr("my_flag", True)
+        assert op.attrs()["serialize_mode"] == "reducing_dim" and op.attrs()["my_flag"] is True
+
+
+def test_the_memory_report_reads_an_operators_own_available_memory() -> None:
+    """The host records the hints where they change what it computes: the memory
+    report's temporaries are bounded by the operator's own proportion."""
+    from paddle_ipu.compiler import compile_program
+    from paddle_ipu.compiler.memory import memory_report
+
+    def temporaries(proportion: float) -> int:
+        with fresh_programs(seed=4) as (main, startup, scope):
+            x = paddle.static.data("x", [2048, 2048], "float32")
+            out = paddle.matmul(x, x)
+            if proportion:
+                out.block.ops[-1]._set_attr("__available_memory", proportion)
+            paddle.static.Executor(paddle.CPUPlace()).run(startup)
+            model = compile_program(main, [x], [out], scope=scope, micro_batch_size=2048)
+        report = memory_report(model, {"is_training": False})
+        return next(p.bytes for p in report.ipus[0].parts if p.name == "temporaries")
+
+    # 16 MiB of partials and 32 MiB of operands: above 1e-3 of the IPU's memory
+    assert temporaries(1e-3) < temporaries(0.0)

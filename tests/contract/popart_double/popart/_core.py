@@ -784,6 +784,7 @@ class _Session:
             # Devicex::writeWeights), which lowering does not undo.
             return
 
+        self._read_node_settings()
         proto = shape_inference.infer_shapes(self._proto)
         weights = {i.name: numpy_helper.to_array(i).copy() for i in proto.graph.initializer}
         for name, arr in weights.items():
@@ -799,6 +800,48 @@ class _Session:
         self._weights = {**weights, **state}
         self._host = {k: v.copy() for k, v in self._weights.items()}
         self._executable = True
+
+    def _read_node_settings(self) -> None:
+        """What PopART's op creators read from node attributes, with their checks:
+        willow/src/op/matmul.cpp (``__serialize_matmul_mode`` one of the four modes,
+        then ``__serialize_matmul_factor`` and ``__serialize_matmul_precision`` as Int;
+        ``__available_memory`` as Float) and willow/src/op/convbase.cpp
+        (``__available_memory`` as Float or Floats).  ``node_settings``: node output ->
+        what was read, for the tests."""
+        from onnx import AttributeProto
+
+        self.node_settings: dict[str, dict[str, Any]] = {}
+        for node in self._proto.graph.node:
+            attrs = {a.name: a for a in node.attribute}
+            read: dict[str, Any] = {}
+            amp = attrs.get("__available_memory")
+            if amp is not None and node.op_type in ("MatMul", "Conv", "ConvTranspose"):
+                kinds = (AttributeProto.FLOAT,)
+                if node.op_type != "MatMul":
+                    kinds = (AttributeProto.FLOAT, AttributeProto.FLOATS)
+                if amp.type not in kinds:
+                    raise popart_exception(
+                        f"Attribute __available_memory of {node.name} is not a float"
+                    )
+                read["availableMemoryProportion"] = (
+                    amp.f if amp.type == AttributeProto.FLOAT else list(amp.floats)
+                )
+            mode = attrs.get("__serialize_matmul_mode")
+            if mode is not None and node.op_type == "MatMul":
+                text = mode.s.decode()
+                if text not in ("none", "input_channels", "reducing_dim", "output_channels"):
+                    raise popart_exception(f"Unsupport matmul serialisation mode {text}")
+                for key in ("__serialize_matmul_factor", "__serialize_matmul_precision"):
+                    attr = attrs.get(key)
+                    if attr is None or attr.type != AttributeProto.INT:
+                        raise popart_exception(f"Attribute {key} of {node.name} is not an Int")
+                read["serialise"] = (
+                    text,
+                    attrs["__serialize_matmul_factor"].i,
+                    bool(attrs["__serialize_matmul_precision"].i),
+                )
+            if read:
+                self.node_settings[node.output[0]] = read
 
     def _assert_executable(self) -> None:
         # session.cpp assertExecutableLoaded
