@@ -168,6 +168,11 @@ def apply_hints(graph: onnx.GraphProto, ops: Sequence[OpInfo], owner: dict[str, 
         )
 
 
+def _marked(node: onnx.NodeProto) -> bool:
+    """A node of a custom op's region (compiler.custom_regions), kept as it is."""
+    return any(a.name == "__ipu_custom_op" for a in node.attribute)
+
+
 def drop_identities(graph: onnx.GraphProto) -> None:
     """Remove Identity nodes whose output is not a graph output.
 
@@ -181,7 +186,8 @@ def drop_identities(graph: onnx.GraphProto) -> None:
         for i, n in enumerate(node.input):
             if n in alias:
                 node.input[i] = alias[n]
-        if node.op_type == "Identity" and node.output[0] not in outputs:
+        # (a custom op's marked Identity stays: custom_regions reads its marks)
+        if node.op_type == "Identity" and node.output[0] not in outputs and not _marked(node):
             alias[node.output[0]] = node.input[0]
             continue
         keep.append(node)
@@ -438,7 +444,7 @@ def fold_shape_arithmetic(
                 if value_t is not None:
                     const[node.output[0]] = numpy_helper.to_array(value_t)
                 continue
-            if node.op_type not in _FOLDABLE or len(node.output) != 1:
+            if node.op_type not in _FOLDABLE or len(node.output) != 1 or _marked(node):
                 continue
             value: np.ndarray | None = None
             if node.op_type == "Shape":

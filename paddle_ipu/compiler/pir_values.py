@@ -16,6 +16,9 @@ IPU_INDEX_ATTR = "ipu_index"
 
 IPU_STAGE_ATTR = "ipu_stage"
 
+#: compiler.custom_ops.REGION_ATTR
+CUSTOM_REGION_ATTR = "__ipu_custom_op"
+
 
 def is_dense(value: Any) -> bool:
     """True for a value of a dense tensor type; False for the list values of
@@ -122,6 +125,9 @@ def copy_placement(block: Any, op: Any, before: set[int]) -> None:
         for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
             if op.has_attr(attr):
                 new_op.set_int_attr(attr, op_int_attr(op, attr))
+        # a rewritten operator of a custom op's region stays in the region
+        if op.has_attr(CUSTOM_REGION_ATTR) and not new_op.has_attr(CUSTOM_REGION_ATTR):
+            new_op.set_str_attr(CUSTOM_REGION_ATTR, str(op.attrs()[CUSTOM_REGION_ATTR]))
 
 
 #: Paddle 2.x's IPU hints on an operator (``op._set_attr(name, value)``): the available

@@ -12,7 +12,7 @@ import paddle
 import pytest
 from support.helpers import fresh_programs
 
-import paddle_ipu  # noqa: F401
+import paddle_ipu
 from paddle_ipu.errors import FeedError
 
 rng = np.random.default_rng(40)
@@ -175,3 +175,75 @@ def test_the_memory_report_reads_an_operators_own_available_memory() -> None:
 
     # 16 MiB of partials and 32 MiB of operands: above 1e-3 of the IPU's memory
     assert temporaries(1e-3) < temporaries(0.0)
+
+
+def _nll_numpy(probs: np.ndarray, labels: np.ndarray, ignore: int | None) -> float:
+    """PopART's Nll with Mean reduction (willow/src/popx/op/nllx.cpp), in numpy."""
+    flat, lab = probs.reshape(-1, probs.shape[-1]), labels.reshape(-1).astype(np.int64)
+    keep = np.ones(lab.shape, bool) if ignore is None else lab != ignore
+    picked = flat[np.arange(lab.size), np.where(keep, lab, 0)]
+    losses = -np.log(np.maximum(picked, 1e-7)) * keep
+    return float(losses.sum() / max(keep.sum(), 1))
+
+
+def test_custom_ops_compute_popart_semantics_on_the_emulated_ipu() -> None:
+    ops = paddle_ipu.custom_ops
+    with fresh_programs(seed=7) as (main, startup, _scope):
+        x = paddle.static.data("x", [6, 8], "float32")
+        y = paddle.static.data("y", [6], "int32")
+        m = paddle.static.data("m", [2, 3], "int32")
+        kept = paddle.nn.Linear(8, 5)
+        frozen = paddle.nn.Linear(8, 5)
+        logits = ops.checkpointoutput(kept(x)) + ops.detach(ops.identity(frozen(x)))
+        probs = paddle.nn.functional.softmax(logits)
+        start = ops.custom_nll_loss(probs, y, 1, "None", False)
+        mlm_probs = paddle.reshape(probs, [2, 3, 5])
+        masked = ops.custom_nll_loss(mlm_probs, m, 1, "-1", False)
+        total = start + masked
+        paddle.optimizer.SGD(0.5).minimize(total)
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        strategy = _strategy(num_ipus=1, is_training=True, micro_batch_size=6)
+        compiled = paddle.static.IpuCompiledProgram(main, ipu_strategy=strategy)
+        prog = compiled.compile(["x", "y", "m"], [total, probs, start, masked])
+        frozen_before = np.array(
+            paddle.static.global_scope().find_var(frozen.weight.name).get_tensor()
+        )
+        feed = {
+            "x": rng.standard_normal([6, 8]).astype(np.float32),
+            "y": rng.integers(0, 5, [6]).astype(np.int32),
+            "m": np.array([[1, -1, 4], [-1, -1, 0]], np.int32),
+        }
+        _, p, s, k = (np.asarray(v) for v in exe.run(prog, feed=feed, fetch_list=prog.fetch_names))
+        compiled.weights_to_host()
+        frozen_after = np.array(
+            paddle.static.global_scope().find_var(frozen.weight.name).get_tensor()
+        )
+        kept_after = np.array(paddle.static.global_scope().find_var(kept.weight.name).get_tensor())
+    assert float(s) == pytest.approx(_nll_numpy(p, feed["y"], None), rel=1e-5)
+    assert float(k) == pytest.approx(_nll_numpy(p.reshape(2, 3, 5), feed["m"], -1), rel=1e-5)
+    # detach: no gradient reaches the frozen branch; the kept one trains
+    np.testing.assert_array_equal(frozen_after, frozen_before)
+    assert not np.allclose(kept_after, frozen_after)
+
+
+def test_a_users_custom_op_runs_its_registered_host_stand_in() -> None:
+    """A PopART custom op of the user's (TiedGather-like) registered with a Paddle
+    stand-in: the emulated IPU runs the stand-in, equal to the same program on the CPU;
+    the graph PopART would get holds the op's node (tests/contract)."""
+    gather = paddle_ipu.register_custom_op(
+        "tied_gather_test", lambda w, idx: paddle.gather(w, idx), popart_op="TiedGather"
+    )
+    assert paddle_ipu.custom_ops.tied_gather_test is gather
+    with fresh_programs(seed=8) as (main, startup, _scope):
+        idx = paddle.static.data("idx", [5], "int32")
+        table = paddle.create_parameter([7, 3], "float32")
+        out = paddle.nn.functional.relu(gather(table, idx))
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        feed = {"idx": rng.integers(0, 7, [5]).astype(np.int32)}
+        (want,) = exe.run(main, feed=feed, fetch_list=[out])
+        strategy = _strategy(num_ipus=1, is_training=False, micro_batch_size=5)
+        prog = paddle.static.IpuCompiledProgram(main, ipu_strategy=strategy).compile(["idx"], [out])
+        (got,) = exe.run(prog, feed=feed, fetch_list=[out])
+    np.testing.assert_array_equal(got, want)
