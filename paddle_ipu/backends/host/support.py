@@ -40,6 +40,10 @@ _NOTES: dict[str, str] = {
         "saturation included: host_fp16_arithmetic, docs/without_ipu.md"
     ),
     "host_fp16_arithmetic": "docs/without_ipu.md",
+    "use_no_bias_optimizer": (
+        "adam, adamw and lamb update by PopART's AdamNoBias / LambNoBias rule "
+        "(willow/include/popart/adam.hpp), Lamb's trust ratio bounded by max_weight_norm"
+    ),
     "fp16_black_list": (
         "in inference, the listed operators compute in float32 and their results are "
         "rounded where a float16 operator reads them (docs/without_ipu.md); refused in "
@@ -164,9 +168,6 @@ _IGNORED: dict[str, str] = {
 }
 #: they would change results and cannot be emulated
 _UNSUPPORTED: dict[str, str] = {
-    "use_no_bias_optimizer": (
-        "the host's optimizers follow Paddle's kernels, which correct the bias"
-    ),
     "max_weight_norm": "the host's Lamb follows Paddle's kernel, which has no such bound",
     "accl1_type": "the host keeps optimizer state in float32",
     "accl2_type": "the host keeps optimizer state in float32",

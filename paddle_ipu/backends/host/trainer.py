@@ -574,7 +574,7 @@ class HostTrainer:
         config = self.optimizer
         grads = clip_by_global_norm(grads, config)
         half = self._fp16_state()
-        adam = config.type in ("adam", "adamw")
+        adam = config.type in ("adam", "adamw") and not config.no_bias
         lr32 = f32(self.lr)
         scalars: dict[tuple[float, float], tuple[np.float32, np.float32]] = {}
         batch: list[tuple[ParamSlot, tuple[Any, ...]]] = []
