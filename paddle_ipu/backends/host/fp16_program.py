@@ -7,10 +7,15 @@ backward pass's included, has its float results rounded to float16 as the IPU
 rounds them (:mod:`.numerics`): to nearest, or stochastically, an overflow
 saturating at +-65504 (an infinity from a division by zero or an infinite operand
 staying one), or, with the floating-point checks, an infinity that the checks
-report.  The roundings are Paddle operators put after each operator
-(``cast`` to float16 and back, after ``where(isinf(x), x, clip(x))`` for the
-saturation; stochastic rounding from float operators and ``uniform``, the same
-construction as the inference graph's, :meth:`.onnx_edit.Editor.round_to`).
+report.  Each rounding is one operator put after the operator: the host's
+``ipu_round_fp16`` (csrc/ops/round_op.cc, the compiled core's rounding: its random
+stream per rounding, the micro-batch's random state fed as :data:`SEED_FEED`).  Where
+that operator does not load, Paddle operators spell it (``cast`` to float16 and back,
+after ``where(isinf(x), x, clip(x))`` for the saturation; stochastic rounding from
+float operators and ``uniform``, the same construction as the inference graph's,
+:meth:`.onnx_edit.Editor.round_to`): 5 operators per rounding, 20 stochastic, which
+Paddle's executor takes far longer to prepare (its in-place pass grows faster than
+the program).
 
 With ``enable_floating_point_checks`` every operator whose results are not values of
 its operands gets two flags (how many NaN and infinities its result holds), fetched
@@ -27,11 +32,15 @@ partials in training are refused (:mod:`.support`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from paddle_ipu._internals import paddle_api
 from paddle_ipu.backends.host.numerics import FP16_MAX, FP16_TINY, Fp16Arithmetic
+
+log = logging.getLogger("paddle_ipu.host")
 
 #: operators whose float results are values of their operands: no rounding, no check
 EXACT = frozenset(
@@ -70,6 +79,8 @@ class Rewritten:
     fetches: list[Any]
     grads: list[Any]
     flags: Any = None
+    #: the feed of the rounding operator's random state ("" without it)
+    seed_feed: str = ""
     checked: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -82,8 +93,53 @@ def _float(value: Any) -> bool:
         return False
 
 
+#: the feed of the rounding operator's random state (:data:`ROUND_OP`)
+SEED_FEED = "paddle_ipu_round_seed"
+#: the host's rounding operator (csrc/ops/round_op.cc), one per rounding
+ROUND_OP = "ipu_round_fp16"
+
+
+def round_op_available() -> bool:
+    """Whether the host's rounding operator is registered with Paddle
+    (:func:`paddle_ipu.device.load_host_operators`; without it the rounding is spelt in
+    Paddle's own operators, 5 per rounding, 20 stochastic, and the program takes
+    Paddle's executor much longer to prepare)."""
+    from paddle_ipu import device
+
+    return ROUND_OP in device.load_host_operators()
+
+
+class _Rounder:
+    """Rounds values of one program: with the host's operator (one per value, each its
+    own random stream, the micro-batch's random state fed as :data:`SEED_FEED`), or in
+    Paddle's operators."""
+
+    def __init__(self, program: Any, arith: Fp16Arithmetic, with_op: bool) -> None:
+        import paddle
+
+        self.arith = arith
+        self.seed: Any = None
+        self.streams = 0
+        if with_op:
+            block = program.global_block()
+            first = next(iter(block.ops), None)
+            if first is not None:
+                paddle.pir.set_insertion_point(first)
+            self.seed = paddle.static.data(SEED_FEED, [1], "int64")
+
+    def __call__(self, value: Any) -> Any:
+        if self.seed is None:
+            return _round(value, self.arith)
+        self.streams += 1
+        (out,) = paddle_api.run_custom_op(
+            ROUND_OP, value, self.seed, self.arith.stochastic, self.arith.saturate, self.streams
+        )
+        return out
+
+
 def _round(value: Any, arith: Fp16Arithmetic) -> Any:
-    """``value`` rounded to float16 (values held in float32), as ``arith`` says."""
+    """``value`` rounded to float16 (values held in float32), as ``arith`` says, in
+    Paddle's own operators."""
     import paddle
 
     x = value
@@ -139,7 +195,11 @@ def rewrite(
     ops = list(block.ops)
     replaced: dict[int, Any] = {}
     watched: list[tuple[int, str, Any]] = []
+    rounding = arith is not None and arith.rounded
+    # (gradients.build_gradient_program loads the operator before it clones the program)
+    with_op = rounding and round_op_available()
     with paddle.static.program_guard(program):
+        rounder = _Rounder(program, arith, with_op) if arith is not None and rounding else None
         for index, op in enumerate(ops):
             name = op.name()
             if name in EXACT or name.startswith("builtin."):
@@ -150,8 +210,8 @@ def rewrite(
                     continue
                 paddle.pir.set_insertion_point_after(_last_after(op, value))
                 new = value
-                if arith is not None and arith.rounded:
-                    new = _round(value, arith)
+                if rounder is not None:
+                    new = rounder(value)
                     _redirect(value, new)
                 if checks:
                     watched.append((index, name, new))
@@ -163,6 +223,7 @@ def rewrite(
             paddle.pir.set_insertion_point_to_block_end(block)
             flags = paddle.concat([_flag(v) for _, _, v in watched])
     return Rewritten(
+        seed_feed=SEED_FEED if rounder is not None and rounder.seed is not None else "",
         loss=replaced.get(loss.id, loss),
         fetches=[replaced.get(v.id, v) for v in fetches],
         grads=[replaced.get(v.id, v) for v in grads],
