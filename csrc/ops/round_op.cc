@@ -46,7 +46,56 @@ std::vector<paddle::DataType> RoundFp16Dtype(const paddle::DataType& x,
   return {x};
 }
 
+// Float16 partials (AMP passes): S holds, along its first axis, the float32 sums of the
+// passes of a matmul's products; the partial starts as the first pass's sum rounded, and
+// each next pass's sum is added to it and the result rounded (csrc/../numerics.py:
+// the AMP accumulates AMP_PASS products at a time into a float16 partial).  Pass p's
+// roundings use the random stream (stream, p).
+std::vector<paddle::Tensor> AccumulateFp16(const paddle::Tensor& sums, const paddle::Tensor& seed,
+                                           bool stochastic, bool saturate, int stream) {
+  PD_CHECK(sums.dtype() == paddle::DataType::FLOAT32, "ipu_accumulate_fp16 takes float32 sums");
+  PD_CHECK(sums.shape().size() >= 1 && sums.shape()[0] >= 1,
+           "ipu_accumulate_fp16 takes the passes along a first axis");
+  auto cs = sums.is_cpu() ? sums : sums.copy_to(paddle::CPUPlace(), true);
+  const int64_t state = seed.is_cpu() ? seed.data<int64_t>()[0]
+                                      : seed.copy_to(paddle::CPUPlace(), true).data<int64_t>()[0];
+  const std::vector<int64_t> full = cs.shape();
+  const std::vector<int64_t> shape(full.begin() + 1, full.end());
+  auto out = paddle::empty(shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  const int64_t passes = full[0];
+  const int64_t n = passes ? cs.numel() / passes : 0;
+  const float* in = cs.data<float>();
+  float* acc = out.data<float>();
+  std::vector<float> next(static_cast<size_t>(n));
+  for (int64_t p = 0; p < passes; ++p) {
+    const float* part = in + p * n;
+    const float* src = part;
+    if (p > 0) {
+      for (int64_t i = 0; i < n; ++i) next[i] = acc[i] + part[i];
+      src = next.data();
+    }
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(stream)) << 32) |
+                         static_cast<uint64_t>(p);
+    paddle_ipu::rounding::RoundLoop(src, acc, n, stochastic, saturate,
+                                    static_cast<uint64_t>(state), key);
+  }
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> AccumulateFp16Shape(const std::vector<int64_t>& sums,
+                                                      const std::vector<int64_t>& /*seed*/) {
+  return {std::vector<int64_t>(sums.begin() + 1, sums.end())};
+}
+
 }  // namespace
+
+PD_BUILD_OP(ipu_accumulate_fp16)
+    .Inputs({"Sums", "Seed"})
+    .Outputs({"Out"})
+    .Attrs({"stochastic: bool", "saturate: bool", "stream: int"})
+    .SetKernelFn(PD_KERNEL(AccumulateFp16))
+    .SetInferShapeFn(PD_INFER_SHAPE(AccumulateFp16Shape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RoundFp16Dtype));
 
 PD_BUILD_OP(ipu_round_fp16)
     .Inputs({"X", "Seed"})

@@ -60,9 +60,9 @@ _NOTES: dict[str, str] = {
         "too instead of saturating"
     ),
     "enable_half_partial": (
-        "float16 matmul and convolution partials with enable_fp16, in inference; a "
-        "training strategy with them does not compile on the host, whose gradient kernels "
-        "(Paddle's) accumulate in float32"
+        "float16 matmul and convolution partials with enable_fp16, in inference; in "
+        "training the matmuls' (the backward pass's too), and a model with convolutions is "
+        "refused (Paddle's gradient kernels accumulate convolution partials in float32)"
     ),
     "partials_type_matmuls": '"half": as enable_half_partial, for matmuls',
     "convolution_options": (
@@ -180,6 +180,14 @@ _UNSUPPORTED: dict[str, str] = {
 }
 
 
+def _has_convolutions(config: SessionConfig) -> bool:
+    """Whether the training program holds a convolution (None: assume so)."""
+    source = config.training_source
+    if source is None:
+        return True
+    return any("conv" in op.name() for op in source.program.global_block().ops)
+
+
 def _refuse(config: SessionConfig) -> list[str]:
     refused = []
     if config.option("accumulation_and_replication_reduction_type") == 2:
@@ -193,14 +201,13 @@ def _refuse(config: SessionConfig) -> list[str]:
         and config.option("host_fp16_arithmetic") == "float16"
     ):
         conv = config.option("convolution_options") or {}
-        if str(config.option("partials_type_matmuls")).lower() == "half" or (
-            str(conv.get("partialsType", "")).lower() == "half"
-        ):
+        if str(conv.get("partialsType", "")).lower() == "half" and _has_convolutions(config):
             refused.append(
-                "float16 partials (enable_half_partial, partials_type_matmuls or "
-                "convolution_options['partialsType']) in training: the host's gradient "
-                "kernels (Paddle's) accumulate matmul and convolution partials in float32; "
-                "it emulates float16 partials in inference only"
+                "float16 convolution partials (enable_half_partial or "
+                "convolution_options['partialsType']) in training of a model with "
+                "convolutions: the host's gradient kernels (Paddle's) accumulate convolution "
+                "partials in float32; it emulates float16 matmul partials in training, and "
+                "both in inference"
             )
     return refused
 
