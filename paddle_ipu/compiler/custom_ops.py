@@ -213,7 +213,7 @@ def custom_nll_loss(
         picked = paddle.take_along_axis(flat, paddle.unsqueeze(labels, 1), axis=1)
         picked = paddle.reshape(picked, [-1])
         if not inputIsLogProbability:
-            picked = paddle.log(paddle.clip(picked, min=eps))
+            picked = paddle.log(paddle.maximum(picked, paddle.full([1], eps, picked.dtype)))
         losses = -picked
         if keep is not None:
             losses = losses * paddle.cast(keep, losses.dtype)
@@ -223,7 +223,7 @@ def custom_nll_loss(
             out = paddle.sum(losses)
         elif keep is not None:
             count = paddle.sum(paddle.cast(keep, losses.dtype))
-            out = paddle.sum(losses) / paddle.clip(count, min=1.0)
+            out = paddle.sum(losses) / paddle.maximum(count, paddle.full([], 1.0, count.dtype))
         else:
             out = paddle.mean(losses)
         out = paddle.assign(out)
