@@ -167,6 +167,27 @@ def kernels_not_registered() -> list[str]:
 #: the host backend's Paddle operators (csrc/ops: ipu_round_fp16), in this package
 OPERATORS_NAME = "libpaddle-ipu-ops.so"
 _operators: list[str] | None = None
+#: how long the forked child may take to register the operators (a child of a process
+#: with threads can block on a lock another thread held at the fork: then it is killed)
+_PROBE_SECONDS = 60.0
+
+
+def _wait_child(pid: int, seconds: float) -> int:
+    """The child's exit status; -1 (after killing it) when it runs longer than
+    ``seconds``."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.01)
 
 
 def load_host_operators() -> list[str]:
@@ -200,7 +221,7 @@ def load_host_operators() -> list[str]:
             except BaseException:
                 os._exit(1)
             os._exit(0)
-        _, status = os.waitpid(pid, 0)
+        status = _wait_child(pid, _PROBE_SECONDS)
         if status != 0:
             import logging
 
