@@ -23,8 +23,9 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-#: the ipu kernels (csrc/kernels), built beside the core
+#: the ipu kernels (csrc/kernels) and the host's operators (csrc/ops), built beside the core
 KERNELS_LIB = "libpaddle-ipu-kernels.so"
+OPS_LIB = "libpaddle-ipu-ops.so"
 
 
 class CMakeExtension(Extension):
@@ -34,11 +35,12 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def copy_extensions_to_source(self) -> None:
-        """An editable install: the core and the kernels library into the source
+        """An editable install: the core, the kernels and the operators libraries into the source
         package, the plugin into the editable wheel's root (site-packages)."""
         super().copy_extensions_to_source()
         built = Path(self.build_lib).resolve()
-        self.copy_file(str(built / "paddle_ipu" / KERNELS_LIB), str(ROOT / "paddle_ipu"))
+        for lib in (KERNELS_LIB, OPS_LIB):
+            self.copy_file(str(built / "paddle_ipu" / lib), str(ROOT / "paddle_ipu"))
         root = editable_root(self)
         if root is not None:
             self.copy_tree(str(built / "paddle_custom_device"), str(root / "paddle_custom_device"))

@@ -122,6 +122,8 @@ _LAZY = {
     "ipu_shard_guard": "paddle_ipu.compiler",
     "set_ipu_shard": "paddle_ipu.compiler",
     "supported_ops": "paddle_ipu.compiler",
+    "custom_ops": "paddle_ipu.compiler.custom_ops",
+    "register_custom_op": "paddle_ipu.compiler.custom_ops",
     "compile_program": "paddle_ipu.compiler",
     "memory_report": "paddle_ipu.compiler.memory",
     "available_backends": "paddle_ipu.backends",

@@ -162,3 +162,82 @@ def kernels_not_registered() -> list[str]:
     _kernels.paddle_ipu_kernels_skipped.restype = ctypes.c_char_p
     text = _kernels.paddle_ipu_kernels_skipped() or b""
     return [line for line in text.decode().splitlines() if line]
+
+
+#: the host backend's Paddle operators (csrc/ops: ipu_round_fp16), in this package
+OPERATORS_NAME = "libpaddle-ipu-ops.so"
+_operators: list[str] | None = None
+#: how long the forked child may take to register the operators (a child of a process
+#: with threads can block on a lock another thread held at the fork: then it is killed)
+_PROBE_SECONDS = 60.0
+
+
+def _wait_child(pid: int, seconds: float) -> int:
+    """The child's exit status; -1 (after killing it) when it runs longer than
+    ``seconds``."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.01)
+
+
+def load_host_operators() -> list[str]:
+    """Register the host backend's Paddle operators (csrc/ops) with Paddle, once per
+    process; returns their names (empty where they cannot be registered: the library is
+    missing, or built for another Paddle).
+
+    Paddle 3.3.1 registers a library's operators by walking every custom operator the
+    process holds, and aborts the process when one of them is a Python op
+    (``paddle.static.register_op``: "Unsupported `void*` type value as custom
+    attribute").  The registration is therefore tried first in a forked child; only if
+    the child survives does this process register them.  paddle-ipu calls this before it
+    registers a Python op of its own (frontends.graph_op) and where the host needs the
+    operators (backends.host.fp16_program)."""
+    global _operators
+    if _operators is not None:
+        return _operators
+    path = Path(__file__).resolve().parent / OPERATORS_NAME
+    _operators = []
+    if not path.exists():
+        return _operators
+    from paddle_ipu._internals import paddle_api
+
+    if hasattr(os, "fork"):
+        pid = os.fork()
+        if pid == 0:  # the child: try, and report by the exit status only
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 2)
+                paddle_api.load_custom_operators(str(path))
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+        status = _wait_child(pid, _PROBE_SECONDS)
+        if status != 0:
+            import logging
+
+            logging.getLogger("paddle_ipu").warning(
+                "the host's operators (%s) cannot be registered with Paddle in this process "
+                "(a Python op registered before them makes Paddle abort): float16 training "
+                "rounds with Paddle's own operators, which is slower",
+                path,
+            )
+            return _operators
+    try:
+        _operators = paddle_api.load_custom_operators(str(path))
+    except Exception as exc:  # a library built for another Paddle
+        import logging
+
+        logging.getLogger("paddle_ipu").warning(
+            "the host's operators (%s) did not load: %s", path, exc
+        )
+    return _operators

@@ -22,7 +22,8 @@ mkdir -p "$out"
 # needs libstdc++/libgcc, which the manylinux policy allows, and libnghttp2 (the gRPC
 # port), which auditwheel copies into the wheel; the ipu kernels link
 # the libphi_core and libcommon of the Paddle they were built for, which Paddle itself
-# has loaded before them.
+# has loaded before them, and the host's operators libpaddle.so as well.
 PYTHONPATH="$tools" python -m auditwheel repair --exclude libphi_core.so --exclude libcommon.so \
+  --exclude libpaddle.so \
   --wheel-dir "$out" "$raw"/*.whl
 ls -l "$out"/*.whl

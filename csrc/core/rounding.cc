@@ -20,16 +20,12 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
-#include "fp16.h"
+#include "rounding_impl.h"
 
 namespace py = pybind11;
 
@@ -37,91 +33,9 @@ namespace paddle_ipu {
 namespace {
 
 using F32Array = py::array_t<float, py::array::c_style>;
+using rounding::RoundLoop;
 
 constexpr py::ssize_t kReleaseGilElements = 16384;
-constexpr uint32_t kAbsMask = 0x7fffffffu;
-constexpr uint32_t kSignMask = 0x80000000u;
-constexpr uint32_t kInfBits = 0x7f800000u;
-// 2^-14: float16's smallest normal value, as float32 bits
-constexpr uint32_t kHalfMinNormalBits = 0x38800000u;
-// 65504: float16's largest finite value, as float32 bits
-constexpr uint32_t kHalfMaxBits = 0x477fe000u;
-// float32 mantissa bits below float16's last one
-constexpr uint32_t kDroppedBits = 13;
-constexpr uint32_t kDroppedMask = (1u << kDroppedBits) - 1u;
-
-inline uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-inline float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-inline float Overflowed(uint32_t sign, bool saturate) {
-  return FromBits(sign | (saturate ? kHalfMaxBits : kInfBits));
-}
-
-inline float RoundStochastic(float x, uint64_t random, bool saturate) {
-  const uint32_t u = Bits(x);
-  const uint32_t sign = u & kSignMask;
-  const uint32_t m = u & kAbsMask;
-  if (m >= kInfBits) return x;
-  if (m >= kHalfMinNormalBits) {
-    const uint32_t up = (m + (static_cast<uint32_t>(random) & kDroppedMask)) & ~kDroppedMask;
-    if (up > kHalfMaxBits) return Overflowed(sign, saturate);
-    return FromBits(sign | up);
-  }
-  // float16 subnormals: multiples of 2^-24
-  const float q = FromBits(m) * 16777216.0f;  // exact: a power of two
-  const float lo = std::floor(q);
-  // 24 random bits as a uniform value in [0, 1)
-  const float p = static_cast<float>(static_cast<uint32_t>(random >> 40)) * (1.0f / 16777216.0f);
-  const float n = (p < q - lo) ? lo + 1.0f : lo;
-  return FromBits(sign | Bits(n * (1.0f / 16777216.0f)));
-}
-
-// To nearest through the SIMD conversions of fp16.cc, a block at a time (a round trip
-// through float16), then the overflows fixed: the same results as RoundNearest.
-void RoundNearestBlocks(const float* src, float* dst, py::ssize_t n, bool saturate) {
-  constexpr py::ssize_t kBlock = 4096;
-  uint16_t half[kBlock];
-  for (py::ssize_t start = 0; start < n; start += kBlock) {
-    const py::ssize_t count = std::min(kBlock, n - start);
-    fp16::FloatToHalf(src + start, half, static_cast<size_t>(count), 1);
-    fp16::HalfToFloat(half, dst + start, static_cast<size_t>(count), 1);
-    if (!saturate) continue;
-    for (py::ssize_t i = start; i < start + count; ++i) {
-      const uint32_t r = Bits(dst[i]);
-      if ((r & kAbsMask) == kInfBits && (Bits(src[i]) & kAbsMask) < kInfBits) {
-        dst[i] = Overflowed(r & kSignMask, true);
-      }
-    }
-  }
-}
-
-void RoundLoop(const float* src, float* dst, py::ssize_t n, bool stochastic, bool saturate,
-               uint64_t seed, uint64_t stream) {
-  if (!stochastic) {
-    RoundNearestBlocks(src, dst, n, saturate);
-    return;
-  }
-  const uint64_t key = Mix(seed ^ Mix(stream));
-  for (py::ssize_t i = 0; i < n; ++i) {
-    dst[i] = RoundStochastic(src[i], Mix(key + static_cast<uint64_t>(i)), saturate);
-  }
-}
 
 py::array RoundFp16(const py::array& src, bool stochastic, bool saturate, uint64_t seed,
                     uint64_t stream) {

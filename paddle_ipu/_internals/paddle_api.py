@@ -216,6 +216,44 @@ def python_ops() -> tuple[Any, Any] | None:
     return meta, register
 
 
+# -- custom operators (PIR) -----------------------------------------------------------------
+
+_custom_libraries: dict[str, list[str]] = {}
+
+
+def load_custom_operators(path: str) -> list[str]:
+    """Register the custom operators of the library ``path`` (built against the installed
+    Paddle with ``paddle/extension.h``) with Paddle, once per process; returns their
+    names (``paddle.utils.cpp_extension``'s ``load_op_meta_info_and_register_op``)."""
+    loaded = _custom_libraries.get(path)
+    if loaded is not None:
+        return loaded
+    try:
+        from paddle.utils.cpp_extension.extension_utils import (
+            load_op_meta_info_and_register_op,
+        )
+    except ImportError as exc:
+        name = "paddle.utils.cpp_extension.load_op_meta_info_and_register_op"
+        raise _missing(name, exc) from None
+    names = list(load_op_meta_info_and_register_op(path))
+    _custom_libraries[path] = names
+    return names
+
+
+def run_custom_op(name: str, *args: Any) -> list[Any]:
+    """Build the registered custom operator ``name`` in the PIR program being built:
+    its inputs, then its attributes in declaration order (``_C_ops._run_custom_op``,
+    what ``paddle.utils.cpp_extension``'s generated functions call); its results."""
+    from paddle import _C_ops
+
+    try:
+        run = getattr(_C_ops, "_run_custom_op")  # noqa: B009 - private, not in the stubs
+    except AttributeError as exc:
+        raise _missing("paddle._C_ops._run_custom_op", exc) from None
+    out = run(name, *args)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
 # -- the static executor ------------------------------------------------------------------
 
 _CACHE_PARAMS = (

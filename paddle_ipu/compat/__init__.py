@@ -30,6 +30,9 @@ Replaced (module: names):
   ``set_ipu_config``, ``load_ipu_config`` working) and ``create_predictor`` (the IPU
   predictor of :mod:`paddle_ipu.inference` for a Config whose ``enable_ipu()`` was
   called, Paddle's for every other);
+- ``paddle.pir.Operation._set_attr``: Paddle 2.x's way to put IPU hints
+  (``__available_memory``, ``serialize_factor``) on an operator
+  (:mod:`paddle_ipu.compat.op_attrs`);
 - ``paddle.pir.Value.name``: an intermediate value, which has no name in PIR (Paddle
   raises), gets one on first read, so 2.x's ``fetch_list=[out.name]`` works (see
   :mod:`paddle_ipu.compat.names`).
@@ -42,7 +45,7 @@ import threading
 from typing import Any
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compat import names
+from paddle_ipu.compat import names, op_attrs
 from paddle_ipu.compat.ipu_backend import IpuBackend, program_backend
 from paddle_ipu.errors import NotSupportedError
 from paddle_ipu.frontends.program import FP16_ATTR, IpuCompiledProgram
@@ -390,6 +393,7 @@ def install() -> None:
         _replace(paddle.inference, "Config", config)
         _replace(paddle.inference, "create_predictor", create)
         names.install(_replace)
+        op_attrs.install(_replace)
 
 
 def disable() -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compiler import converter_fixes, onnx_passes
+from paddle_ipu.compiler import converter_fixes, custom_regions, onnx_passes
 from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
@@ -476,6 +476,8 @@ def _finalize(
     shards = onnx_passes.apply_shards(
         graph, fg.ops, owner, manual_shard=manual_shard, pipelining=pipelining
     )
+    onnx_passes.apply_hints(graph, fg.ops, owner)
+    custom_regions.mark(graph, fg.ops, owner)
     names = onnx_passes.rename_outputs(graph, fg.fetches)
     onnx_passes.drop_identities(graph)
     inputs = onnx_passes.fix_inputs(graph, fg.feeds, micro_batch_size, sequence_length)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
+from onnx import helper
 
 from paddle_ipu.compiler.activations import (
     MATMULS,
@@ -180,17 +181,24 @@ def _on_chip_bytes(
 
 
 # -- the graph -------------------------------------------------------------------------
+#: the node attributes of an operator's own hints that the report reads
+_HINTS = frozenset({"__available_memory", "__serialize_matmul_factor"})
+
+
 def _graph(model: CompiledModel) -> Graph:
     """The compiled graph with the static shapes shape inference gives its tensors."""
     from paddle_ipu.compiler.onnx_passes import _constants_as_initializers
     from paddle_ipu.compiler.weights import split_weights
 
     proto, _ = split_weights(model.onnx, model.weights)
-    # PopART's placement attributes (the shards are in model.shards) hide Constant
-    # nodes from shape inference
+    # PopART's attributes (the shards are in model.shards) are not ONNX's: shape
+    # inference sees the nodes without them; an operator's hints (_temporaries reads
+    # them) are put back after
+    hints: dict[str, list[onnx.AttributeProto]] = {}
     for node in proto.graph.node:
         keep = [a for a in node.attribute if not a.name.startswith("__")]
         if len(keep) != len(node.attribute):
+            hints[node.name] = [a for a in node.attribute if a.name in _HINTS]
             del node.attribute[:]
             node.attribute.extend(keep)
     # as the compiler infers its outputs' shapes (onnx_passes.infer_outputs): constant
@@ -206,6 +214,8 @@ def _graph(model: CompiledModel) -> Graph:
     except Exception:  # operators shape inference does not know: what is declared
         inferred = proto
     g = inferred.graph
+    for node in g.node:
+        node.attribute.extend(hints.get(node.name, ()))
     shapes: dict[str, tuple[int, ...]] = {}
     types: dict[str, int] = {}
     for vi in (*g.input, *g.output, *g.value_info):
@@ -527,24 +537,35 @@ def _live_activations(g: Graph, nodes: Sequence[onnx.NodeProto], fp16: bool) -> 
 
 def _temporaries(g: Graph, nodes: Sequence[onnx.NodeProto], fp16: bool, opts: _Options) -> Part:
     proportion = float(opts["available_memory_proportion"]) or DEFAULT_AVAILABLE_MEMORY_PROPORTION
-    cap = int(proportion * IPU_MEMORY)
     half = str(opts["partials_type_matmuls"]).lower() == "half" and fp16
     largest = 0
+    hinted = False
     for node in nodes:
         if node.op_type not in MATMULS:
             continue
+        # an operator's own hints (op._set_attr, carried to PopART's node attributes):
+        # its proportion replaces the session's; a serialised matmul computes 1/factor
+        # of its result, and reads 1/factor of its operands, at a time
+        hints = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        own = float(hints.get("__available_memory", 0.0) or 0.0)
+        factor = max(1, int(hints.get("__serialize_matmul_factor", 1) or 1))
+        hinted = hinted or bool(own) or factor > 1
+        cap = int((own or proportion) * IPU_MEMORY)
         partials = sum(numel(g.shapes.get(o, ())) for o in node.output) * (2 if half else 4)
         # Poplar lays a weight out for the matmul/convolution that reads it
         # (createMatMulInputRHS, createWeights): only activations are rearranged.
         operands = sum(g.nbytes(i, fp16) for i in node.input if i and i not in g.weights)
-        largest = max(largest, min(cap, partials + operands))
+        largest = max(largest, min(cap, (partials + operands) // factor))
+    own_hints = (
+        "; an operator's own __available_memory and serialize_factor where set" if hinted else ""
+    )
     return Part(
         "temporaries",
         largest,
         False,
         f"the largest matmul/convolution's partials ({'float16' if half else 'float32'}) and a "
         f"copy of its activation operands, at most {proportion:g} of the IPU "
-        "(available_memory_proportion)",
+        f"(available_memory_proportion){own_hints}",
     )
 
 

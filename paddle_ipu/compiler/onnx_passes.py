@@ -10,11 +10,14 @@
   tensor Paddle returns (the converter produces shape ``[1]`` under a rank-0
   declaration); ONNX shape inference then gives every output a static shape.
 - Sharding: each node is attributed to the Paddle operator it was converted
-  from (see :func:`attribute_nodes`), whose ipu_index / ipu_stage it receives.
+  from (see :func:`attribute_nodes`), whose ipu_index / ipu_stage it receives,
+  and its matmul and convolution nodes the operator's IPU hints
+  (:func:`apply_hints`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +27,15 @@ from onnx import helper, numpy_helper
 
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.model import ShardSpec, TensorSpec
+from paddle_ipu.compiler.pir_values import (
+    AVAILABLE_MEMORY_ATTR,
+    SERIALIZE_FACTOR_ATTR,
+    SERIALIZE_MODE_ATTR,
+)
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
 from paddle_ipu.errors import CompileError
+
+log = logging.getLogger("paddle_ipu")
 
 IPU_NUMBER_ATTR = "__ipu_number"
 PIPELINE_STAGE_ATTR = "__pipeline_stage"
@@ -109,6 +119,60 @@ def apply_shards(
     return shards
 
 
+#: PopART's node attributes for Paddle 2.x's operator hints
+#: (willow/include/popart/names.hpp; read by PopART's MatMul and Conv op creators)
+AVAILABLE_MEMORY_NODE_ATTR = "__available_memory"
+SERIALIZE_MODE_NODE_ATTR = "__serialize_matmul_mode"
+SERIALIZE_FACTOR_NODE_ATTR = "__serialize_matmul_factor"
+SERIALIZE_PRECISION_NODE_ATTR = "__serialize_matmul_precision"
+_AMP_NODES = frozenset({"MatMul", "Conv", "ConvTranspose"})
+
+
+def apply_hints(graph: onnx.GraphProto, ops: Sequence[OpInfo], owner: dict[str, int]) -> None:
+    """Put the IPU hints of each Paddle operator (``op._set_attr``, see
+    :mod:`paddle_ipu.compat.op_attrs`) on its matmul and convolution nodes, as Paddle
+    2.x's IPU compiler did: ``__available_memory`` when above 0
+    (``setAvailableMemoryProportion``), and for a matmul with ``serialize_factor`` the
+    serialisation mode (``serialize_mode``, default ``output_channels``), factor and
+    precision kept (``setSerializeMatMul(ids, mode, factor, true)``).  A hint on an
+    operator without such a node has no effect, as on Paddle 2.x (logged)."""
+    hinted = {i for i, info in enumerate(ops) if info.hints}
+    if not hinted:
+        return
+    reached: set[int] = set()
+    for node in graph.node:
+        idx = owner.get(node.name, -1)
+        if idx not in hinted or node.op_type not in _AMP_NODES:
+            continue
+        hints = ops[idx].hints
+        reached.add(idx)
+        amp = hints.get(AVAILABLE_MEMORY_ATTR)
+        if amp is not None and amp > 0:
+            node.attribute.append(helper.make_attribute(AVAILABLE_MEMORY_NODE_ATTR, float(amp)))
+        factor = hints.get(SERIALIZE_FACTOR_ATTR)
+        if factor is not None and node.op_type == "MatMul":
+            mode = hints.get(SERIALIZE_MODE_ATTR, "output_channels")
+            node.attribute.extend(
+                [
+                    helper.make_attribute(SERIALIZE_MODE_NODE_ATTR, str(mode)),
+                    helper.make_attribute(SERIALIZE_FACTOR_NODE_ATTR, int(factor)),
+                    helper.make_attribute(SERIALIZE_PRECISION_NODE_ATTR, 1),
+                ]
+            )
+    for idx in sorted(hinted - reached):
+        log.info(
+            "%s: its IPU hints %s apply to matmuls and convolutions only; they have no "
+            "effect on this operator (as on Paddle 2.x)",
+            ops[idx].use.describe(),
+            sorted(ops[idx].hints),
+        )
+
+
+def _marked(node: onnx.NodeProto) -> bool:
+    """A node of a custom op's region (compiler.custom_regions), kept as it is."""
+    return any(a.name == "__ipu_custom_op" for a in node.attribute)
+
+
 def drop_identities(graph: onnx.GraphProto) -> None:
     """Remove Identity nodes whose output is not a graph output.
 
@@ -122,7 +186,8 @@ def drop_identities(graph: onnx.GraphProto) -> None:
         for i, n in enumerate(node.input):
             if n in alias:
                 node.input[i] = alias[n]
-        if node.op_type == "Identity" and node.output[0] not in outputs:
+        # (a custom op's marked Identity stays: custom_regions reads its marks)
+        if node.op_type == "Identity" and node.output[0] not in outputs and not _marked(node):
             alias[node.output[0]] = node.input[0]
             continue
         keep.append(node)
@@ -277,13 +342,29 @@ def fix_inputs(
     return specs
 
 
+def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor of a ``Constant`` node that holds one (its ``value`` attribute), None
+    for any other node.  PopART's own attributes (``__ipu_number``, ``__pipeline_stage``
+    under manual sharding, ...) may stand beside ``value``: they place the node, they do
+    not change its value."""
+    if node.op_type != "Constant":
+        return None
+    value: onnx.TensorProto | None = None
+    for attr in node.attribute:
+        if attr.name == "value":
+            value = attr.t
+        elif not attr.name.startswith("__"):
+            return None  # value_float, sparse_value ...: not read here
+    return value
+
+
 def _constants_as_initializers(graph: onnx.GraphProto) -> None:
     keep: list[onnx.NodeProto] = []
     for node in graph.node:
-        attr = node.attribute[0] if len(node.attribute) == 1 else None
-        if node.op_type == "Constant" and attr is not None and attr.name == "value":
+        value = constant_value(node)
+        if value is not None:
             init = onnx.TensorProto()
-            init.CopyFrom(attr.t)
+            init.CopyFrom(value)
             init.name = node.output[0]
             graph.initializer.append(init)
         else:
@@ -332,9 +413,9 @@ def _constant_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     repeats) must fold too."""
     shapes = {i.name: tuple(int(d) for d in i.dims) for i in graph.initializer}
     for node in graph.node:
-        attr = node.attribute[0] if len(node.attribute) == 1 else None
-        if node.op_type == "Constant" and attr is not None and attr.name == "value":
-            shapes[node.output[0]] = tuple(int(d) for d in attr.t.dims)
+        value = constant_value(node)
+        if value is not None:
+            shapes[node.output[0]] = tuple(int(d) for d in value.dims)
     return shapes
 
 
@@ -359,11 +440,11 @@ def fold_shape_arithmetic(
         changed = False
         for pos, node in enumerate(graph.node):
             if node.op_type == "Constant":
-                attr = node.attribute[0] if len(node.attribute) == 1 else None
-                if attr is not None and attr.name == "value":
-                    const[node.output[0]] = numpy_helper.to_array(attr.t)
+                value_t = constant_value(node)
+                if value_t is not None:
+                    const[node.output[0]] = numpy_helper.to_array(value_t)
                 continue
-            if node.op_type not in _FOLDABLE or len(node.output) != 1:
+            if node.op_type not in _FOLDABLE or len(node.output) != 1 or _marked(node):
                 continue
             value: np.ndarray | None = None
             if node.op_type == "Shape":

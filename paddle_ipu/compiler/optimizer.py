@@ -264,6 +264,12 @@ class OptimizerConfig:
         accl1_type, accl2_type, accl3_type: ``"FLOAT"`` or ``"FLOAT16"``: the dtype of
             the Accl1/Accl2/Accl3 states (from the state variables; the IpuStrategy
             options of the same names may override).
+        no_bias: Adam, AdamW and Lamb without bias correction (PopART's AdamNoBias and
+            LambNoBias; the IpuStrategy's ``use_no_bias_optimizer``), by PopART's
+            documented rule (willow/include/popart/adam.hpp).
+        max_weight_norm: with :attr:`no_bias`, Lamb's bound of the weight norm in the
+            trust ratio (``phi(r1) = min(r1, max_weight_norm)``; the IpuStrategy's
+            option of that name).
     """
 
     type: str
@@ -286,6 +292,8 @@ class OptimizerConfig:
     accl1_type: str = "FLOAT"
     accl2_type: str = "FLOAT"
     accl3_type: str = "FLOAT"
+    no_bias: bool = False
+    max_weight_norm: float = 65504.0
 
     @property
     def param_names(self) -> list[str]:

@@ -17,14 +17,17 @@ from typing import Any
 import paddle
 
 from paddle_ipu._internals import p2o_api, paddle_api
+from paddle_ipu.compiler import custom_ops
 from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
 from paddle_ipu.compiler.pir_values import (
+    HINT_ATTRS,
     IPU_INDEX_ATTR,
     IPU_STAGE_ATTR,
     dense_type,
     dtype_name,
     has_name,
     is_real,
+    op_hints,
     op_int_attr,
     plain_attrs,
     shape_of,
@@ -189,7 +192,7 @@ class PirReader:
         # Placement lives in OpInfo now; the serialiser rejects unknown attributes
         # on some operators, so the clone drops them.
         for op in cblock.ops:
-            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR, *HINT_ATTRS, *custom_ops.ATTRS):
                 if op.has_attr(attr):
                     op.erase_attr(attr)
         fetches: list[FetchInfo] = []
@@ -328,6 +331,14 @@ def _source(value: Any, index_of: dict[int, int]) -> tuple[int, int] | str | Non
     return (idx, int(value.index())) if idx >= 0 else "?"
 
 
+def _custom_attrs(op: Any) -> dict[str, Any]:
+    """The custom-op region marks of ``op`` (:mod:`.custom_ops`) by attribute name."""
+    if not op.has_attr(custom_ops.REGION_ATTR):
+        return {}
+    attrs = op.attrs()
+    return {name: attrs[name] for name in custom_ops.ATTRS if name in attrs}
+
+
 def _describe_op(
     op: Any, idx: int, k: int, producers: dict[int, tuple[int, str]], index_of: dict[int, int]
 ) -> OpInfo:
@@ -348,6 +359,8 @@ def _describe_op(
         onnx_names=[p2o_api.result_name(name, k, j) for j in range(op.num_results())],
         ipu_index=op_int_attr(op, IPU_INDEX_ATTR),
         ipu_stage=op_int_attr(op, IPU_STAGE_ATTR),
+        hints=op_hints(op),
+        custom=_custom_attrs(op),
     )
 
 

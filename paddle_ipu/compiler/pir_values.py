@@ -16,6 +16,9 @@ IPU_INDEX_ATTR = "ipu_index"
 
 IPU_STAGE_ATTR = "ipu_stage"
 
+#: compiler.custom_ops.REGION_ATTR
+CUSTOM_REGION_ATTR = "__ipu_custom_op"
+
 
 def is_dense(value: Any) -> bool:
     """True for a value of a dense tensor type; False for the list values of
@@ -122,3 +125,35 @@ def copy_placement(block: Any, op: Any, before: set[int]) -> None:
         for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
             if op.has_attr(attr):
                 new_op.set_int_attr(attr, op_int_attr(op, attr))
+        # a rewritten operator of a custom op's region stays in the region
+        if op.has_attr(CUSTOM_REGION_ATTR) and not new_op.has_attr(CUSTOM_REGION_ATTR):
+            new_op.set_str_attr(CUSTOM_REGION_ATTR, str(op.attrs()[CUSTOM_REGION_ATTR]))
+
+
+#: Paddle 2.x's IPU hints on an operator (``op._set_attr(name, value)``): the available
+#: memory proportion of a matmul or convolution (a float in [0, 1]; PIR operations take
+#: no float attribute from Python, so it is held as its text), and the serialisation
+#: of a matmul (factor, mode).
+AVAILABLE_MEMORY_ATTR = "__available_memory"
+SERIALIZE_FACTOR_ATTR = "serialize_factor"
+SERIALIZE_MODE_ATTR = "serialize_mode"
+HINT_ATTRS = (AVAILABLE_MEMORY_ATTR, SERIALIZE_FACTOR_ATTR, SERIALIZE_MODE_ATTR)
+#: PopART's matmul serialisation modes (willow/include/popart/names.hpp)
+SERIALIZE_MODES = ("none", "input_channels", "reducing_dim", "output_channels")
+
+
+def op_hints(op: Any) -> dict[str, Any]:
+    """The IPU hints set on ``op`` (:data:`AVAILABLE_MEMORY_ATTR` as a float,
+    :data:`SERIALIZE_FACTOR_ATTR` as an int, :data:`SERIALIZE_MODE_ATTR` as a str)."""
+    hints: dict[str, Any] = {}
+    try:
+        attrs = op.attrs()
+    except Exception:
+        return hints
+    if AVAILABLE_MEMORY_ATTR in attrs:
+        hints[AVAILABLE_MEMORY_ATTR] = float(attrs[AVAILABLE_MEMORY_ATTR])
+    if SERIALIZE_FACTOR_ATTR in attrs:
+        hints[SERIALIZE_FACTOR_ATTR] = int(attrs[SERIALIZE_FACTOR_ATTR])
+    if SERIALIZE_MODE_ATTR in attrs:
+        hints[SERIALIZE_MODE_ATTR] = str(attrs[SERIALIZE_MODE_ATTR])
+    return hints

@@ -57,6 +57,12 @@ class OpInfo:
     onnx_names: list[str] = field(default_factory=list)
     ipu_index: int = -1
     ipu_stage: int = -1
+    # Paddle 2.x's IPU hints set with ``op._set_attr`` (pir_values.op_hints):
+    # ``__available_memory``, ``serialize_factor``, ``serialize_mode``.
+    hints: dict[str, Any] = field(default_factory=dict)
+    # The custom-op region the operator belongs to (custom_ops: region, in, out,
+    # spec), empty for any other operator.
+    custom: dict[str, Any] = field(default_factory=dict)
 
     @property
     def type(self) -> str:

@@ -18,7 +18,8 @@ expected and the received value:
 - arrays: a feed read as an ndarray without a copy (:func:`as_array`);
 - dtypes: the graph's, or a safe cast, int64 -> int32 range-checked (:func:`feed_cast`);
 - shapes: PopART's step layout ``[bps, af, rf, *shape]`` (size-1 factors removed, or
-  all kept), or the steps flattened into the batch as Paddle 2.x fed them
+  all kept), the steps flattened into the batch as Paddle 2.x fed them, or any shape
+  of the same element count, as Paddle 2.x's IPU backend took a feed
   (:func:`to_step_buffer`);
 - index ranges: every value an operator indexes with lies in its range
   (:func:`check_ranges`);
@@ -33,6 +34,7 @@ expected and the received value:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +43,10 @@ import numpy as np
 from paddle_ipu.backends.layout import StepLayout
 from paddle_ipu.compiler.model import IndexRange, TensorSpec
 from paddle_ipu.errors import FeedError
+
+log = logging.getLogger("paddle_ipu")
+#: feeds already logged as taken by their element count
+_BY_COUNT_LOGGED: set[str] = set()
 
 # Casts a feed may take silently: the graph's dtype from the fed dtype.
 SAFE_CASTS = frozenset(
@@ -149,9 +155,13 @@ def to_step_buffer(
 ) -> np.ndarray:
     """View ``array`` (a feed) as ``[bps, af, rf, *shape]`` without copying.
 
-    Accepts the step layout (size-1 factors removed, or all kept) and the flattened
-    form (``bps * af * rf * batch`` rows).  Anything else raises a FeedError naming
-    the feed, the dimension, the expected and the received value."""
+    Accepts the step layout (size-1 factors removed, or all kept), the flattened
+    form (``bps * af * rf * batch`` rows), and -- as Paddle 2.x's IPU backend took
+    every feed, by its element count, whatever shape it came in -- any array of
+    ``bps * af * rf * prod(shape)`` elements, read in C order (a feed declared
+    ``[micro_batch * seq_len]`` fed as ``[batch, seq_len]``; logged once per feed).
+    Anything else raises a FeedError naming the feed, the dimension, the expected
+    and the received value."""
     full = (*layout.factors(), *shape)
     got = tuple(array.shape)
     if got == layout.input_shape(shape) or got == full:
@@ -159,22 +169,38 @@ def to_step_buffer(
     n = layout.micro_batches
     if shape and n > 1 and got[1:] == tuple(shape[1:]) and got and got[0] == n * shape[0]:
         return array.reshape(full)
+    count = n * int(np.prod(shape, dtype=np.int64))
+    if got and array.size == count:
+        if name not in _BY_COUNT_LOGGED:
+            _BY_COUNT_LOGGED.add(name)
+            log.info(
+                "feed %r of shape %s taken by its element count (%d) as %s, as Paddle 2.x's "
+                "IPU backend took feeds",
+                name,
+                list(got),
+                count,
+                list(full),
+            )
+        return array.reshape(full)
     expected = layout.input_shape(shape)
     flat = (n * shape[0], *shape[1:]) if shape and n > 1 else None
     if len(got) != len(expected) and flat is not None and len(got) == len(flat):
         # The flattened form: compare with it, it is what the caller meant.
         expected = flat
+    any_shape = f", or any shape of {count} elements"
     if len(got) != len(expected):
         alt = f" or {list(flat)}" if flat is not None else ""
         raise FeedError(
             f"feed {name!r}: expected rank {len(expected)} with shape {list(expected)}"
-            f"{alt}, received rank {len(got)} with shape {list(got)}"
+            f"{alt}{any_shape}, received rank {len(got)} with shape {list(got)} "
+            f"({array.size} elements)"
         )
     for dim, (want, have) in enumerate(zip(expected, got)):
         if want != have:
             raise FeedError(
                 f"feed {name!r}: dimension {dim} must be {want}, received {have} "
-                f"(expected shape {list(expected)}, received {list(got)}; "
+                f"(expected shape {list(expected)}{any_shape}, received {list(got)} "
+                f"({array.size} elements); "
                 f"batches_per_step={layout.batches_per_step}, "
                 f"accumulation_factor={layout.accumulation_factor}, "
                 f"replication_factor={layout.replication_factor}, "

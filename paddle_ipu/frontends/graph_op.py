@@ -41,6 +41,10 @@ def build_graph_program(
     MetaTensor, register_op = ops
 
     paddle_process.prime_paddle_inference()
+    # before the first Python op of the process (see device.load_host_operators)
+    from paddle_ipu import device
+
+    device.load_host_operators()
 
     executor = compiled.require_executor()
     model = executor.model

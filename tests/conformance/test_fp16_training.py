@@ -123,9 +123,73 @@ def test_loss_scaling_keeps_gradients_that_float16_would_lose() -> None:
     np.testing.assert_allclose(w_scaled, w32, atol=0.01)
 
 
-def test_float16_partials_are_refused_in_training() -> None:
-    with pytest.raises(NotSupportedError, match="partials"):
-        _train(True, {"enable_half_partial": True}, steps=1)
+def _half_partials_step(options: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    """One SGD step (lr 1) of ``loss = sum((x @ w) * g)``: the forward matmul's result
+    and the weight after the update (its gradient is the backward matmul ``x^T @ g``)."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal([40, 200]).astype(np.float16).astype(np.float32)
+    g = rng.standard_normal([40, 6]).astype(np.float16).astype(np.float32)
+    main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+    with (
+        paddle.static.program_guard(main, startup),
+        paddle.static.scope_guard(scope),
+        paddle.utils.unique_name.guard(),
+    ):
+        xv = paddle.static.data("x", [40, 200], "float32")
+        gv = paddle.static.data("g", [40, 6], "float32")
+        w = paddle.create_parameter([200, 6], "float32")
+        y = paddle.matmul(xv, w)
+        loss = paddle.sum(y * gv)
+        paddle.optimizer.SGD(1.0).minimize(loss)
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        w0 = np.array(scope.find_var(w.name).get_tensor()).astype(np.float16).astype(np.float32)
+        s = paddle_ipu.IpuStrategy()
+        s.set_graph_config(is_training=True, micro_batch_size=40)
+        s.set_precision_config(enable_fp16=True)
+        s.set_options(options)
+        cp = paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s)
+        prog = cp.compile(["x", "g"], [loss, y])
+        exe = paddle.static.Executor(paddle.CustomPlace("ipu", 0))
+        _, fwd = exe.run(prog, feed={"x": x, "g": g}, fetch_list=prog.fetch_names)
+        cp.weights_to_host()
+        w1 = np.array(scope.find_var(w.name).get_tensor())
+    return x, g, w0, np.asarray(fwd), w1
+
+
+def test_float16_matmul_partials_in_training_follow_the_amp_passes() -> None:
+    """enable_half_partial in training: the forward matmul and the backward pass's
+    matmul accumulate 16 products a pass into a float16 partial, as the numpy reference
+    of Graphcore's documented rule computes them (tests/support/fp16_reference.py)."""
+    from support import fp16_reference as ref
+
+    x, g, w0, fwd, w1 = _half_partials_step({"enable_half_partial": True})
+    np.testing.assert_array_equal(fwd, ref.matmul(x, w0, half_partials=True).astype(np.float32))
+    grad = ref.matmul(x.T, g, half_partials=True)  # 40 products: three passes
+    np.testing.assert_array_equal(w1, ref.r(w0 - grad).astype(np.float32))
+    assert not np.array_equal(grad, ref.matmul(x.T, g))
+    # float32 partials give other numbers: the test tells the two apart
+    _, _, v0, fwd32, _ = _half_partials_step({})
+    np.testing.assert_array_equal(fwd32, ref.matmul(x, v0).astype(np.float32))
+    assert not np.array_equal(ref.matmul(x, v0), ref.matmul(x, v0, half_partials=True))
+
+
+def test_float16_convolution_partials_are_refused_in_training() -> None:
+    main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+    with (
+        paddle.static.program_guard(main, startup),
+        paddle.static.scope_guard(scope),
+        paddle.utils.unique_name.guard(),
+    ):
+        x = paddle.static.data("x", [2, 3, 8, 8], "float32")
+        loss = paddle.mean(paddle.nn.Conv2D(3, 4, 3)(x))
+        paddle.optimizer.SGD(0.1).minimize(loss)
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        s = paddle_ipu.IpuStrategy()
+        s.set_graph_config(is_training=True, micro_batch_size=2)
+        s.set_precision_config(enable_fp16=True)
+        s.set_options({"enable_half_partial": True})
+        with pytest.raises(NotSupportedError, match="convolution partials"):
+            paddle_ipu.IpuCompiledProgram(main, scope=scope, ipu_strategy=s).compile(["x"], [loss])
 
 
 def test_an_overflow_is_reported_at_its_operator() -> None:

@@ -187,8 +187,8 @@ def test_options_documented_as_ignored_run_with_unchanged_results(options: dict[
 
 @pytest.mark.parametrize(
     "options",
-    [{"use_no_bias_optimizer": True}, {"accl1_type": "FLOAT16"}],
-    ids=["no_bias_optimizer", "fp16_optimizer_state"],
+    [{"weight_decay_mode": "decay"}, {"accl1_type": "FLOAT16"}],
+    ids=["weight_decay_mode", "fp16_optimizer_state"],
 )
 def test_options_documented_as_unsupported_are_refused_at_compile(options: dict[str, Any]) -> None:
     assert all(ROWS[k]["host"].startswith("unsupported") for k in options)

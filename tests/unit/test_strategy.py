@@ -672,7 +672,7 @@ def test_every_option_is_classified_and_documented() -> None:
         ("timeout_ms", "honoured"),
         ("num_buffers", "honoured"),
         ("enable_model_runtime_executor", "honoured"),
-        ("use_no_bias_optimizer", "unsupported"),
+        ("use_no_bias_optimizer", "honoured"),
         ("enable_stochastic_rounding", "honoured"),
         ("enable_floating_point_checks", "honoured"),
         ("enable_half_partial", "honoured"),

@@ -7,10 +7,15 @@ backward pass's included, has its float results rounded to float16 as the IPU
 rounds them (:mod:`.numerics`): to nearest, or stochastically, an overflow
 saturating at +-65504 (an infinity from a division by zero or an infinite operand
 staying one), or, with the floating-point checks, an infinity that the checks
-report.  The roundings are Paddle operators put after each operator
-(``cast`` to float16 and back, after ``where(isinf(x), x, clip(x))`` for the
-saturation; stochastic rounding from float operators and ``uniform``, the same
-construction as the inference graph's, :meth:`.onnx_edit.Editor.round_to`).
+report.  Each rounding is one operator put after the operator: the host's
+``ipu_round_fp16`` (csrc/ops/round_op.cc, the compiled core's rounding: its random
+stream per rounding, the micro-batch's random state fed as :data:`SEED_FEED`).  Where
+that operator does not load, Paddle operators spell it (``cast`` to float16 and back,
+after ``where(isinf(x), x, clip(x))`` for the saturation; stochastic rounding from
+float operators and ``uniform``, the same construction as the inference graph's,
+:meth:`.onnx_edit.Editor.round_to`): 5 operators per rounding, 20 stochastic, which
+Paddle's executor takes far longer to prepare (its in-place pass grows faster than
+the program).
 
 With ``enable_floating_point_checks`` every operator whose results are not values of
 its operands gets two flags (how many NaN and infinities its result holds), fetched
@@ -21,17 +26,27 @@ Loss scaling (``loss_scaling``): in float16 arithmetic the backward pass starts 
 the loss gradient times the scaling, and the trainer divides the gradients by it
 before the update, as PopART does; in float32 it cancels out and is not applied.
 
-Matmul and convolution partials stay float32 here (Paddle's kernels): float16
-partials in training are refused (:mod:`.support`).
+Float16 matmul partials (``enable_half_partial``, ``partials_type_matmuls="half"``):
+every matmul of the program, the backward pass's included, is computed in passes of
+:data:`~.numerics.AMP_PASS` products (one batched float32 matmul gives the passes'
+sums) and the passes accumulated into a float16 partial by the host's
+``ipu_accumulate_fp16``, as the inference graph does (:mod:`.fp16_ops`).  Convolution
+partials stay float32 in training: float16 convolution partials are refused
+(:mod:`.support`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from paddle_ipu.backends.host.numerics import FP16_MAX, FP16_TINY, Fp16Arithmetic
+from paddle_ipu._internals import paddle_api
+from paddle_ipu.backends.host.numerics import AMP_PASS, FP16_MAX, FP16_TINY, Fp16Arithmetic
+from paddle_ipu.errors import NotSupportedError
+
+log = logging.getLogger("paddle_ipu.host")
 
 #: operators whose float results are values of their operands: no rounding, no check
 EXACT = frozenset(
@@ -70,6 +85,8 @@ class Rewritten:
     fetches: list[Any]
     grads: list[Any]
     flags: Any = None
+    #: the feed of the rounding operator's random state ("" without it)
+    seed_feed: str = ""
     checked: list[tuple[int, str]] = field(default_factory=list)
 
 
@@ -82,8 +99,154 @@ def _float(value: Any) -> bool:
         return False
 
 
+#: the feed of the rounding operator's random state (:data:`ROUND_OP`)
+SEED_FEED = "paddle_ipu_round_seed"
+#: the host's rounding operator (csrc/ops/round_op.cc), one per rounding
+ROUND_OP = "ipu_round_fp16"
+#: the host's float16 partials of a matmul's passes (csrc/ops/round_op.cc)
+ACCUMULATE_OP = "ipu_accumulate_fp16"
+
+
+def round_op_available() -> bool:
+    """Whether the host's rounding operator is registered with Paddle
+    (:func:`paddle_ipu.device.load_host_operators`; without it the rounding is spelt in
+    Paddle's own operators, 5 per rounding, 20 stochastic, and the program takes
+    Paddle's executor much longer to prepare)."""
+    from paddle_ipu import device
+
+    return ROUND_OP in device.load_host_operators()
+
+
+class _Rounder:
+    """Rounds values of one program: with the host's operator (one per value, each its
+    own random stream, the micro-batch's random state fed as :data:`SEED_FEED`), or in
+    Paddle's operators."""
+
+    def __init__(self, program: Any, arith: Fp16Arithmetic, with_op: bool) -> None:
+        import paddle
+
+        self.arith = arith
+        self.seed: Any = None
+        self.streams = 0
+        if with_op:
+            block = program.global_block()
+            first = next(iter(block.ops), None)
+            if first is not None:
+                paddle.pir.set_insertion_point(first)
+            self.seed = paddle.static.data(SEED_FEED, [1], "int64")
+
+    def __call__(self, value: Any) -> Any:
+        if self.seed is None:
+            return _round(value, self.arith)
+        self.streams += 1
+        (out,) = paddle_api.run_custom_op(
+            ROUND_OP, value, self.seed, self.arith.stochastic, self.arith.saturate, self.streams
+        )
+        return out
+
+    def accumulate(self, sums: Any) -> Any:
+        """The float16 partial of the passes' float32 sums along axis 0 (the host's
+        ``ipu_accumulate_fp16``: each pass's sum added to the partial, rounded)."""
+        self.streams += 1
+        (out,) = paddle_api.run_custom_op(
+            ACCUMULATE_OP, sums, self.seed, self.arith.stochastic, self.arith.saturate, self.streams
+        )
+        return out
+
+    def matmul(self, a: Any, b: Any, where: str) -> Any:
+        """``a @ b`` (``b`` of rank 2, or of ``a``'s rank) with float16 partials: the
+        products in passes of :data:`~.numerics.AMP_PASS` along the reduced axis, one
+        batched float32 matmul for the passes' sums, then their float16 accumulation."""
+        import paddle
+
+        k = int(a.shape[-1])
+        if k <= AMP_PASS or k < 0:  # one pass: the float32 sum rounded once
+            return self(paddle.matmul(a, b))
+        passes = -(-k // AMP_PASS)
+        pad = passes * AMP_PASS - k
+        if pad:  # zero products change no sum
+            a = paddle.concat([a, paddle.zeros([*a.shape[:-1], pad], a.dtype)], axis=-1)
+            b = paddle.concat(
+                [b, paddle.zeros([*b.shape[:-2], pad, b.shape[-1]], b.dtype)], axis=-2
+            )
+        rank = len(a.shape)
+        # a: [..., M, K] -> [..., P, M, 16];  b: [..., K, N] -> [..., P, 16, N]
+        ra = paddle.reshape(a, [*a.shape[:-1], passes, AMP_PASS])
+        ta = paddle.transpose(ra, [*range(rank - 2), rank - 1, rank - 2, rank])
+        rb = paddle.reshape(b, [*b.shape[:-2], passes, AMP_PASS, b.shape[-1]])
+        sums = paddle.matmul(ta, rb)  # [..., P, M, N]
+        axis = len(sums.shape) - 3
+        order = [axis, *[i for i in range(len(sums.shape)) if i != axis]]
+        return self.accumulate(paddle.transpose(sums, order))
+
+
+def _swap(x: Any) -> Any:
+    import paddle
+
+    rank = len(x.shape)
+    return paddle.transpose(x, [*range(rank - 2), rank - 1, rank - 2])
+
+
+def _half_partial_matmuls(
+    block: Any, rounder: _Rounder, replaced: dict[int, Any], wanted: set[int]
+) -> set[int]:
+    """Float16 partials of every matmul of the gradient program, forward and backward
+    (PopART's partialsTypeMatMuls covers the gradient matmuls too): each ``matmul``,
+    and each ``matmul_grad``'s two products (those read, or in ``wanted``: the
+    gradients and fetches), computed by :meth:`_Rounder.matmul`.
+    ``replaced`` gets old value id -> new value; returns the ids of the operators it
+    made (their values are the AMP's own, rounded as it rounds: the rewrite leaves
+    them alone).  NotSupportedError for a batched matmul whose operands' batch
+    dimensions differ."""
+    import paddle
+
+    before = {op.id() for op in block.ops}
+    for op in list(block.ops):
+        name = op.name()
+        if name not in ("pd_op.matmul", "pd_op.matmul_grad"):
+            continue
+        attrs = op.attrs()
+        tx, ty = bool(attrs.get("transpose_x")), bool(attrs.get("transpose_y"))
+        x, y = op.operand_source(0), op.operand_source(1)
+        rx, ry = len(x.shape), len(y.shape)
+        if rx < 2 or ry < 2 or (ry > 2 and (rx != ry or list(x.shape[:-2]) != list(y.shape[:-2]))):
+            raise NotSupportedError(
+                f"float16 partials in training: {name} of operands {list(x.shape)} and "
+                f"{list(y.shape)}: the host emulates them for 2-D right operands and batched "
+                "operands of equal batch dimensions"
+            )
+        paddle.pir.set_insertion_point(op)
+        a = _swap(x) if tx else x
+        b = _swap(y) if ty else y
+        if name == "pd_op.matmul":
+            new = rounder.matmul(a, b, name)
+            replaced[op.result(0).id] = new
+            op.result(0).replace_all_uses_with(new)
+        else:
+            dout = op.operand_source(2)
+            results = [op.result(0), op.result(1)]
+            if not results[0].use_empty() or results[0].id in wanted:
+                da = rounder.matmul(dout, _swap(b), name)
+                da = _swap(da) if tx else da
+                replaced[results[0].id] = da
+                results[0].replace_all_uses_with(da)
+            if not results[1].use_empty() or results[1].id in wanted:
+                if ry == 2 and rx > 2:  # y broadcast over x's batch: the sum over it
+                    a2 = paddle.reshape(a, [-1, a.shape[-1]])
+                    d2 = paddle.reshape(dout, [-1, dout.shape[-1]])
+                    db = rounder.matmul(_swap(a2), d2, name)
+                else:
+                    db = rounder.matmul(_swap(a), dout, name)
+                db = _swap(db) if ty else db
+                replaced[results[1].id] = db
+                results[1].replace_all_uses_with(db)
+        block.remove_op(op)
+    return {op.id() for op in block.ops} - before
+
+
 def _round(value: Any, arith: Fp16Arithmetic) -> Any:
-    """``value`` rounded to float16 (values held in float32), as ``arith`` says."""
+    """``value`` rounded to float16 (values held in float32), as ``arith`` says, in
+    Paddle's own operators."""
     import paddle
 
     x = value
@@ -136,13 +299,29 @@ def rewrite(
     import paddle
 
     block = program.global_block()
-    ops = list(block.ops)
     replaced: dict[int, Any] = {}
+    # (ids taken now: the half partials remove matmuls whose results these may be)
+    loss_id, fetch_ids, grad_ids = loss.id, [v.id for v in fetches], [v.id for v in grads]
     watched: list[tuple[int, str, Any]] = []
+    rounding = arith is not None and arith.rounded
+    # (gradients.build_gradient_program loads the operator before it clones the program)
+    with_op = rounding and round_op_available()
     with paddle.static.program_guard(program):
+        rounder = _Rounder(program, arith, with_op) if arith is not None and rounding else None
+        if rounder is not None and arith is not None and arith.half_partials_matmul:
+            if rounder.seed is None:
+                raise NotSupportedError(
+                    "float16 matmul partials in training need the host's operators "
+                    "(libpaddle-ipu-ops.so), which did not register with Paddle here"
+                )
+            wanted = {loss_id, *fetch_ids, *grad_ids}
+            amp_ops = _half_partial_matmuls(block, rounder, replaced, wanted)
+        else:
+            amp_ops = set()
+        ops = list(block.ops)
         for index, op in enumerate(ops):
             name = op.name()
-            if name in EXACT or name.startswith("builtin."):
+            if name in EXACT or name.startswith("builtin.") or op.id() in amp_ops:
                 continue
             skip = _ALIASES.get(name, ())
             for k, value in enumerate(op.results()):
@@ -150,8 +329,8 @@ def rewrite(
                     continue
                 paddle.pir.set_insertion_point_after(_last_after(op, value))
                 new = value
-                if arith is not None and arith.rounded:
-                    new = _round(value, arith)
+                if rounder is not None:
+                    new = rounder(value)
                     _redirect(value, new)
                 if checks:
                     watched.append((index, name, new))
@@ -163,9 +342,10 @@ def rewrite(
             paddle.pir.set_insertion_point_to_block_end(block)
             flags = paddle.concat([_flag(v) for _, _, v in watched])
     return Rewritten(
-        loss=replaced.get(loss.id, loss),
-        fetches=[replaced.get(v.id, v) for v in fetches],
-        grads=[replaced.get(v.id, v) for v in grads],
+        seed_feed=SEED_FEED if rounder is not None and rounder.seed is not None else "",
+        loss=replaced.get(loss_id, loss),
+        fetches=[replaced.get(i, v) for i, v in zip(fetch_ids, fetches)],
+        grads=[replaced.get(i, v) for i, v in zip(grad_ids, grads)],
         flags=flags,
         checked=[(i, n) for i, n, _ in watched],
     )
@@ -212,7 +392,7 @@ def _scale_loss_gradient(
     """Multiply the backward pass's seed (``full_like(loss, 1.0)``) by ``scaling``."""
     import paddle
 
-    loss_ids = {loss.id, getattr(replaced.get(loss.id), "id", loss.id)}
+    loss_ids = {loss.id, getattr(replaced.get(loss.id), "id", loss.id)}  # loss: not a matmul
     for op in ops:
         if op.name() != "pd_op.full_like":
             continue

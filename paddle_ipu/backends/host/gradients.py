@@ -81,6 +81,9 @@ class GradientProgram:
     flags: Any = None
     #: per operator the flags watch: its index in :attr:`program` and its name
     checked: list[tuple[int, str]] = field(default_factory=list)
+    #: the feed of the float16 roundings' random state (fp16_program.SEED_FEED), fed by
+    #: the trainer each run; "" when the program has none
+    seed_feed: str = ""
 
     @property
     def fetch_list(self) -> list[Any]:
@@ -155,6 +158,11 @@ def build_gradient_program(
     """
     if optimizer is None:
         optimizer = extract_optimizer(program, scope=scope, loss_name=loss_name)
+    if numerics is not None and numerics.arith is not None and numerics.arith.rounded:
+        from paddle_ipu.backends.host import fp16_program
+
+        # registered before the program guard below (see device.load_host_operators)
+        fp16_program.round_op_available()
     fetch_list = list(fetch_list)
     if fetch_names is None:
         fetch_names = [f"fetch_{i}" for i in range(len(fetch_list))]
@@ -252,6 +260,7 @@ def build_gradient_program(
     fetch_values = [remap(p) for p in targets[1 : 1 + len(fetch_list)]]
     flags: Any = None
     checked: list[tuple[int, str]] = []
+    seed_feed = ""
     if numerics is not None:
         from paddle_ipu.backends.host import fp16_program
 
@@ -266,6 +275,7 @@ def build_gradient_program(
         )
         loss_value, fetch_values, grads = done.loss, done.fetches, done.grads
         flags, checked = done.flags, done.checked
+        seed_feed = done.seed_feed
     grad_outputs = []
     with paddle.static.program_guard(clone):
         for value, param in zip(grads, param_names):
@@ -295,6 +305,7 @@ def build_gradient_program(
         grad_outputs=grad_outputs,
         flags=flags,
         checked=checked,
+        seed_feed=seed_feed,
     )
 
 

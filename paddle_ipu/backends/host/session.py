@@ -601,14 +601,15 @@ class _Training:
         self.model = model
         self.config = config
         arith = numerics.from_config(config)
+        optimizer = self._with_strategy(model.optimizer)
         program_numerics = ProgramNumerics(
             arith=arith,
             checks=bool(config.option("enable_floating_point_checks")),
             loss_scaling=float(config.option("loss_scaling")),
         )
         self.trainer = HostTrainer(
-            build_from_source(config.training_source, model.optimizer, program_numerics),
-            model.optimizer,
+            build_from_source(config.training_source, optimizer, program_numerics),
+            optimizer,
             accumulation_factor=config.accumulation_factor,
             replication_factor=config.replication_factor,
             gradient_reduction=config.gradient_reduction,
@@ -667,7 +668,22 @@ class _Training:
     def restore(self, snapshot: Any) -> None:
         self.trainer.restore(snapshot)
 
+    def _with_strategy(self, optimizer: Any) -> Any:
+        """The strategy's optimizer options the program does not carry:
+        ``use_no_bias_optimizer`` (PopART's AdamNoBias / LambNoBias) and Lamb's
+        ``max_weight_norm`` (read by the no-bias Lamb)."""
+        import dataclasses
+
+        if not self.config.option("use_no_bias_optimizer"):
+            return optimizer
+        return dataclasses.replace(
+            optimizer,
+            no_bias=True,
+            max_weight_norm=float(self.config.option("max_weight_norm")),
+        )
+
     def update_optimizer(self, optimizer: Any) -> None:
+        optimizer = self._with_strategy(optimizer)
         self.trainer.optimizer = optimizer
         self.trainer.set_lr(float(optimizer.lr))
 

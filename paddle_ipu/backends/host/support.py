@@ -50,6 +50,10 @@ _NOTES: dict[str, str] = {
         "bfloat16 matmuls and convolutions on OpenVINO, in inference without enable_fp16, "
         "on a CPU with AVX512-BF16 or AMX (refused elsewhere, naming what is missing)"
     ),
+    "use_no_bias_optimizer": (
+        "adam, adamw and lamb update by PopART's AdamNoBias / LambNoBias rule "
+        "(willow/include/popart/adam.hpp), Lamb's trust ratio bounded by max_weight_norm"
+    ),
     "fp16_black_list": (
         "in inference, the listed operators compute in float32 and their results are "
         "rounded where a float16 operator reads them (docs/without_ipu.md); refused in "
@@ -66,9 +70,9 @@ _NOTES: dict[str, str] = {
         "too instead of saturating"
     ),
     "enable_half_partial": (
-        "float16 matmul and convolution partials with enable_fp16, in inference; a "
-        "training strategy with them does not compile on the host, whose gradient kernels "
-        "(Paddle's) accumulate in float32"
+        "float16 matmul and convolution partials with enable_fp16, in inference; in "
+        "training the matmuls' (the backward pass's too), and a model with convolutions is "
+        "refused (Paddle's gradient kernels accumulate convolution partials in float32)"
     ),
     "partials_type_matmuls": '"half": as enable_half_partial, for matmuls',
     "convolution_options": (
@@ -174,9 +178,6 @@ _IGNORED: dict[str, str] = {
 }
 #: they would change results and cannot be emulated
 _UNSUPPORTED: dict[str, str] = {
-    "use_no_bias_optimizer": (
-        "the host's optimizers follow Paddle's kernels, which correct the bias"
-    ),
     "max_weight_norm": "the host's Lamb follows Paddle's kernel, which has no such bound",
     "accl1_type": "the host keeps optimizer state in float32",
     "accl2_type": "the host keeps optimizer state in float32",
@@ -187,6 +188,14 @@ _UNSUPPORTED: dict[str, str] = {
     "automatic_loss_scaling_settings.enabled": "the loss scaling would follow device statistics",
     "group_norm_strided_channel_grouping": "changes which channels are normalised together",
 }
+
+
+def _has_convolutions(config: SessionConfig) -> bool:
+    """Whether the training program holds a convolution (None: assume so)."""
+    source = config.training_source
+    if source is None:
+        return True
+    return any("conv" in op.name() for op in source.program.global_block().ops)
 
 
 def _engines(config: SessionConfig) -> list[str]:
@@ -245,14 +254,13 @@ def _refuse(config: SessionConfig) -> list[str]:
         and config.option("host_fp16_arithmetic") == "float16"
     ):
         conv = config.option("convolution_options") or {}
-        if str(config.option("partials_type_matmuls")).lower() == "half" or (
-            str(conv.get("partialsType", "")).lower() == "half"
-        ):
+        if str(conv.get("partialsType", "")).lower() == "half" and _has_convolutions(config):
             refused.append(
-                "float16 partials (enable_half_partial, partials_type_matmuls or "
-                "convolution_options['partialsType']) in training: the host's gradient "
-                "kernels (Paddle's) accumulate matmul and convolution partials in float32; "
-                "it emulates float16 partials in inference only"
+                "float16 convolution partials (enable_half_partial or "
+                "convolution_options['partialsType']) in training of a model with "
+                "convolutions: the host's gradient kernels (Paddle's) accumulate convolution "
+                "partials in float32; it emulates float16 matmul partials in training, and "
+                "both in inference"
             )
     return refused
 

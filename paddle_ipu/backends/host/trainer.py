@@ -452,7 +452,7 @@ class HostTrainer:
                 if self.arith is not None and self.arith.stochastic:
                     # the forward and backward passes' random state: seed + replica
                     # (PopART's replica-differing state), then the step and micro-batch
-                    self._paddle.seed(
+                    state = (
                         numerics.stream_seed(
                             self._seed + self.arith.replica_offset + r,
                             numerics.FORWARD_BACKWARD,
@@ -461,6 +461,11 @@ class HostTrainer:
                         )
                         & 0x7FFFFFFFFFFFFFFF
                     )
+                    self._paddle.seed(state)
+                    if gp.seed_feed:
+                        feed[gp.seed_feed] = np.array([state], np.int64)
+                elif gp.seed_feed:
+                    feed[gp.seed_feed] = np.zeros([1], np.int64)
                 try:
                     result = self._runner.run(feed)
                 except Exception as exc:  # a kernel's own check (an index out of range ...)
@@ -574,7 +579,7 @@ class HostTrainer:
         config = self.optimizer
         grads = clip_by_global_norm(grads, config)
         half = self._fp16_state()
-        adam = config.type in ("adam", "adamw")
+        adam = config.type in ("adam", "adamw") and not config.no_bias
         lr32 = f32(self.lr)
         scalars: dict[tuple[float, float], tuple[np.float32, np.float32]] = {}
         batch: list[tuple[ParamSlot, tuple[Any, ...]]] = []

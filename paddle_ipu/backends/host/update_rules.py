@@ -173,6 +173,47 @@ def adam_numpy(
     return w + neg_lr_t * (m1 / (np.sqrt(m2) + eps_t))
 
 
+def no_bias_update(
+    config: OptimizerConfig,
+    slot: ParamSlot,
+    w: np.ndarray,
+    g: np.ndarray,
+    state: dict[str, np.ndarray],
+    lr32: np.float32,
+    wd: np.float32,
+) -> np.ndarray:
+    """PopART's AdamNoBias and LambNoBias (``use_no_bias_optimizer``), one parameter,
+    as willow/include/popart/adam.hpp documents the update (``g`` already reduced,
+    clipped and, in L2 mode, regularised):
+
+    ``m = b1 * m + (1 - b1) * g``, ``v = b2 * v + (1 - b2) * g^2`` (no bias correction:
+    ``mc = m``, ``vc = v``); ``x = m / (sqrt(v) + eps)``, plus ``wd * w`` with decoupled
+    decay (AdamW, Lamb); Lamb: ``r1 = ||w||``, ``r2 = ||x||``, ``phi = min(r1,
+    max_weight_norm)``, the trust ratio ``phi / r2`` (1 when either is 0);
+    ``w -= ratio * lr * x``.  Paddle's ``beta*_pow`` state advances as Paddle's kernels
+    advance it (the bias correction does not read it)."""
+    names = slot.state
+    b1, b2, eps = f32(config.beta1), f32(config.beta2), f32(config.epsilon)
+    m = b1 * state[names["moment1"]] + (ONE - b1) * g
+    v = b2 * state[names["moment2"]] + (ONE - b2) * (g * g)
+    x = m / (np.sqrt(v) + eps)
+    if config.type in ("adamw", "lamb") and wd:
+        x = x + wd * w
+    ratio = ONE
+    if config.type == "lamb":
+        r1 = np.sqrt(np.sum(np.square(w, dtype=F32), dtype=F32))
+        r2 = np.sqrt(np.sum(np.square(x, dtype=F32), dtype=F32))
+        phi = np.minimum(r1, f32(config.max_weight_norm))
+        if phi > 0 and r2 > 0:
+            ratio = F32(phi / r2)
+    state[names["moment1"]] = m.astype(F32, copy=False)
+    state[names["moment2"]] = v.astype(F32, copy=False)
+    for role, beta in (("beta1_pow", b1), ("beta2_pow", b2)):
+        if role in names:
+            state[names[role]] = (state[names[role]].astype(F32) * beta).astype(F32)
+    return (w - ratio * lr32 * x).astype(F32, copy=False)
+
+
 def apply_update(
     config: OptimizerConfig,
     slot: ParamSlot,
@@ -205,6 +246,9 @@ def apply_update(
         v = get("velocity") * mu + g
         put("velocity", v)
         return w - lr32 * v
+
+    if config.no_bias and kind in ("adam", "adamw", "lamb"):
+        return no_bias_update(config, slot, w, g, state, lr32, wd)
 
     if kind in ("adam", "adamw"):
         w, g, m1_old, m2_old, neg_lr_t, eps_t = adam_inputs(config, slot, w, g, state, lr32, wd)

@@ -256,15 +256,25 @@ class PopartSession(Session):
         return patterns
 
     def _graph(self) -> bytes:
-        """The model's ONNX, through the fp16 compiler pass when enable_fp16 is on
-        (the same pass the host backend runs)."""
+        """The model's ONNX with each custom operator's region replaced by its PopART
+        node (:func:`paddle_ipu.compiler.custom_regions.fuse`), through the fp16
+        compiler pass when enable_fp16 is on (the same pass the host backend runs)."""
+        graph = self.model.onnx
+        if b"__ipu_custom_op" in graph:
+            import onnx
+
+            from paddle_ipu.compiler import custom_regions
+
+            proto = onnx.load_from_string(graph)
+            custom_regions.fuse(proto)
+            graph = proto.SerializeToString()
         if not self.config.enable_fp16:
-            return self.model.onnx
+            return graph
         from paddle_ipu.compiler.float32_ops import for_session
         from paddle_ipu.compiler.fp16_pass import convert_model
 
         float32 = for_session(self.model, self.config)
-        return convert_model(self.model.onnx, synced=self.model.weights, float32=float32)
+        return convert_model(graph, synced=self.model.weights, float32=float32)
 
     def _build(self) -> Any:
         """Create the device, the DataFlow, the options and the PopART session."""

@@ -728,6 +728,142 @@ def _makedirs_and_check_writable(path: str) -> None:
         raise OSError(f"Unable to write to {path}")
 
 
+# ------------------------------------------------------- PopART's built-in operators
+
+#: ai.graphcore operators the double runs (written from PopART's sources, below)
+_GRAPHCORE_OPS = ("Detach", "Nll")
+
+
+def _check_builtins(proto: Any) -> None:
+    """The checks of PopART's op creators and setup() for the ai.graphcore operators the
+    double knows (willow/src/op/nll.cpp: ``reduction`` a String of Sum/Mean/None
+    (loss.cpp reductionTypeFromString), ``ignoreIndex`` and ``inputIsLogProbability``
+    Int; NllOp::setup: the label's shape is the probabilities' without the last
+    dimension), and no creator for any other operator of an unknown domain."""
+    from onnx import AttributeProto, shape_inference
+
+    inferred = shape_inference.infer_shapes(proto)
+    shapes = {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
+        if v.type.tensor_type.HasField("shape")
+    }
+    for node in proto.graph.node:
+        if node.domain in ("", "ai.onnx"):
+            continue
+        if node.domain != "ai.graphcore" or node.op_type not in _GRAPHCORE_OPS:
+            raise popart_exception(
+                f"No definition found for {node.domain}:{node.op_type}:1 (a custom op must "
+                "be registered with PopART before the session is made)"
+            )
+        if node.op_type != "Nll":
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        red = attrs.get("reduction")
+        if red is None or red.type != AttributeProto.STRING:
+            raise popart_exception(f"Nll {node.name}: attribute reduction is not a String")
+        if red.s.decode() not in ("Sum", "Mean", "None"):
+            raise popart_exception(
+                f"Unexpected ReductionType string, {red.s.decode()}. Cannot convert to "
+                "ReductionType"
+            )
+        for key in ("ignoreIndex", "inputIsLogProbability"):
+            if key in attrs and attrs[key].type != AttributeProto.INT:
+                raise popart_exception(f"Nll {node.name}: attribute {key} is not an Int")
+        probs, label = (shapes.get(n) for n in node.input[:2])
+        if probs is not None and label is not None and label != probs[:-1]:
+            raise popart_exception(
+                f"The label tensor ({label}) must have shape {probs[:-1]} to match all but "
+                f"the final dimension of the probabilities tensor ({probs}) in Op Nll"
+            )
+
+
+def _lower_builtins(proto: Any) -> None:
+    """ONNX Runtime has no ai.graphcore operators: each is replaced by ONNX operators
+    computing what PopART's Opx computes (willow/src/popx/op/detachx.cpp: a copy;
+    nllx.cpp: the probability at the label, ``-log(max(p, eps))`` with eps 1e-7 (6.104e-5
+    for float16) unless inputIsLogProbability, ignored labels masked, Sum, Mean over
+    the labels not ignored (at least one) or None)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = []
+    for node in proto.graph.node:
+        if node.domain != "ai.graphcore":
+            nodes.append(node)
+            continue
+        if node.op_type == "Detach":
+            nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]]))
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        p, label, out = node.input[0], node.input[1], node.output[0]
+        t = f"{node.name or out}.nll"
+
+        def const(name: str, value: Any, dtype: Any) -> str:
+            proto.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype), name))
+            return name
+
+        nodes += [
+            helper.make_node("Cast", [label], [f"{t}.l64"], to=TensorProto.INT64),
+            helper.make_node(
+                "Unsqueeze", [f"{t}.l64", const(f"{t}.ax", [-1], np.int64)], [f"{t}.idx0"]
+            ),
+        ]
+        idx = f"{t}.idx0"
+        ignore = attrs.get("ignoreIndex")
+        if ignore is not None:
+            nodes += [
+                helper.make_node(
+                    "Equal", [f"{t}.l64", const(f"{t}.ign", ignore, np.int64)], [f"{t}.ignored"]
+                ),
+                helper.make_node("Not", [f"{t}.ignored"], [f"{t}.keep"]),
+                helper.make_node("Cast", [f"{t}.keep"], [f"{t}.mask"], to=TensorProto.FLOAT),
+                helper.make_node(
+                    "Max", [f"{t}.idx0", const(f"{t}.zero", 0, np.int64)], [f"{t}.idx"]
+                ),
+            ]
+            idx = f"{t}.idx"
+        nodes += [
+            helper.make_node("GatherElements", [p, idx], [f"{t}.g"], axis=-1),
+            helper.make_node(
+                "Squeeze", [f"{t}.g", const(f"{t}.ax2", [-1], np.int64)], [f"{t}.picked"]
+            ),
+        ]
+        picked = f"{t}.picked"
+        if not attrs.get("inputIsLogProbability", 0):
+            nodes += [
+                helper.make_node(
+                    "Max", [picked, const(f"{t}.eps", 1e-7, np.float32)], [f"{t}.clamped"]
+                ),
+                helper.make_node("Log", [f"{t}.clamped"], [f"{t}.log"]),
+            ]
+            picked = f"{t}.log"
+        nodes.append(helper.make_node("Neg", [picked], [f"{t}.loss"]))
+        loss = f"{t}.loss"
+        if ignore is not None:
+            nodes.append(helper.make_node("Mul", [loss, f"{t}.mask"], [f"{t}.masked"]))
+            loss = f"{t}.masked"
+        reduction = attrs["reduction"].decode()
+        if reduction == "None":
+            nodes.append(helper.make_node("Identity", [loss], [out]))
+        elif reduction == "Sum" or ignore is None:
+            op = "ReduceSum" if reduction == "Sum" else "ReduceMean"
+            nodes.append(helper.make_node(op, [loss], [out], keepdims=0))
+        else:
+            nodes += [
+                helper.make_node("ReduceSum", [loss], [f"{t}.sum"], keepdims=0),
+                helper.make_node("ReduceSum", [f"{t}.mask"], [f"{t}.count"], keepdims=0),
+                helper.make_node(
+                    "Max", [f"{t}.count", const(f"{t}.one", 1.0, np.float32)], [f"{t}.n"]
+                ),
+                helper.make_node("Div", [f"{t}.sum", f"{t}.n"], [out]),
+            ]
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    kept = [o for o in proto.opset_import if o.domain != "ai.graphcore"]
+    del proto.opset_import[:]
+    proto.opset_import.extend(kept)
+
+
 class _Session:
     _training = False
 
@@ -784,6 +920,8 @@ class _Session:
             # Devicex::writeWeights), which lowering does not undo.
             return
 
+        self._read_node_settings()
+        _check_builtins(self._proto)
         proto = shape_inference.infer_shapes(self._proto)
         weights = {i.name: numpy_helper.to_array(i).copy() for i in proto.graph.initializer}
         for name, arr in weights.items():
@@ -799,6 +937,48 @@ class _Session:
         self._weights = {**weights, **state}
         self._host = {k: v.copy() for k, v in self._weights.items()}
         self._executable = True
+
+    def _read_node_settings(self) -> None:
+        """What PopART's op creators read from node attributes, with their checks:
+        willow/src/op/matmul.cpp (``__serialize_matmul_mode`` one of the four modes,
+        then ``__serialize_matmul_factor`` and ``__serialize_matmul_precision`` as Int;
+        ``__available_memory`` as Float) and willow/src/op/convbase.cpp
+        (``__available_memory`` as Float or Floats).  ``node_settings``: node output ->
+        what was read, for the tests."""
+        from onnx import AttributeProto
+
+        self.node_settings: dict[str, dict[str, Any]] = {}
+        for node in self._proto.graph.node:
+            attrs = {a.name: a for a in node.attribute}
+            read: dict[str, Any] = {}
+            amp = attrs.get("__available_memory")
+            if amp is not None and node.op_type in ("MatMul", "Conv", "ConvTranspose"):
+                kinds = (AttributeProto.FLOAT,)
+                if node.op_type != "MatMul":
+                    kinds = (AttributeProto.FLOAT, AttributeProto.FLOATS)
+                if amp.type not in kinds:
+                    raise popart_exception(
+                        f"Attribute __available_memory of {node.name} is not a float"
+                    )
+                read["availableMemoryProportion"] = (
+                    amp.f if amp.type == AttributeProto.FLOAT else list(amp.floats)
+                )
+            mode = attrs.get("__serialize_matmul_mode")
+            if mode is not None and node.op_type == "MatMul":
+                text = mode.s.decode()
+                if text not in ("none", "input_channels", "reducing_dim", "output_channels"):
+                    raise popart_exception(f"Unsupport matmul serialisation mode {text}")
+                for key in ("__serialize_matmul_factor", "__serialize_matmul_precision"):
+                    attr = attrs.get(key)
+                    if attr is None or attr.type != AttributeProto.INT:
+                        raise popart_exception(f"Attribute {key} of {node.name} is not an Int")
+                read["serialise"] = (
+                    text,
+                    attrs["__serialize_matmul_factor"].i,
+                    bool(attrs["__serialize_matmul_precision"].i),
+                )
+            if read:
+                self.node_settings[node.output[0]] = read
 
     def _assert_executable(self) -> None:
         # session.cpp assertExecutableLoaded
@@ -886,6 +1066,7 @@ class _Session:
             # Initializers listed as graph inputs too: ORT then takes the device's
             # current values for them on every call.
             proto = copy.deepcopy(self._proto)
+            _lower_builtins(proto)
             listed = {i.name for i in proto.graph.input}
             for init in proto.graph.initializer:
                 if init.name not in listed:
