@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -57,6 +58,9 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // 64-bit nanoseconds would overflow near threading.TIMEOUT_MAX (292 years).
 constexpr double kForeverSeconds = 1e8;
 
+// A run whose outputs are at most this large is scattered without giving up the GIL.
+constexpr int64_t kCopyWithGilBytes = 256 * 1024;
+
 Clock::duration ToDuration(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(std::min(seconds, kForeverSeconds)));
@@ -102,6 +106,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       }
       in_unit_bytes_.push_back(view.len / capacity);
     }
+    for (int64_t b : out_unit_bytes_) out_run_bytes_ += b;
     stats_.fill_histogram.assign(static_cast<size_t>(capacity) + 1, 0);
     stats_.fill_seconds.assign(static_cast<size_t>(capacity) + 1, 0.0);
   }
@@ -143,6 +148,18 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       request->out.push_back({static_cast<char*>(v.buf), static_cast<int64_t>(v.len)});
     }
     if (!token.is_none()) request->token = token.release().ptr();
+    // Admitted without letting go of the GIL when there is space (the common case):
+    // giving it up for a few instructions would let one of the other callers take it,
+    // and this thread would wait behind it to return (the queue mutex is only ever
+    // never held by a thread that waits for the GIL, so taking it here cannot deadlock).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return py::make_tuple(2, py::none());
+      if (inflight_units_ == 0 || inflight_units_ + units <= limit_) {
+        AdmitLocked(request);
+        return py::make_tuple(0, py::cast(request));
+      }
+    }
     int status = 0;
     int64_t in_flight = 0;
     {
@@ -162,18 +179,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
         }
       }
       if (status == 0 && closed_) status = 2;
-      if (status == 0) {
-        request->arrived = Clock::now();
-        const int64_t before = pending_units_;
-        pending_.push_back(request);
-        pending_units_ += units;
-        inflight_units_ += units;
-        // The worker waits for a first request or for the oldest one's timeout:
-        // wake it only when that changes (a first request, a full run).
-        if (!auto_batch_ || before == 0 || (before < capacity_ && capacity_ <= before + units)) {
-          work_.notify_one();
-        }
-      }
+      if (status == 0) AdmitLocked(request);
     }
     if (status == 1) return py::make_tuple(1, in_flight);
     if (status == 2) return py::make_tuple(2, py::none());
@@ -199,14 +205,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     // As Submit: a request larger than the whole bound is admitted when nothing
     // else is in flight.
     if (inflight_units_ > 0 && inflight_units_ + request->units > limit_) return 1;
-    request->arrived = Clock::now();
-    const int64_t before = pending_units_;
-    pending_.push_back(request);
-    pending_units_ += request->units;
-    inflight_units_ += request->units;
-    if (!auto_batch_ || before == 0 || (before < capacity_ && capacity_ <= before + request->units)) {
-      work_.notify_one();
-    }
+    AdmitLocked(request);
     return 0;
   }
 
@@ -258,7 +257,11 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     std::vector<RequestPtr> finished;
     std::vector<Piece> pieces;
     {
-      NoGil nogil;
+      // A small run's rows are copied back with the GIL held: letting go of it for a
+      // few microseconds of copying would make this worker, which every request
+      // waits for, queue behind the callers for it.
+      std::optional<NoGil> nogil;
+      if (capacity_ * out_run_bytes_ > kCopyWithGilBytes) nogil.emplace();
       {
         std::lock_guard<std::mutex> lock(mu_);
         pieces.swap(current_);
@@ -281,7 +284,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
           r.done += p.count;
           if (r.done == r.units) {
             r.state = RequestState::kDone;
-            r.finished.notify_all();
+            r.Signal();
             finished.push_back(p.request);
           }
         }
@@ -350,20 +353,24 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     r->state = RequestState::kCancelled;
     pending_units_ -= r->units - r->taken;
     inflight_units_ -= r->units - r->taken;
-    r->finished.notify_all();
+    r->Signal();
     space_.notify_all();
     return true;
   }
 
   // Waits (without the GIL) until the request is finished; false on timeout.
   bool Wait(Request* r, double timeout) {
+    {
+      std::lock_guard<std::mutex> lock(r->wait_mu);  // answered already: keep the GIL
+      if (r->signalled) return true;
+    }
     NoGil nogil;
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(r->wait_mu);
     if (timeout < 0.0) {
-      r->finished.wait(lock, [r] { return r->Finished(); });
+      r->finished.wait(lock, [r] { return r->signalled; });
       return true;
     }
-    return r->finished.wait_for(lock, ToDuration(timeout), [r] { return r->Finished(); });
+    return r->finished.wait_for(lock, ToDuration(timeout), [r] { return r->signalled; });
   }
 
   RequestState State(const Request* r) {
@@ -424,6 +431,21 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     stats_.requests += n;
   }
 
+  // With mu_ held: queue an admitted request.
+  void AdmitLocked(const RequestPtr& request) {
+    request->arrived = Clock::now();
+    const int64_t before = pending_units_;
+    pending_.push_back(request);
+    pending_units_ += request->units;
+    inflight_units_ += request->units;
+    // The worker waits for a first request or for the oldest one's timeout: wake it
+    // only when that changes (a first request, a full run).
+    if (!auto_batch_ || before == 0 ||
+        (before < capacity_ && capacity_ <= before + request->units)) {
+      work_.notify_one();
+    }
+  }
+
   // With mu_ held (and the GIL, for the error's reference count).
   void FailLocked(Request* r, const py::object& error, const std::string& message) {
     const int64_t left = r->units - r->taken;  // queued units that will not run
@@ -439,7 +461,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       Py_XDECREF(r->error);
       r->error = error.inc_ref().ptr();
     }
-    r->finished.notify_all();
+    r->Signal();
     space_.notify_all();
   }
 
@@ -546,6 +568,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   std::vector<Py_buffer> steps_;
   std::vector<int64_t> in_unit_bytes_;
   std::vector<int64_t> out_unit_bytes_;
+  int64_t out_run_bytes_ = 0;  // bytes of one unit of every output, summed
   const int64_t capacity_;
   const int64_t limit_;
   const Clock::duration timeout_;

@@ -79,6 +79,8 @@ class IpuCompiledProgram:
         #: the model runtime (serving), when enable_model_runtime_executor is set
         self.runtime: ModelRuntime | None = None
         self._fetch_ids: dict[Any, int] = {}
+        #: fetch lists of names already resolved (fetch_index), by their tuple of names
+        self._fetch_cache: dict[tuple[str, ...], list[int]] = {}
         from paddle_ipu.compiler.legacy_reader import is_legacy
 
         #: a legacy-IR program (compiled through its PIR translation)
@@ -168,6 +170,7 @@ class IpuCompiledProgram:
         )
         # Fetches given as Values of the original program can be fetched by that
         # Value from the compiled one too (and by the name it was given as).
+        self._fetch_cache = {}
         self._fetch_ids = {
             _value_id(item): i for i, item in enumerate(fetch_list) if not isinstance(item, str)
         }
@@ -316,6 +319,18 @@ class IpuCompiledProgram:
         """Positions of ``fetch_list`` among the compiled outputs (names, or the
         original program's Values); FetchError for an item that is not one of them.
         ``None`` (or nothing) fetches every output."""
+        # The same list of names every run (``prog.fetch_names``): resolved once.
+        key = _names_key(fetch_list)
+        if key is not None:
+            found = self._fetch_cache.get(key)
+            if found is not None and self.executor is not None:
+                return found
+        index = self._fetch_index(fetch_list)
+        if key is not None and len(self._fetch_cache) < _FETCH_CACHE_SIZE:
+            self._fetch_cache[key] = index
+        return index
+
+    def _fetch_index(self, fetch_list: Any) -> list[int]:
         executor = self.require_executor()
         outputs = executor.model.outputs
         if fetch_list is None:
@@ -353,6 +368,18 @@ class IpuCompiledProgram:
     def fetch_names_for(self, index: Sequence[int]) -> list[str]:
         names = self.fetchable()
         return [names[i] for i in index]
+
+
+#: fetch lists of names a compiled program remembers having resolved
+_FETCH_CACHE_SIZE = 64
+
+
+def _names_key(fetch_list: Any) -> tuple[str, ...] | None:
+    """A list (or tuple) of names as a key of the resolved fetch lists; None for any
+    other fetch list (Values, nested lists, None)."""
+    if type(fetch_list) in (list, tuple) and all(type(item) is str for item in fetch_list):
+        return tuple(fetch_list)
+    return None
 
 
 def _flatten_fetches(fetch_list: Any) -> list[Any]:

@@ -65,6 +65,8 @@ log = logging.getLogger("paddle_ipu")
 
 __all__ = ["MAX_REQUEST_RUNS", "ModelRuntime", "RuntimeStats"]
 
+_DONE = _core.RequestState.DONE
+
 #: the default cap of one request, in runs: ``max_request_rows`` defaults to this many
 #: runs of ``batches_per_step x micro_batch_size`` rows
 MAX_REQUEST_RUNS = 64
@@ -233,6 +235,7 @@ class ModelRuntime:
         self._lock = threading.Lock()  # start() and the failure below
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._worker_ident: int | None = None
         # The executor refuses direct runs once this runtime is closed (see
         # IpuExecutor._check_serving): they would be checked against the wrong shapes.
         executor.serving = self
@@ -352,7 +355,7 @@ class ModelRuntime:
         The feeds are not copied: the queue reads them in place while the caller
         waits.  ``timeout`` bounds the wait for queue space (RuntimeBusyError), not
         the run."""
-        if threading.current_thread() is self._thread:
+        if threading.get_ident() == self._worker_ident:
             raise IpuError(
                 "ModelRuntime.run was called from the runtime's own worker thread (a future "
                 "callback?): it would wait for itself; use submit() there"
@@ -360,14 +363,14 @@ class ModelRuntime:
         arrays, units = self._check_request(feed, copy=False)
         if units == 0:
             return self._empty_outputs()
-        outs = self._new_outputs(units)
+        outs = [np.empty((units, *u), d) for u, d in zip(self._out_units, self._out_dtypes)]
         request = self._enqueue(arrays, outs, units, timeout, None)
         request.wait()
-        error = request.error
-        if error is not None:
-            raise error
-        if request.state != _core.RequestState.DONE:  # cancelled: cannot happen for run()
-            raise RuntimeClosedError(self._closed_message())
+        if request.state != _DONE:
+            error = request.error
+            if error is not None:
+                raise error
+            raise RuntimeClosedError(self._closed_message())  # cancelled: not by run()
         return outs if self.auto_batch else [o[0] for o in outs]
 
     def submit(
@@ -402,11 +405,14 @@ class ModelRuntime:
         timeout: float | None,
         token: Any,
     ) -> Any:
-        if timeout is not None and not timeout >= 0:
+        if timeout is None:
+            status, value = self._queue.submit(arrays, outs, units, -1.0, token)
+        elif timeout >= 0:
+            status, value = self._queue.submit(arrays, outs, units, float(timeout), token)
+        else:
             raise OptionError(f"timeout must be None or a number >= 0, got {timeout!r}")
-        status, value = self._queue.submit(
-            arrays, outs, units, -1.0 if timeout is None else float(timeout), token
-        )
+        if status == 0:
+            return value
         if status == 1:
             raise RuntimeBusyError(
                 f"the model runtime is full: {value} of {self._limit} {self._unit_name()} in "
@@ -434,6 +440,7 @@ class ModelRuntime:
 
     # -- the worker -------------------------------------------------------------
     def _loop(self) -> None:
+        self._worker_ident = threading.get_ident()
         queue = self._queue
         feed = self._run_feed
         executor = self.executor
