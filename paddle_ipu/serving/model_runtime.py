@@ -42,9 +42,8 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,6 +59,16 @@ from paddle_ipu.errors import (
 )
 from paddle_ipu.executor.feeds import CheckedFeed, RequestChecks
 from paddle_ipu.executor.ipu_executor import IpuExecutor
+from paddle_ipu.serving.runtime import (
+    PlanTensor,
+    QueuePlan,
+    QueueRuntime,
+    RuntimeKind,
+    RuntimeStats,
+    TensorSpec,
+    declared_specs,
+    v2_datatype,
+)
 
 log = logging.getLogger("paddle_ipu")
 
@@ -70,43 +79,6 @@ _DONE = _core.RequestState.DONE
 #: the default cap of one request, in runs: ``max_request_rows`` defaults to this many
 #: runs of ``batches_per_step x micro_batch_size`` rows
 MAX_REQUEST_RUNS = 64
-
-
-@dataclass
-class RuntimeStats:
-    """Counters of a :class:`ModelRuntime` since it started."""
-
-    #: graph runs (each ``batches_per_step`` micro-batches)
-    runs: int = 0
-    #: requests completed (with a result or an error)
-    requests: int = 0
-    #: units fed: rows when auto-batching, micro-batches otherwise
-    units: int = 0
-    #: units of zero padding fed
-    padded_units: int = 0
-    #: runs that raised
-    failed_runs: int = 0
-    #: seconds the worker spent inside the executor's run
-    busy_seconds: float = 0.0
-    #: seconds requests waited in the queue, summed (arrival to their first run)
-    queue_seconds: float = 0.0
-    #: runs by units filled: ``fill_histogram[k]`` runs carried k units (0..capacity)
-    fill_histogram: list[int] = field(default_factory=list)
-
-    @staticmethod
-    def total(parts: Iterable[RuntimeStats]) -> RuntimeStats:
-        """The counters of several runtimes (one model's buckets or shapes), summed."""
-        total = RuntimeStats()
-        for s in parts:
-            for name in ("runs", "requests", "units", "padded_units", "failed_runs"):
-                setattr(total, name, getattr(total, name) + getattr(s, name))
-            total.busy_seconds += s.busy_seconds
-            total.queue_seconds += s.queue_seconds
-            hist = total.fill_histogram
-            hist.extend([0] * (len(s.fill_histogram) - len(hist)))
-            for k, n in enumerate(s.fill_histogram):
-                hist[k] += n
-        return total
 
 
 class _RequestFuture(Future):
@@ -123,7 +95,7 @@ class _RequestFuture(Future):
         return super().cancel()
 
 
-class ModelRuntime:
+class ModelRuntime(QueueRuntime):
     """Queue-based serving over a prepared inference executor.
 
     Args:
@@ -136,7 +108,13 @@ class ModelRuntime:
 
     The runtime is thread-safe: any number of threads may call :meth:`run` and
     :meth:`submit`.  Future callbacks run on the worker thread; keep them short.
+
+    It is the :class:`~paddle_ipu.serving.runtime.Runtime` of kind ``"queue"``: the
+    inference server's C++ front end admits requests into its queue (:attr:`queue`,
+    :meth:`queue_plan`) without Python.
     """
+
+    kind: RuntimeKind = "queue"
 
     def __init__(
         self,
@@ -232,6 +210,12 @@ class ModelRuntime:
             self._timeout_s,
             self.auto_batch,
         )
+        feed_shapes_, out_shapes_ = self.request_shapes()
+        #: the request's tensors as a server declares them (-1: the rows)
+        self._specs = (
+            declared_specs(self._inputs, feed_shapes_),
+            declared_specs(self._outputs, out_shapes_),
+        )
         self._lock = threading.Lock()  # start() and the failure below
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -299,6 +283,75 @@ class ModelRuntime:
         """The shape of one queue unit of every input and output (a row when
         auto-batching, else the whole micro-batch), in compiled order."""
         return list(self._in_units), list(self._out_units)
+
+    # -- the Runtime protocol (paddle_ipu.serving.runtime) -------------------------
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """The request's inputs (name, KServe v2 datatype, dims; -1: the rows)."""
+        return list(self._specs[0])
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """The request's outputs (name, KServe v2 datatype, dims; -1: the rows)."""
+        return list(self._specs[1])
+
+    @property
+    def queue(self) -> Any:
+        """The :class:`~paddle_ipu._core.ServingQueue` requests are admitted into."""
+        return self._queue
+
+    def queue_plan(self) -> QueuePlan:
+        """What the C++ front end checks a request against before it admits it into
+        :attr:`queue` (the checks of :meth:`run`)."""
+        feed_shapes, out_shapes = self.request_shapes()
+        in_units, out_units = self.unit_shapes()
+
+        def tensors(
+            specs: list[Any], shapes: list[list[int]], units: list[tuple[int, ...]], ranges: bool
+        ) -> tuple[PlanTensor, ...]:
+            out = []
+            for spec, shape, unit in zip(specs, shapes, units):
+                name = spec.paddle_name or spec.name
+                dtype = np.dtype(spec.numpy_dtype)
+                out.append(
+                    PlanTensor(
+                        name,
+                        v2_datatype(dtype, name),
+                        tuple(int(d) for d in shape),
+                        int(np.prod(unit, dtype=np.int64)) * dtype.itemsize,
+                        tuple(spec.ranges) if ranges else (),
+                    )
+                )
+            return tuple(out)
+
+        return QueuePlan(
+            auto_batch=self.auto_batch,
+            max_rows=self.max_request_rows,
+            capacity=self._capacity,
+            limit=self._limit,
+            micro_batch_size=self.micro_batch_size,
+            batch_timeout_us=self.timeout_ms * 1e3,
+            # Triton's kinds: the host backend computes on the CPU; on IPUs the model
+            # places itself (KIND_MODEL).
+            instance_kind="KIND_CPU" if self.executor.backend == "host" else "KIND_MODEL",
+            inputs=tensors(self._inputs, feed_shapes, in_units, True),
+            outputs=tensors(self._outputs, out_shapes, out_units, False),
+        )
+
+    def warmup_feed(self) -> dict[str, np.ndarray]:
+        """One full run of every input: zeros, or for an input that indexes, the lowest
+        value valid for every range it has."""
+        feed_shapes, _ = self.request_shapes()
+        feed = {}
+        for spec, shape in zip(self._inputs, feed_shapes):
+            dims = [self._capacity if d == -1 else int(d) for d in shape]
+            value = max((r.low for r in spec.ranges), default=0)
+            feed[spec.paddle_name or spec.name] = np.full(dims, value, spec.numpy_dtype)
+        return feed
+
+    def routes(self, route: Any) -> None:
+        """None: its requests are admitted into :attr:`queue` itself."""
+        return None
 
     @property
     def queue_capacity(self) -> int:
