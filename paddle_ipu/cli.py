@@ -21,7 +21,7 @@ def collect_info() -> dict[str, Any]:
     import paddle
 
     import paddle_ipu
-    from paddle_ipu import _core, device
+    from paddle_ipu import _core, device, patches
     from paddle_ipu.backends import available_backends
 
     plugin = device.plugin_path()
@@ -38,6 +38,7 @@ def collect_info() -> dict[str, Any]:
             for name, (ok, detail) in available_backends().items()
         },
         "core": _core.build_info(),
+        "patches": patches.report(),
     }
 
 
@@ -57,6 +58,13 @@ def _print_info(info: dict[str, Any]) -> None:
         state = "available" if b["available"] else "unavailable"
         detail = f" ({b['detail']})" if b["detail"] else ""
         print(f"  {name:<8} {state}{detail}")
+    print("what paddle-ipu changes in this process (paddle_ipu/patches.py):")
+    for p in info["patches"]:
+        state = "in effect" if p["active"] else "not in effect"
+        print(f"  {p['name']} [{p['when']}, {state}]: {p['target']}")
+        print(f"      {p['changes']}")
+        if p["off"]:
+            print(f"      off: {p['off']}")
 
 
 def progress_printer(stream: Any = None, width: int = 24) -> Callable[[int, int, str], None]:

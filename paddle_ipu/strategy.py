@@ -21,7 +21,7 @@ import importlib.util
 import numbers
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from paddle_ipu._internals import paddle_api, paddle_logs
 from paddle_ipu.backends.layout import check_everyn_period
@@ -73,6 +73,42 @@ class _OptionView:
         return self._owner.is_pattern_enabled(pattern)
 
 
+class Dy2StaticSwitch(Protocol):
+    """What :class:`IpuStrategy` asks of Paddle 2.x's dy2static patch (the dygraph
+    front door's, :mod:`paddle_ipu.frontends.dy2static`)."""
+
+    def created(self, strategy: IpuStrategy) -> None:
+        """A user made ``strategy`` (2.x registered one made in dynamic mode)."""
+
+    def register(self, strategy: IpuStrategy) -> None: ...
+
+    def release(self) -> None: ...
+
+
+#: the dy2static switch in use (set by :func:`set_dy2static_switch`), or None
+_dy2static: list[Dy2StaticSwitch | None] = [None]
+
+
+def set_dy2static_switch(switch: Dy2StaticSwitch | None) -> None:
+    """Plug in (None: take out) the dy2static patch :class:`IpuStrategy` calls."""
+    _dy2static[0] = switch
+
+
+def current_dy2static_switch() -> Dy2StaticSwitch | None:
+    """The dy2static patch :class:`IpuStrategy` calls (None: none)."""
+    return _dy2static[0]
+
+
+def _switch(what: str) -> Dy2StaticSwitch:
+    switch = _dy2static[0]
+    if switch is None:
+        raise NotSupportedError(
+            f"IpuStrategy.{what}(): Paddle 2.x's dy2static patch is not installed "
+            "(paddle_ipu.patches.apply('dy2static') installs it; import paddle_ipu does)"
+        )
+    return switch
+
+
 class IpuStrategy:
     """How a Paddle program is compiled for, and run on, the IPU.
 
@@ -88,17 +124,31 @@ class IpuStrategy:
     Every option is listed in :data:`OPTIONS` (and in docs/strategy.md).
 
     As in Paddle 2.x, a strategy created in dynamic (dygraph) mode registers the
-    dy2static patch (``register_patch()``): from then on a Layer method under
+    dy2static patch (:meth:`register_patch`): from then on a Layer method under
     ``paddle.jit.to_static`` runs on the IPU, trained by :meth:`set_optimizer`'s
-    optimizer when ``is_training``, until ``release_patch()``.  Both methods, and that
-    registration, are the dygraph front door's: :mod:`paddle_ipu.frontends.dygraph`
-    attaches them to this class when it is imported (``import paddle_ipu`` does).  The
-    strategies paddle_ipu makes for itself (:meth:`unpatched`) register nothing.
+    optimizer when ``is_training``, until :meth:`release_patch`.  The patch is the
+    dygraph front door's (:mod:`paddle_ipu.frontends.dy2static`): this class calls it
+    through :class:`Dy2StaticSwitch`, which ``import paddle_ipu`` plugs in
+    (:mod:`paddle_ipu.patches`).  The strategies paddle_ipu makes for itself
+    (:meth:`unpatched`) register nothing.
     """
 
     def __init__(self) -> None:
         paddle_logs.quiet_paddle()  # the user asked for the IPU
         self._init_values()
+        switch = _dy2static[0]
+        if switch is not None:
+            switch.created(self)
+
+    def register_patch(self) -> None:
+        """Run ``paddle.jit.to_static`` Layer methods on the IPU with this strategy
+        (Paddle 2.x's dy2static patch; the last strategy registered is the one used)."""
+        _switch("register_patch").register(self)
+
+    def release_patch(self) -> None:
+        """Undo :meth:`register_patch`: every patched model's weights (and optimizer
+        state) go back to its Layer (and optimizer) and its device is released."""
+        _switch("release_patch").release()
 
     @classmethod
     def unpatched(cls) -> IpuStrategy:

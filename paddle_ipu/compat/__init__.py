@@ -21,7 +21,7 @@ Replaced (module: names):
   ``ipu_shard_guard``, ``set_ipu_shard``; ``paddle.base.compiler``: ``IpuStrategy``,
   ``IpuCompiledProgram``;
 - ``paddle.base.core`` (also reached as ``paddle.framework.core``): ``IpuBackend``
-  (new), and ``IpuCompiledProgram._backend`` (:mod:`.ipu_backend`);
+  (new: :mod:`paddle_ipu.frontends.ipu_backend`);
 - ``paddle.static.amp``: ``cast_model_to_fp16`` / ``cast_parameters_to_fp16`` (they
   fail on PIR programs; a PIR program is marked to compile in float16);
 - ``paddle.pir.Program`` / legacy ``Program``: ``lr_sheduler``, 2.x's spelling of
@@ -43,8 +43,8 @@ from typing import Any
 
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compat import names
-from paddle_ipu.compat.ipu_backend import IpuBackend, program_backend
 from paddle_ipu.errors import NotSupportedError
+from paddle_ipu.frontends.ipu_backend import IpuBackend
 from paddle_ipu.frontends.program import FP16_ATTR, IpuCompiledProgram
 from paddle_ipu.strategy import IpuStrategy
 
@@ -365,7 +365,6 @@ def install() -> None:
             _replace(module, "ipu_shard_guard", ipu_shard_guard)
             _replace(module, "set_ipu_shard", set_ipu_shard)
         _replace(paddle_api.paddle_core(), "IpuBackend", IpuBackend)
-        _replace(IpuCompiledProgram, "_backend", property(program_backend))
         for program_type in (paddle.pir.Program, paddle_api.legacy_program_type()):
             if not hasattr(program_type, "lr_sheduler"):
                 _replace(program_type, "lr_sheduler", property(_lr_sheduler))

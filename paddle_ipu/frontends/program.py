@@ -9,7 +9,6 @@ works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the 
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClos
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 from paddle_ipu.frontends import fetch_names
 from paddle_ipu.frontends.graph_op import build_graph_program
+from paddle_ipu.frontends.ipu_backend import IpuBackend, set_last_compiled
 from paddle_ipu.pipeline import compile_executor, compile_lock, progress_reporter
 
 if TYPE_CHECKING:
@@ -31,22 +31,6 @@ if TYPE_CHECKING:
 #: attribute a PIR program gets from Paddle 2.x's ``cast_model_to_fp16`` (see
 #: paddle_ipu.compat): compile it in float16
 FP16_ATTR = "_paddle_ipu_fp16"
-
-
-_last_compiled: dict[str, weakref.ReferenceType[Any] | None] = {"target": None}
-
-
-def set_last_compiled(target: Any) -> None:
-    """Record ``target`` (a compiled program or a dygraph model) as the one compiled
-    last in this process: Paddle 2.x's ``IpuBackend.get_instance()`` acts on it
-    (:mod:`paddle_ipu.compat.ipu_backend`)."""
-    _last_compiled["target"] = weakref.ref(target)
-
-
-def last_compiled() -> Any:
-    """The compiled program or dygraph model compiled last (None when none lives)."""
-    ref = _last_compiled["target"]
-    return ref() if ref is not None else None
 
 
 class IpuCompiledProgram:
@@ -101,6 +85,12 @@ class IpuCompiledProgram:
     @property
     def strategy(self) -> Any:
         return self._strategy
+
+    @property
+    def _backend(self) -> IpuBackend:
+        """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
+        weights_from_host, reset, detach, save_model_proto of this program."""
+        return IpuBackend(self)
 
     def compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:
         """Compile and load the graph; return the runnable program.

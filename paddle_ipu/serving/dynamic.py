@@ -34,12 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from paddle_ipu.serving.runtime import (
     Answers,
+    DynamicModel,
     Handler,
     Runtime,
     RuntimeKind,
@@ -59,20 +60,6 @@ __all__ = [
 
 # What a dynamic model's future gives: by output name, or in the order of `outputs`.
 Outputs = Mapping[str, np.ndarray] | Sequence[np.ndarray]
-
-
-@runtime_checkable
-class DynamicModel(Protocol):
-    """What :meth:`InferenceServer.add_model <paddle_ipu.serving.server.InferenceServer.add_model>`
-    serves as a dynamic model (see the module's docstring)."""
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]: ...
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]: ...
-
-    def submit(self, feed: dict[str, np.ndarray]) -> Future[Any]: ...
 
 
 class FunctionModel(Runtime):

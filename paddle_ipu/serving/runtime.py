@@ -21,7 +21,7 @@ pipelines reach a model through this protocol and nothing else:
 
 A new runtime kind implements these (subclassing :class:`Runtime` gives the
 defaults of ``routes`` and of the statistics), and the server serves it unchanged.
-A model written against the smaller :class:`~paddle_ipu.serving.dynamic.DynamicModel`
+A model written against the smaller :class:`DynamicModel`
 interface (``inputs``, ``outputs``, ``submit``) is served through :func:`as_runtime`.
 """
 
@@ -39,6 +39,7 @@ from paddle_ipu.errors import NotSupportedError
 
 __all__ = [
     "Answers",
+    "DynamicModel",
     "Handler",
     "PlanTensor",
     "QueuePlan",
@@ -209,6 +210,21 @@ class QueueRuntime(Runtime, Protocol):
     def run(self, feed: Mapping[str, Any], timeout: float | None = None) -> list[np.ndarray]: ...
 
 
+@runtime_checkable
+class DynamicModel(Protocol):
+    """The smaller interface a user's own model may implement instead of
+    :class:`Runtime` (``close()`` optional): it is served through a :class:`Handler`
+    (see :mod:`paddle_ipu.serving.dynamic`)."""
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]: ...
+
+    def submit(self, feed: dict[str, np.ndarray]) -> Future[Any]: ...
+
+
 class Answers:
     """The statistics of a handler: requests answered, and those that failed."""
 
@@ -227,9 +243,9 @@ class Answers:
 
 
 class Handler(Runtime):
-    """A model written against :class:`~paddle_ipu.serving.dynamic.DynamicModel`
-    (``inputs``, ``outputs``, ``submit``; ``close`` optional) as a :class:`Runtime` of
-    kind ``"handler"``; it counts the requests it answered."""
+    """A model written against :class:`DynamicModel` (``inputs``, ``outputs``,
+    ``submit``; ``close`` optional) as a :class:`Runtime` of kind ``"handler"``; it
+    counts the requests it answered."""
 
     kind: RuntimeKind = "handler"
 
@@ -264,12 +280,10 @@ class Handler(Runtime):
 
 def as_runtime(model: Any) -> Runtime:
     """``model`` as a :class:`Runtime`: itself when it is one, a :class:`Handler` over
-    a :class:`~paddle_ipu.serving.dynamic.DynamicModel`; else a NotSupportedError
+    a :class:`DynamicModel`; else a NotSupportedError
     saying what the server serves."""
     if isinstance(model, Runtime):
         return model
-    from paddle_ipu.serving.dynamic import DynamicModel
-
     if isinstance(model, DynamicModel):
         return Handler(model)
     raise NotSupportedError(
