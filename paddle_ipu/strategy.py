@@ -24,10 +24,17 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from paddle_ipu._internals import paddle_api, paddle_logs
-from paddle_ipu.backends.layout import check_everyn_period
 from paddle_ipu.errors import NotSupportedError, OptionError
+from paddle_ipu.executor.config import ExecutorConfig, RunTimeOptions
 from paddle_ipu.options import ALIASES, OPTIONS, CustomOp, coerce, default_of, resolve
-from paddle_ipu.options.spec import coerce_bool, coerce_string, is_int, type_error
+from paddle_ipu.options.spec import (
+    check_everyn_period,
+    coerce_bool,
+    coerce_string,
+    is_int,
+    type_error,
+)
+from paddle_ipu.options.values import OptionValues
 
 __all__ = ["IpuStrategy"]
 
@@ -596,6 +603,51 @@ class IpuStrategy:
     def custom_op_names(self) -> list[str]:
         """Paddle op types of the custom ops (Paddle 2.x attribute)."""
         return [op.paddle_op for op in self._values["custom_ops"]]
+
+    # --- what crosses into the executor -------------------------------------------
+
+    def executor_config(self) -> ExecutorConfig:
+        """The settings an :class:`~paddle_ipu.executor.IpuExecutor` runs with, typed
+        and checked here, once (the executor and the model runtime read nothing else;
+        the options a run reads each time come through :meth:`run_time_options`).
+
+        Raises:
+            OptionError: an EVERYN period that does not divide batches_per_step.
+            NotSupportedError: the gradient reduction type is NoReduction.
+        """
+        training = self.is_training
+        seed = self.random_seed
+        return ExecutorConfig(
+            backend=str(self._values["backend"]),
+            is_training=training,
+            enable_fp16=self.enable_fp16,
+            batches_per_step=self.batches_per_step,
+            accumulation_factor=self.accumulation_factor if training else 1,
+            replication_factor=self.replication_factor,
+            micro_batch_size=self.micro_batch_size,
+            anchor_return_type=self.anchor_return_type,
+            anchor_return_period=self.anchor_return_period,
+            random_seed=seed,
+            host_num_threads=int(self._values["host_num_threads"]),
+            gradient_reduction=self.gradient_reduction,
+            model_runtime=bool(self._values["enable_model_runtime_executor"]),
+            timeout_ms=float(self._values["timeout_ms"]),
+            num_buffers=int(self._values["num_buffers"]),
+            options=OptionValues(self.values()),
+            explicit=self.explicit_options(),
+            patterns=MappingProxyType(dict(self._patterns)),
+            run_time=self.run_time_options,
+        )
+
+    def run_time_options(self) -> RunTimeOptions:
+        """The options a training run reads when it starts: Paddle 2.x changed them on
+        a compiled program's strategy between runs, without a recompile."""
+        lr = self._values["lr"]
+        set_here = lr != 0.0 or bool(self._values["is_dynamic"])
+        return RunTimeOptions(
+            lr=float(lr) if set_here else None,
+            enable_eval=bool(self._values["runtime_options.enable_eval"]),
+        )
 
     def changed_options(self) -> dict[str, Any]:
         """Options whose value differs from the default, by name."""

@@ -59,6 +59,7 @@ from paddle_ipu.errors import (
 )
 from paddle_ipu.executor.feeds import CheckedFeed, RequestChecks
 from paddle_ipu.executor.ipu_executor import IpuExecutor
+from paddle_ipu.options import OPTIONS, coerce
 from paddle_ipu.serving.runtime import (
     PlanTensor,
     QueuePlan,
@@ -126,27 +127,19 @@ class ModelRuntime(QueueRuntime):
         max_request_rows: int | None = None,
         start: bool = True,
     ) -> None:
-        strategy = executor.strategy
-        if strategy.is_training:
+        config = executor.config
+        if config.is_training:
             raise OptionError(
                 "the model runtime serves inference graphs only: compile with "
                 "is_training=False (set_graph_config(is_training=False))"
             )
         if executor.session is None:
             raise BackendError("the executor is not prepared: call prepare() first")
-        mbs = int(micro_batch_size if micro_batch_size is not None else strategy.micro_batch_size)
-        timeout = float(timeout_ms if timeout_ms is not None else strategy.get("timeout_ms"))
-        buffers = int(num_buffers if num_buffers is not None else strategy.get("num_buffers"))
-        if mbs < 1:
-            raise OptionError(f"micro_batch_size must be >= 1, got {mbs}")
-        # threading's waits refuse longer timeouts (OverflowError in the worker).
-        longest_ms = threading.TIMEOUT_MAX * 1e3
-        if not 0.0 <= timeout <= longest_ms:
-            raise OptionError(
-                f"timeout_ms must be a finite number in [0, {longest_ms:g}], got {timeout}"
-            )
-        if buffers < 1:
-            raise OptionError(f"num_buffers must be >= 1, got {buffers}")
+        # The strategy's values were checked when its executor config was made; a value
+        # given here is checked as the option is (the option table's one check).
+        mbs = _option("micro_batch_size", micro_batch_size, config.micro_batch_size)
+        timeout = _option("timeout_ms", timeout_ms, config.timeout_ms)
+        buffers = _option("num_buffers", num_buffers, config.num_buffers)
         self.executor = executor
         self.micro_batch_size = mbs
         self.timeout_ms = timeout
@@ -534,6 +527,13 @@ class ModelRuntime(QueueRuntime):
             exc = type(error)(str(error))
             exc.__cause__ = cause
             _set_exception(future, exc)
+
+
+def _option(name: str, given: Any, configured: Any) -> Any:
+    """``given`` checked as IpuStrategy option ``name`` is, or ``configured``."""
+    if given is None:
+        return configured
+    return coerce(OPTIONS[name], configured, given)
 
 
 def _answer(futures: list[Any]) -> None:
