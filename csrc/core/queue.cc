@@ -218,18 +218,26 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       NoGil nogil;
       std::unique_lock<std::mutex> lock(mu_);
       if (!current_.empty()) throw std::logic_error("next_batch() before the last run finished");
+      // The first caller of the last run: the GIL is free now.
+      PassBatonLocked(false, &dropped);
       while (true) {
         DropDeadHeads(&dropped);
-        if (closed_ && cancel_) return -1;
+        if (closed_ && cancel_) {
+          WakeAllLocked(&dropped);
+          return -1;
+        }
         if (pending_.empty()) {
-          if (closed_) return -1;
-          work_.wait(lock);
+          if (closed_) {
+            WakeAllLocked(&dropped);
+            return -1;
+          }
+          WaitForWork(&lock, Clock::time_point::max(), &dropped);
           continue;
         }
         if (pending_units_ >= capacity_ || !auto_batch_ || closed_) break;
         const auto flush = pending_.front()->arrived + timeout_;
         if (Clock::now() >= flush) break;
-        work_.wait_until(lock, flush);
+        WaitForWork(&lock, flush, &dropped);
       }
       filled = Take(&dropped);
       lock.unlock();
@@ -284,7 +292,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
           r.done += p.count;
           if (r.done == r.units) {
             r.state = RequestState::kDone;
-            r.Signal();
+            SignalInTurn(p.request);
             finished.push_back(p.request);
           }
         }
@@ -339,7 +347,9 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   }
 
   void Close(bool cancel) {
+    std::vector<RequestPtr> woken;  // (with the GIL: destroyed after the mutex)
     std::lock_guard<std::mutex> lock(mu_);
+    WakeAllLocked(&woken);
     closed_ = true;
     cancel_ = cancel_ || cancel;
     work_.notify_all();
@@ -363,14 +373,24 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     {
       std::lock_guard<std::mutex> lock(r->wait_mu);  // answered already: keep the GIL
       if (r->signalled) return true;
+      r->waiting = true;
     }
+    std::vector<RequestPtr> passed;  // destroyed once the GIL is back (see queue.h)
     NoGil nogil;
+    {
+      // The GIL is free: the next caller of the last run may take it now.
+      std::lock_guard<std::mutex> lock(mu_);
+      PassBatonLocked(false, &passed);
+    }
     std::unique_lock<std::mutex> lock(r->wait_mu);
+    bool done = true;
     if (timeout < 0.0) {
       r->finished.wait(lock, [r] { return r->signalled; });
-      return true;
+    } else {
+      done = r->finished.wait_for(lock, ToDuration(timeout), [r] { return r->signalled; });
     }
-    return r->finished.wait_for(lock, ToDuration(timeout), [r] { return r->signalled; });
+    r->waiting = false;
+    return done;
   }
 
   RequestState State(const Request* r) {
@@ -429,6 +449,67 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   void stats_requests_add(int64_t n) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.requests += n;
+  }
+
+  // The callers of a finished run are woken one at a time, each once the previous one
+  // has given up the GIL (in its next Wait, or the worker in NextBatch): woken together,
+  // they would all queue for the GIL at once and be put to sleep again in turn. A caller
+  // that does not come back within kBatonStale is passed over by the worker.
+  static constexpr auto kBatonStale = std::chrono::microseconds(200);
+
+  // With mu_ held: a finished request whose caller waits joins the line; one nobody
+  // waits for (a future's, a native one, a caller not there yet) is signalled now.
+  void SignalInTurn(const RequestPtr& r) {
+    bool blocked = false;
+    {
+      std::lock_guard<std::mutex> lock(r->wait_mu);
+      blocked = r->waiting;
+    }
+    if (blocked) {
+      baton_.push_back(r);
+    } else {
+      r->Signal();
+    }
+  }
+
+  // With mu_ held: wake the next caller in line (``stale``: only if the last one was
+  // woken kBatonStale ago or more). The request goes to ``keep``, for the caller to
+  // destroy with the GIL held and the mutex not (see queue.h).
+  void PassBatonLocked(bool stale, std::vector<RequestPtr>* keep) {
+    if (baton_.empty()) return;
+    const auto now = Clock::now();
+    if (stale && now - baton_passed_ < kBatonStale) return;
+    keep->push_back(std::move(baton_.front()));
+    baton_.pop_front();
+    baton_passed_ = now;
+    keep->back()->Signal();
+  }
+
+  // With mu_ held: wake every caller in line (the queue closes, or its worker stops).
+  void WakeAllLocked(std::vector<RequestPtr>* keep) {
+    for (RequestPtr& r : baton_) {
+      r->Signal();
+      keep->push_back(std::move(r));
+    }
+    baton_.clear();
+  }
+
+  // With mu_ held (as ``lock``), the GIL released: one wait for work, until ``until``
+  // at the latest, or until the baton's holder is late (then it is passed on); the
+  // caller looks at the queue again after each.
+  void WaitForWork(std::unique_lock<std::mutex>* lock, Clock::time_point until,
+                   std::vector<RequestPtr>* keep) {
+    if (!baton_.empty() && baton_passed_ + kBatonStale < until) {
+      if (work_.wait_until(*lock, baton_passed_ + kBatonStale) == std::cv_status::timeout) {
+        PassBatonLocked(true, keep);
+      }
+      return;
+    }
+    if (until == Clock::time_point::max()) {
+      work_.wait(*lock);
+    } else {
+      work_.wait_until(*lock, until);
+    }
   }
 
   // With mu_ held: queue an admitted request.
@@ -579,6 +660,8 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   std::condition_variable space_;  // submitters wait here
   std::deque<RequestPtr> pending_;
   std::vector<Piece> current_;  // the run under way
+  std::deque<RequestPtr> baton_;  // finished requests whose callers wait their turn
+  Clock::time_point baton_passed_{};
   int64_t pending_units_ = 0;   // units queued, not yet in a run
   int64_t inflight_units_ = 0;  // units admitted and not yet answered
   int64_t dirty_units_ = 0;     // units of the step buffers holding old rows

@@ -78,6 +78,7 @@ struct Request {
   std::mutex wait_mu;
   std::condition_variable finished;
   bool signalled = false;  // under wait_mu: finished (done, failed or cancelled)
+  bool waiting = false;    // under wait_mu: a caller is blocked in Wait
   std::shared_ptr<ServingQueue> queue;  // for wait() and cancel()
 
   Request() = default;
