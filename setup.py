@@ -113,10 +113,15 @@ PADDLE_RANGE: str = _RELEASES["RANGE"]
 #: installed (a wheel for another environment, uv, pip --prefix/--target)
 _VERSION_ENV = "PADDLE_IPU_PADDLE_VERSION"
 #: what the build takes out of the paddlepaddle wheel: the C++ headers (the plugin needs
-#: paddle/phi/backends/device_ext.h, the ipu kernels the rest) and the two libraries the
-#: kernels link (they are not bundled: they are the ones Paddle loads)
+#: paddle/phi/backends/device_ext.h, the ipu kernels the rest) and the libraries the
+#: kernels and the host's operators link (they are not bundled: they are the ones Paddle
+#: loads)
 _WHEEL_INCLUDE = "paddle/include/"
-_WHEEL_LIBS = ("paddle/libs/libphi_core.so", "paddle/libs/libcommon.so")
+_WHEEL_LIBS = (
+    "paddle/libs/libphi_core.so",
+    "paddle/libs/libcommon.so",
+    "paddle/base/libpaddle.so",
+)
 _DEVICE_HEADER = "paddle/phi/backends/device_ext.h"
 _headers: tuple[str, str, str] | None = None
 
@@ -179,7 +184,7 @@ def _target_paddle() -> tuple[str, str, str] | None:
 
 
 def _downloaded_paddle(build_temp: Path, requirement: str) -> tuple[str, str, str]:
-    """The headers and the two libraries the kernels link, read out of the newest
+    """The headers and the libraries the kernels and operators link, read out of the newest
     paddlepaddle wheel matching ``requirement``, which pip fetches (from its cache when
     the install already downloaded it), instead of installing a second 700 MB Paddle
     into the build environment."""

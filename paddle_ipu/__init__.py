@@ -14,8 +14,6 @@ import importlib.util
 import sys as _sys
 from typing import Any
 
-from paddle_ipu._internals import paddle_logs as _paddle_logs
-from paddle_ipu._util.env import env_flag
 from paddle_ipu._util.versions import check_paddle_version
 from paddle_ipu._version import __version__
 from paddle_ipu.errors import (
@@ -35,34 +33,15 @@ from paddle_ipu.errors import (
     UnsupportedOpError,
 )
 
-
-def _preload_poplar_sdk() -> None:
-    # popart refuses to import once onnx is imported (popart/__init__.py.in), and
-    # the compiler imports onnx: where the Poplar SDK is installed, load it first.
-    import importlib.util
-    import sys
-
-    if "popart" in sys.modules or "onnx" in sys.modules:
-        return
-    try:
-        if importlib.util.find_spec("popart") is not None:
-            importlib.import_module("popart")
-    except Exception:  # the popart backend's available() reports why
-        return
-
-
-_preload_poplar_sdk()
-
-# An import of the user's (not the one paddle-ipu's import hook does in every Paddle
-# process) keeps Paddle's log lines and warnings from the user: see
-# paddle_ipu._internals.paddle_logs (PADDLE_IPU_PADDLE_LOGS=1 shows them).
+# What paddle-ipu changes in the process is listed, and applied, in one place:
+# paddle_ipu.patches (paddle-ipu info shows it).  An import of the user's (not the one
+# paddle-ipu's import hook does in every Paddle process) keeps Paddle's log lines and
+# warnings from the user (PADDLE_IPU_PADDLE_LOGS=1 shows them).
+_patches = importlib.import_module("paddle_ipu.patches")
 _hook = _sys.modules.get("_paddle_ipu_autoload")
 _BY_USER = not getattr(_hook, "loading_paddle_ipu", False)
-if _BY_USER:
-    _paddle_logs.quiet_paddle_warnings()
+_patches.apply_at_import(_BY_USER, before_paddle=True)
 _paddle = importlib.import_module("paddle")
-if _BY_USER:
-    _paddle_logs.quiet_paddle()
 
 # The compiled core records the Paddle it was built with.
 try:
@@ -77,40 +56,20 @@ except ImportError as _exc:
         "from another directory."
     ) from None
 check_paddle_version(_paddle.__version__, _core.paddle_version)
-
-# The ipu kernels of Paddle's eager data transforms (paddle_ipu.device.register_kernels),
-# and Paddle's launcher kept on its CPU jobs (see paddle_process.hide_ipu_from_launcher).
-importlib.import_module("paddle_ipu.device").register_kernels()
-_paddle_process = importlib.import_module("paddle_ipu._internals.paddle_process")
-_paddle_process.explain_ipu_refusals()
-_paddle_process.keep_custom_place_on_load()
-if not env_flag("PADDLE_IPU_DEFAULT_DEVICE", False):
-    _paddle_process.hide_ipu_from_launcher()
-
-# exe.run of compiled programs, and of plain programs on the ipu place (see
-# paddle_ipu.frontends.run_hook; uninstall_hooks() undoes it).
-_patch = importlib.import_module("paddle_ipu.frontends.run_hook")
-_patch.install()
+_patches.apply_at_import(_BY_USER, before_paddle=False)
 
 
 def uninstall_hooks() -> None:
     """Give ``paddle.static.Executor.run`` back Paddle's own method: compiled programs
     then run through Paddle's executor, and plain programs on the ipu place are no
     longer compiled implicitly.  ``install_hooks()`` puts the routing back."""
-    _patch.uninstall()
+    _patches.undo("exe.run")
 
 
 def install_hooks() -> None:
     """Route ``paddle.static.Executor.run`` through paddle_ipu (done at import)."""
-    _patch.install()
+    _patches.apply("exe.run")
 
-
-# Paddle 2.x's IPU names (paddle.static.IpuStrategy, paddle.IPUPlace, ...; see
-# paddle_ipu.compat; paddle_ipu.compat.disable() restores Paddle's own).
-if env_flag("PADDLE_IPU_COMPAT", True):
-    importlib.import_module("paddle_ipu.compat").install()
-# Paddle 2.x's dy2static front door attaches IpuStrategy.register_patch / release_patch.
-importlib.import_module("paddle_ipu.frontends.dy2static")
 
 # Public names provided by submodules, imported on first use so that
 # `import paddle_ipu` stays cheap.

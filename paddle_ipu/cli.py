@@ -21,7 +21,7 @@ def collect_info() -> dict[str, Any]:
     import paddle
 
     import paddle_ipu
-    from paddle_ipu import _core, device
+    from paddle_ipu import _core, device, patches
     from paddle_ipu.backends import available_backends
 
     plugin = device.plugin_path()
@@ -38,6 +38,7 @@ def collect_info() -> dict[str, Any]:
             for name, (ok, detail) in available_backends().items()
         },
         "core": _core.build_info(),
+        "patches": patches.report(),
     }
 
 
@@ -57,6 +58,13 @@ def _print_info(info: dict[str, Any]) -> None:
         state = "available" if b["available"] else "unavailable"
         detail = f" ({b['detail']})" if b["detail"] else ""
         print(f"  {name:<8} {state}{detail}")
+    print("what paddle-ipu changes in this process (paddle_ipu/patches.py):")
+    for p in info["patches"]:
+        state = "in effect" if p["active"] else "not in effect"
+        print(f"  {p['name']} [{p['when']}, {state}]: {p['target']}")
+        print(f"      {p['changes']}")
+        if p["off"]:
+            print(f"      off: {p['off']}")
 
 
 def progress_printer(stream: Any = None, width: int = 24) -> Callable[[int, int, str], None]:
@@ -484,20 +492,13 @@ def _serve_repository(args: argparse.Namespace) -> int:
 
 
 def _serve_workers(args: argparse.Namespace) -> int:
-    """``--workers N``: N server processes on the same ports (SO_REUSEPORT: the kernel
-    spreads the connections), each with its own model runtime, so that every core can
-    run the graph and the interpreter.  SIGTERM/SIGINT are passed on to every worker,
-    which drains; the exit status is the worst of theirs."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
+    """``--workers N``: the model compiled (or the cache filled) once, then N worker
+    processes (paddle_ipu/serving/supervisor.py)."""
     from paddle_ipu.errors import OptionError
+    from paddle_ipu.serving.supervisor import supervise
 
     if args.port == 0 or args.grpc_port == 0:
         raise OptionError("--workers > 1 needs fixed ports: every worker listens on the same ones")
-    # Compile (or fill the cache) once, before the workers load it.
     package = _load_or_compile(
         args.model,
         args.micro_batch,
@@ -509,41 +510,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     _refuse_tail(package, _SERVE_WHY)
     from paddle_ipu.serving.workers import worker_argv
 
-    argv = [sys.executable, "-m", "paddle_ipu", *worker_argv(args)]
-    sockets: list[str] = []
-    metrics = None
-    if args.metrics_port is not None:
-        import tempfile
-
-        from paddle_ipu.serving.workers import WorkersMetricsServer
-
-        where = tempfile.mkdtemp(prefix="paddle-ipu-workers-")
-        sockets = [os.path.join(where, f"worker-{i}.sock") for i in range(args.workers)]
-        metrics = WorkersMetricsServer(args.host, args.metrics_port, sockets)
-        print(
-            f"paddle-ipu: metrics of {args.workers} workers on "
-            f"http://{args.host}:{metrics.port}/metrics",
-            flush=True,
-        )
-    children = [
-        subprocess.Popen(argv + (["--worker-metrics-socket", sockets[i]] if sockets else []))
-        for i in range(args.workers)
-    ]
-
-    def forward(sig: int, _frame: Any) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(sig)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, forward)
-    codes = [child.wait() for child in children]
-    if metrics is not None:
-        import shutil
-
-        metrics.close()
-        shutil.rmtree(os.path.dirname(sockets[0]), ignore_errors=True)
-    return max(abs(c) for c in codes)
+    return supervise(worker_argv(args), args.workers, args.host, args.metrics_port)
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:

@@ -154,6 +154,11 @@ def register_kernels() -> int:
     return added
 
 
+def kernels_registered() -> bool:
+    """Whether :func:`register_kernels` gave Paddle the ipu kernels in this process."""
+    return _kernels is not None
+
+
 def kernels_not_registered() -> list[str]:
     """The ipu kernels that could not be registered, as ``"name: reason"`` (empty when
     every kernel matched the installed Paddle's CPU kernel)."""

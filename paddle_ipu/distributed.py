@@ -71,9 +71,9 @@ def barrier(what: str = "paddle_ipu.distributed.barrier()", timeout: float | Non
             "paddle_ipu.distributed.barrier() runs on Paddle's launcher (the host backend); "
             "under poprun, use MPI's barrier (mpi4py: MPI.COMM_WORLD.Barrier())"
         )
-    from paddle_ipu.backends.host.replica_group import ReplicaGroup
+    from paddle_ipu.backends import job_group
 
-    ReplicaGroup.of_job().barrier(what, timeout)
+    job_group().barrier(what, timeout)
 
 
 def check_same(data: bytes, what: str) -> None:
@@ -86,6 +86,6 @@ def check_same(data: bytes, what: str) -> None:
         return
     if here.launcher == POPRUN:
         raise NotSupportedError("paddle_ipu.distributed.check_same() runs on Paddle's launcher")
-    from paddle_ipu.backends.host.replica_group import ReplicaGroup
+    from paddle_ipu.backends import job_group
 
-    ReplicaGroup.of_job().check_agreement(data, what)
+    job_group().check_agreement(data, what)

@@ -21,13 +21,20 @@ import importlib.util
 import numbers
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from paddle_ipu._internals import paddle_api, paddle_logs
-from paddle_ipu.backends.layout import check_everyn_period
 from paddle_ipu.errors import NotSupportedError, OptionError
+from paddle_ipu.executor.config import ExecutorConfig, RunTimeOptions
 from paddle_ipu.options import ALIASES, OPTIONS, CustomOp, coerce, default_of, resolve
-from paddle_ipu.options.spec import coerce_bool, coerce_string, is_int, type_error
+from paddle_ipu.options.spec import (
+    check_everyn_period,
+    coerce_bool,
+    coerce_string,
+    is_int,
+    type_error,
+)
+from paddle_ipu.options.values import OptionValues
 
 __all__ = ["IpuStrategy"]
 
@@ -73,6 +80,42 @@ class _OptionView:
         return self._owner.is_pattern_enabled(pattern)
 
 
+class Dy2StaticSwitch(Protocol):
+    """What :class:`IpuStrategy` asks of Paddle 2.x's dy2static patch (the dygraph
+    front door's, :mod:`paddle_ipu.frontends.dy2static`)."""
+
+    def created(self, strategy: IpuStrategy) -> None:
+        """A user made ``strategy`` (2.x registered one made in dynamic mode)."""
+
+    def register(self, strategy: IpuStrategy) -> None: ...
+
+    def release(self) -> None: ...
+
+
+#: the dy2static switch in use (set by :func:`set_dy2static_switch`), or None
+_dy2static: list[Dy2StaticSwitch | None] = [None]
+
+
+def set_dy2static_switch(switch: Dy2StaticSwitch | None) -> None:
+    """Plug in (None: take out) the dy2static patch :class:`IpuStrategy` calls."""
+    _dy2static[0] = switch
+
+
+def current_dy2static_switch() -> Dy2StaticSwitch | None:
+    """The dy2static patch :class:`IpuStrategy` calls (None: none)."""
+    return _dy2static[0]
+
+
+def _switch(what: str) -> Dy2StaticSwitch:
+    switch = _dy2static[0]
+    if switch is None:
+        raise NotSupportedError(
+            f"IpuStrategy.{what}(): Paddle 2.x's dy2static patch is not installed "
+            "(paddle_ipu.patches.apply('dy2static') installs it; import paddle_ipu does)"
+        )
+    return switch
+
+
 class IpuStrategy:
     """How a Paddle program is compiled for, and run on, the IPU.
 
@@ -88,17 +131,31 @@ class IpuStrategy:
     Every option is listed in :data:`OPTIONS` (and in docs/strategy.md).
 
     As in Paddle 2.x, a strategy created in dynamic (dygraph) mode registers the
-    dy2static patch (``register_patch()``): from then on a Layer method under
+    dy2static patch (:meth:`register_patch`): from then on a Layer method under
     ``paddle.jit.to_static`` runs on the IPU, trained by :meth:`set_optimizer`'s
-    optimizer when ``is_training``, until ``release_patch()``.  Both methods, and that
-    registration, are the dygraph front door's: :mod:`paddle_ipu.frontends.dygraph`
-    attaches them to this class when it is imported (``import paddle_ipu`` does).  The
-    strategies paddle_ipu makes for itself (:meth:`unpatched`) register nothing.
+    optimizer when ``is_training``, until :meth:`release_patch`.  The patch is the
+    dygraph front door's (:mod:`paddle_ipu.frontends.dy2static`): this class calls it
+    through :class:`Dy2StaticSwitch`, which ``import paddle_ipu`` plugs in
+    (:mod:`paddle_ipu.patches`).  The strategies paddle_ipu makes for itself
+    (:meth:`unpatched`) register nothing.
     """
 
     def __init__(self) -> None:
         paddle_logs.quiet_paddle()  # the user asked for the IPU
         self._init_values()
+        switch = _dy2static[0]
+        if switch is not None:
+            switch.created(self)
+
+    def register_patch(self) -> None:
+        """Run ``paddle.jit.to_static`` Layer methods on the IPU with this strategy
+        (Paddle 2.x's dy2static patch; the last strategy registered is the one used)."""
+        _switch("register_patch").register(self)
+
+    def release_patch(self) -> None:
+        """Undo :meth:`register_patch`: every patched model's weights (and optimizer
+        state) go back to its Layer (and optimizer) and its device is released."""
+        _switch("release_patch").release()
 
     @classmethod
     def unpatched(cls) -> IpuStrategy:
@@ -546,6 +603,51 @@ class IpuStrategy:
     def custom_op_names(self) -> list[str]:
         """Paddle op types of the custom ops (Paddle 2.x attribute)."""
         return [op.paddle_op for op in self._values["custom_ops"]]
+
+    # --- what crosses into the executor -------------------------------------------
+
+    def executor_config(self) -> ExecutorConfig:
+        """The settings an :class:`~paddle_ipu.executor.IpuExecutor` runs with, typed
+        and checked here, once (the executor and the model runtime read nothing else;
+        the options a run reads each time come through :meth:`run_time_options`).
+
+        Raises:
+            OptionError: an EVERYN period that does not divide batches_per_step.
+            NotSupportedError: the gradient reduction type is NoReduction.
+        """
+        training = self.is_training
+        seed = self.random_seed
+        return ExecutorConfig(
+            backend=str(self._values["backend"]),
+            is_training=training,
+            enable_fp16=self.enable_fp16,
+            batches_per_step=self.batches_per_step,
+            accumulation_factor=self.accumulation_factor if training else 1,
+            replication_factor=self.replication_factor,
+            micro_batch_size=self.micro_batch_size,
+            anchor_return_type=self.anchor_return_type,
+            anchor_return_period=self.anchor_return_period,
+            random_seed=seed,
+            host_num_threads=int(self._values["host_num_threads"]),
+            gradient_reduction=self.gradient_reduction,
+            model_runtime=bool(self._values["enable_model_runtime_executor"]),
+            timeout_ms=float(self._values["timeout_ms"]),
+            num_buffers=int(self._values["num_buffers"]),
+            options=OptionValues(self.values()),
+            explicit=self.explicit_options(),
+            patterns=MappingProxyType(dict(self._patterns)),
+            run_time=self.run_time_options,
+        )
+
+    def run_time_options(self) -> RunTimeOptions:
+        """The options a training run reads when it starts: Paddle 2.x changed them on
+        a compiled program's strategy between runs, without a recompile."""
+        lr = self._values["lr"]
+        set_here = lr != 0.0 or bool(self._values["is_dynamic"])
+        return RunTimeOptions(
+            lr=float(lr) if set_here else None,
+            enable_eval=bool(self._values["runtime_options.enable_eval"]),
+        )
 
     def changed_options(self) -> dict[str, Any]:
         """Options whose value differs from the default, by name."""

@@ -2,7 +2,7 @@
 
 Installed beside ``paddle_ipu_autoload.pth``, which imports this module at interpreter
 start.  Nothing here imports paddle: the hook only watches for it.  Once ``paddle`` has
-been imported it does two things, in this order:
+been imported it does three things, in this order:
 
 1. Keeps ``import paddle`` as quiet as without paddle-ipu: Paddle logs seven lines (glog,
    INFO) when it loads the ipu plugin; those lines are taken out of what Paddle writes to
@@ -21,6 +21,9 @@ been imported it does two things, in this order:
 
 ``PADDLE_IPU_AUTOLOAD=0`` (or false/no/off) turns the whole hook off: Paddle's own rules
 apply (the ipu device becomes its default, as any custom-device plugin would).
+
+This hook is the first entry of the registry of what paddle-ipu changes in a Paddle
+process (``paddle_ipu/patches.py``, listed by ``paddle-ipu info``).
 """
 
 import contextlib

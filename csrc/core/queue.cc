@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -57,6 +58,9 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // 64-bit nanoseconds would overflow near threading.TIMEOUT_MAX (292 years).
 constexpr double kForeverSeconds = 1e8;
 
+// A run whose outputs are at most this large is scattered without giving up the GIL.
+constexpr int64_t kCopyWithGilBytes = 256 * 1024;
+
 Clock::duration ToDuration(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(std::min(seconds, kForeverSeconds)));
@@ -102,6 +106,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       }
       in_unit_bytes_.push_back(view.len / capacity);
     }
+    for (int64_t b : out_unit_bytes_) out_run_bytes_ += b;
     stats_.fill_histogram.assign(static_cast<size_t>(capacity) + 1, 0);
     stats_.fill_seconds.assign(static_cast<size_t>(capacity) + 1, 0.0);
   }
@@ -143,6 +148,18 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       request->out.push_back({static_cast<char*>(v.buf), static_cast<int64_t>(v.len)});
     }
     if (!token.is_none()) request->token = token.release().ptr();
+    // Admitted without letting go of the GIL when there is space (the common case):
+    // giving it up for a few instructions would let one of the other callers take it,
+    // and this thread would wait behind it to return (the queue mutex is only ever
+    // never held by a thread that waits for the GIL, so taking it here cannot deadlock).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return py::make_tuple(2, py::none());
+      if (inflight_units_ == 0 || inflight_units_ + units <= limit_) {
+        AdmitLocked(request);
+        return py::make_tuple(0, py::cast(request));
+      }
+    }
     int status = 0;
     int64_t in_flight = 0;
     {
@@ -162,18 +179,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
         }
       }
       if (status == 0 && closed_) status = 2;
-      if (status == 0) {
-        request->arrived = Clock::now();
-        const int64_t before = pending_units_;
-        pending_.push_back(request);
-        pending_units_ += units;
-        inflight_units_ += units;
-        // The worker waits for a first request or for the oldest one's timeout:
-        // wake it only when that changes (a first request, a full run).
-        if (!auto_batch_ || before == 0 || (before < capacity_ && capacity_ <= before + units)) {
-          work_.notify_one();
-        }
-      }
+      if (status == 0) AdmitLocked(request);
     }
     if (status == 1) return py::make_tuple(1, in_flight);
     if (status == 2) return py::make_tuple(2, py::none());
@@ -199,14 +205,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     // As Submit: a request larger than the whole bound is admitted when nothing
     // else is in flight.
     if (inflight_units_ > 0 && inflight_units_ + request->units > limit_) return 1;
-    request->arrived = Clock::now();
-    const int64_t before = pending_units_;
-    pending_.push_back(request);
-    pending_units_ += request->units;
-    inflight_units_ += request->units;
-    if (!auto_batch_ || before == 0 || (before < capacity_ && capacity_ <= before + request->units)) {
-      work_.notify_one();
-    }
+    AdmitLocked(request);
     return 0;
   }
 
@@ -219,18 +218,26 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       NoGil nogil;
       std::unique_lock<std::mutex> lock(mu_);
       if (!current_.empty()) throw std::logic_error("next_batch() before the last run finished");
+      // The first caller of the last run: the GIL is free now.
+      PassBatonLocked(false, &dropped);
       while (true) {
         DropDeadHeads(&dropped);
-        if (closed_ && cancel_) return -1;
+        if (closed_ && cancel_) {
+          WakeAllLocked(&dropped);
+          return -1;
+        }
         if (pending_.empty()) {
-          if (closed_) return -1;
-          work_.wait(lock);
+          if (closed_) {
+            WakeAllLocked(&dropped);
+            return -1;
+          }
+          WaitForWork(&lock, Clock::time_point::max(), &dropped);
           continue;
         }
         if (pending_units_ >= capacity_ || !auto_batch_ || closed_) break;
         const auto flush = pending_.front()->arrived + timeout_;
         if (Clock::now() >= flush) break;
-        work_.wait_until(lock, flush);
+        WaitForWork(&lock, flush, &dropped);
       }
       filled = Take(&dropped);
       lock.unlock();
@@ -258,7 +265,11 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     std::vector<RequestPtr> finished;
     std::vector<Piece> pieces;
     {
-      NoGil nogil;
+      // A small run's rows are copied back with the GIL held: letting go of it for a
+      // few microseconds of copying would make this worker, which every request
+      // waits for, queue behind the callers for it.
+      std::optional<NoGil> nogil;
+      if (capacity_ * out_run_bytes_ > kCopyWithGilBytes) nogil.emplace();
       {
         std::lock_guard<std::mutex> lock(mu_);
         pieces.swap(current_);
@@ -281,7 +292,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
           r.done += p.count;
           if (r.done == r.units) {
             r.state = RequestState::kDone;
-            r.finished.notify_all();
+            SignalInTurn(p.request);
             finished.push_back(p.request);
           }
         }
@@ -336,7 +347,9 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   }
 
   void Close(bool cancel) {
+    std::vector<RequestPtr> woken;  // (with the GIL: destroyed after the mutex)
     std::lock_guard<std::mutex> lock(mu_);
+    WakeAllLocked(&woken);
     closed_ = true;
     cancel_ = cancel_ || cancel;
     work_.notify_all();
@@ -350,20 +363,34 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     r->state = RequestState::kCancelled;
     pending_units_ -= r->units - r->taken;
     inflight_units_ -= r->units - r->taken;
-    r->finished.notify_all();
+    r->Signal();
     space_.notify_all();
     return true;
   }
 
   // Waits (without the GIL) until the request is finished; false on timeout.
   bool Wait(Request* r, double timeout) {
-    NoGil nogil;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (timeout < 0.0) {
-      r->finished.wait(lock, [r] { return r->Finished(); });
-      return true;
+    {
+      std::lock_guard<std::mutex> lock(r->wait_mu);  // answered already: keep the GIL
+      if (r->signalled) return true;
+      r->waiting = true;
     }
-    return r->finished.wait_for(lock, ToDuration(timeout), [r] { return r->Finished(); });
+    std::vector<RequestPtr> passed;  // destroyed once the GIL is back (see queue.h)
+    NoGil nogil;
+    {
+      // The GIL is free: the next caller of the last run may take it now.
+      std::lock_guard<std::mutex> lock(mu_);
+      PassBatonLocked(false, &passed);
+    }
+    std::unique_lock<std::mutex> lock(r->wait_mu);
+    bool done = true;
+    if (timeout < 0.0) {
+      r->finished.wait(lock, [r] { return r->signalled; });
+    } else {
+      done = r->finished.wait_for(lock, ToDuration(timeout), [r] { return r->signalled; });
+    }
+    r->waiting = false;
+    return done;
   }
 
   RequestState State(const Request* r) {
@@ -424,6 +451,82 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
     stats_.requests += n;
   }
 
+  // The callers of a finished run are woken one at a time, each once the previous one
+  // has given up the GIL (in its next Wait, or the worker in NextBatch): woken together,
+  // they would all queue for the GIL at once and be put to sleep again in turn. A caller
+  // that does not come back within kBatonStale is passed over by the worker.
+  static constexpr auto kBatonStale = std::chrono::microseconds(200);
+
+  // With mu_ held: a finished request whose caller waits joins the line; one nobody
+  // waits for (a future's, a native one, a caller not there yet) is signalled now.
+  void SignalInTurn(const RequestPtr& r) {
+    bool blocked = false;
+    {
+      std::lock_guard<std::mutex> lock(r->wait_mu);
+      blocked = r->waiting;
+    }
+    if (blocked) {
+      baton_.push_back(r);
+    } else {
+      r->Signal();
+    }
+  }
+
+  // With mu_ held: wake the next caller in line (``stale``: only if the last one was
+  // woken kBatonStale ago or more). The request goes to ``keep``, for the caller to
+  // destroy with the GIL held and the mutex not (see queue.h).
+  void PassBatonLocked(bool stale, std::vector<RequestPtr>* keep) {
+    if (baton_.empty()) return;
+    const auto now = Clock::now();
+    if (stale && now - baton_passed_ < kBatonStale) return;
+    keep->push_back(std::move(baton_.front()));
+    baton_.pop_front();
+    baton_passed_ = now;
+    keep->back()->Signal();
+  }
+
+  // With mu_ held: wake every caller in line (the queue closes, or its worker stops).
+  void WakeAllLocked(std::vector<RequestPtr>* keep) {
+    for (RequestPtr& r : baton_) {
+      r->Signal();
+      keep->push_back(std::move(r));
+    }
+    baton_.clear();
+  }
+
+  // With mu_ held (as ``lock``), the GIL released: one wait for work, until ``until``
+  // at the latest, or until the baton's holder is late (then it is passed on); the
+  // caller looks at the queue again after each.
+  void WaitForWork(std::unique_lock<std::mutex>* lock, Clock::time_point until,
+                   std::vector<RequestPtr>* keep) {
+    if (!baton_.empty() && baton_passed_ + kBatonStale < until) {
+      if (work_.wait_until(*lock, baton_passed_ + kBatonStale) == std::cv_status::timeout) {
+        PassBatonLocked(true, keep);
+      }
+      return;
+    }
+    if (until == Clock::time_point::max()) {
+      work_.wait(*lock);
+    } else {
+      work_.wait_until(*lock, until);
+    }
+  }
+
+  // With mu_ held: queue an admitted request.
+  void AdmitLocked(const RequestPtr& request) {
+    request->arrived = Clock::now();
+    const int64_t before = pending_units_;
+    pending_.push_back(request);
+    pending_units_ += request->units;
+    inflight_units_ += request->units;
+    // The worker waits for a first request or for the oldest one's timeout: wake it
+    // only when that changes (a first request, a full run).
+    if (!auto_batch_ || before == 0 ||
+        (before < capacity_ && capacity_ <= before + request->units)) {
+      work_.notify_one();
+    }
+  }
+
   // With mu_ held (and the GIL, for the error's reference count).
   void FailLocked(Request* r, const py::object& error, const std::string& message) {
     const int64_t left = r->units - r->taken;  // queued units that will not run
@@ -439,7 +542,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       Py_XDECREF(r->error);
       r->error = error.inc_ref().ptr();
     }
-    r->finished.notify_all();
+    r->Signal();
     space_.notify_all();
   }
 
@@ -546,6 +649,7 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   std::vector<Py_buffer> steps_;
   std::vector<int64_t> in_unit_bytes_;
   std::vector<int64_t> out_unit_bytes_;
+  int64_t out_run_bytes_ = 0;  // bytes of one unit of every output, summed
   const int64_t capacity_;
   const int64_t limit_;
   const Clock::duration timeout_;
@@ -556,6 +660,8 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
   std::condition_variable space_;  // submitters wait here
   std::deque<RequestPtr> pending_;
   std::vector<Piece> current_;  // the run under way
+  std::deque<RequestPtr> baton_;  // finished requests whose callers wait their turn
+  Clock::time_point baton_passed_{};
   int64_t pending_units_ = 0;   // units queued, not yet in a run
   int64_t inflight_units_ = 0;  // units admitted and not yet answered
   int64_t dirty_units_ = 0;     // units of the step buffers holding old rows

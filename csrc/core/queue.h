@@ -72,7 +72,13 @@ struct Request {
   double compute_seconds = 0;   // the graph runs it was part of, summed
   PyObject* error = nullptr;  // owned; set (with the GIL) when failed
   PyObject* token = nullptr;  // owned; handed back to Python when finished
+  // Its caller waits on the request's own mutex, not the queue's: the callers of a
+  // run, woken together, do not then queue for one mutex (taken after the queue's,
+  // never with the GIL wanted).
+  std::mutex wait_mu;
   std::condition_variable finished;
+  bool signalled = false;  // under wait_mu: finished (done, failed or cancelled)
+  bool waiting = false;    // under wait_mu: a caller is blocked in Wait
   std::shared_ptr<ServingQueue> queue;  // for wait() and cancel()
 
   Request() = default;
@@ -83,6 +89,15 @@ struct Request {
   bool Finished() const {
     return state == RequestState::kDone || state == RequestState::kFailed ||
            state == RequestState::kCancelled;
+  }
+
+  // With the queue's mutex held, once the state is final: wakes the waiters.
+  void Signal() {
+    {
+      std::lock_guard<std::mutex> lock(wait_mu);
+      signalled = true;
+    }
+    finished.notify_all();
   }
 };
 

@@ -1,8 +1,7 @@
 // The serving front ends of paddle_ipu._core: KServe v2 over HTTP/1.1 (Boost.Beast on
 // Boost.Asio: listener.h, connection.h, routes.cc) and the ModelInfer path of KServe
-// v2 over gRPC (the call's bytes, from the gRPC server in
-// paddle_ipu/serving/grpc_service.py: grpc_call.h), both feeding the model runtime's
-// ServingQueue (csrc/core/queue.h) without the GIL.
+// v2 over gRPC (nghttp2 on the same IO threads: grpc_connection.h, grpc_call.h), both
+// feeding the model runtime's ServingQueue (csrc/core/queue.h) without the GIL.
 //
 // A request is parsed, checked (requests.h), and admitted to the queue on an IO
 // thread; its inputs are read by the queue straight from the request body, and its

@@ -37,6 +37,8 @@ _GLOG_LIBRARIES = ("base/libpaddle.so", "libs/libphi_core.so")
 _WARNINGS = r"paddle(\.|$)"
 
 _state = {"warnings": False, "glog": False}
+#: the glog levels quiet_paddle changed: (the library's flag, its level before)
+_changed: list[tuple[ctypes.c_int, int]] = []
 
 
 def asked_for_paddle_logs() -> bool:
@@ -83,7 +85,29 @@ def quiet_paddle() -> None:
     if asked_for_paddle_logs() or "GLOG_minloglevel" in os.environ or "GLOG_v" in os.environ:
         return
     for level in _glog_levels():
+        _changed.append((level, level.value))
         level.value = max(level.value, 2)
+
+
+def quieted() -> bool:
+    """Whether :func:`quiet_paddle` or :func:`quiet_paddle_warnings` took effect."""
+    return _state["warnings"] or bool(_changed)
+
+
+def restore_paddle_logs() -> None:
+    """Undo :func:`quiet_paddle` and :func:`quiet_paddle_warnings`: Paddle's log level and
+    its warnings as they were (a later use of the IPU quiets them again)."""
+    for level, before in _changed:
+        level.value = before
+    _changed.clear()
+    if _state["warnings"]:
+        for f in list(warnings.filters):
+            if f[0] == "ignore" and getattr(f[3], "pattern", None) == _WARNINGS:
+                warnings.filters.remove(f)  # type: ignore[attr-defined]
+        # What Python does with a warning no filter matches, as the last filter: adding
+        # it through the public call makes the warnings module forget its decisions.
+        warnings.simplefilter(getattr(warnings, "defaultaction", "default"), append=True)
+    _state["warnings"] = _state["glog"] = False
 
 
 @interface(

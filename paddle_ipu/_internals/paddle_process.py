@@ -103,6 +103,13 @@ def hide_ipu_from_launcher() -> None:
         sys.meta_path.insert(0, _LauncherWatcher())
 
 
+def ipu_hidden_from_launcher() -> bool:
+    """Whether the launcher's device detection is (or will be, on its import) patched."""
+    import sys
+
+    return bool(_launcher_originals) or any(isinstance(f, _LauncherWatcher) for f in sys.meta_path)
+
+
 def show_ipu_to_launcher() -> None:
     """Undo :func:`hide_ipu_from_launcher`."""
     import sys
@@ -204,6 +211,10 @@ def explain_ipu_refusals() -> None:
                     _refusal_patches.append((module, attr, original))
 
 
+def ipu_refusals_explained() -> bool:
+    return bool(_refusal_patches)
+
+
 def restore_ipu_refusals() -> None:
     """Undo :func:`explain_ipu_refusals`."""
     for module, attr, original in _refusal_patches:
@@ -269,6 +280,10 @@ def keep_custom_place_on_load() -> None:
     _load_patch.append((pir_io, "set_var", original))
 
 
+def custom_place_kept_on_load() -> bool:
+    return bool(_load_patch)
+
+
 def restore_custom_place_on_load() -> None:
     """Undo :func:`keep_custom_place_on_load`."""
     for module, name, original in _load_patch:
@@ -297,6 +312,11 @@ def _probe_load() -> str:
 # -- paddle.inference after register_op ------------------------------------------------
 
 _inference_primed = False
+
+
+def inference_primed() -> bool:
+    """Whether :func:`prime_paddle_inference` has run in this process."""
+    return _inference_primed
 
 
 def prime_paddle_inference() -> None:

@@ -19,7 +19,7 @@ import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from paddle_ipu.errors import BackendUnavailableError, NotSupportedError, UnknownOptionError
 
@@ -175,3 +175,13 @@ __all__ = [
     "support",
     "unregister",
 ]
+
+
+def job_group() -> Any:
+    """This process's group in a job of Paddle's launcher, as the host backend joins it
+    (its replicas are processes): ``barrier(what, timeout)`` and
+    ``check_agreement(data, what)`` across the job (what
+    :mod:`paddle_ipu.distributed` offers a script).  NotSupportedError outside such a
+    job."""
+    group = importlib.import_module("paddle_ipu.backends.host.replica_group")
+    return group.ReplicaGroup.of_job()

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from paddle_ipu.backends.layout import check_everyn_period
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import OptionError
-from paddle_ipu.options import OPTIONS, default_of
+from paddle_ipu.options import resolve
+from paddle_ipu.options.spec import check_everyn_period
+from paddle_ipu.options.values import OptionValues
 
 if TYPE_CHECKING:
     from paddle_ipu.compiler.training import TrainingSource
@@ -61,10 +62,12 @@ class AnchorReturnType:
 class SessionConfig:
     """Everything a backend needs besides the model: plain data.
 
-    ``options`` holds IpuStrategy option values by their names (Paddle 2.x's), and
-    ``explicit`` the names set explicitly; an option left out has its declared default
-    (:meth:`option`).  ``extras`` holds a backend's own settings that are not options
-    (the popart backend's device wait, export paths, ...).
+    ``options`` holds IpuStrategy option values by their names (Paddle 2.x's), as an
+    :class:`~paddle_ipu.options.values.OptionValues` (a plain mapping given here is
+    made one: every name checked against the option table), and ``explicit`` the names
+    set explicitly; an option left out has its declared default (:meth:`option`).
+    ``extras`` holds a backend's own settings that are not options (the popart
+    backend's device wait, export paths, ...).
     """
 
     batches_per_step: int = 1
@@ -77,7 +80,7 @@ class SessionConfig:
     num_threads: int = 0  # 0: all cores
     # "mean" or "sum": how gradients are reduced over af and rf.
     gradient_reduction: str = "mean"
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: OptionValues = field(default_factory=OptionValues)
     explicit: frozenset[str] = frozenset()
     #: PopART pattern name -> enabled (IpuStrategy.enable_pattern / disable_pattern)
     patterns: Mapping[str, bool] = field(default_factory=dict)
@@ -87,15 +90,21 @@ class SessionConfig:
     #: objects
     training_source: TrainingSource | None = None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The option names are checked whenever options are given, made or assigned.
+        if name == "options" and not isinstance(value, OptionValues):
+            value = OptionValues(value)
+        elif name == "explicit":
+            value = frozenset(resolve(n) for n in value)
+        object.__setattr__(self, name, value)
+
     def option(self, name: str) -> Any:
         """The value of IpuStrategy option ``name`` (its default when not given)."""
-        if name in self.options:
-            return self.options[name]
-        return default_of(OPTIONS[name])
+        return self.options.value(name)
 
     def changed(self, name: str) -> bool:
         """Whether option ``name`` differs from its default."""
-        return name in self.options and self.options[name] != default_of(OPTIONS[name])
+        return self.options.changed(name)
 
 
 @dataclass(frozen=True)

@@ -29,19 +29,7 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu.errors import FeedError, OptionError
-
-
-def check_everyn_period(
-    period: int, batches_per_step: int | None = None, name: str = "the EVERYN anchor period"
-) -> None:
-    """The one check of an EVERYN anchor's period: an int >= 1 that divides
-    ``batches_per_step`` (when it is known).  Raises OptionError naming ``name``."""
-    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-        raise OptionError(f"{name} must be an int >= 1 for EVERYN, got {period!r}")
-    if batches_per_step is not None and batches_per_step % period:
-        raise OptionError(
-            f"{name} ({period}) must divide batches_per_step ({batches_per_step}) for EVERYN"
-        )
+from paddle_ipu.options.spec import check_everyn_period
 
 
 @dataclass(frozen=True)

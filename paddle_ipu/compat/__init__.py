@@ -21,15 +21,16 @@ Replaced (module: names):
   ``ipu_shard_guard``, ``set_ipu_shard``; ``paddle.base.compiler``: ``IpuStrategy``,
   ``IpuCompiledProgram``;
 - ``paddle.base.core`` (also reached as ``paddle.framework.core``): ``IpuBackend``
-  (new), and ``IpuCompiledProgram._backend`` (:mod:`.ipu_backend`);
+  (new: :mod:`paddle_ipu.frontends.ipu_backend`);
 - ``paddle.static.amp``: ``cast_model_to_fp16`` / ``cast_parameters_to_fp16`` (they
   fail on PIR programs; a PIR program is marked to compile in float16);
 - ``paddle.pir.Program`` / legacy ``Program``: ``lr_sheduler``, 2.x's spelling of
   ``lr_scheduler``;
 - ``paddle.inference``: ``Config`` (Paddle's own, with ``enable_ipu``,
-  ``set_ipu_config``, ``load_ipu_config`` working) and ``create_predictor`` (the IPU
+  ``set_ipu_config``, ``load_ipu_config`` ... working) and ``create_predictor`` (the IPU
   predictor of :mod:`paddle_ipu.inference` for a Config whose ``enable_ipu()`` was
-  called, Paddle's for every other);
+  called, Paddle's for every other): made by
+  :func:`paddle_ipu.frontends.paddle_config.paddle_config`;
 - ``paddle.pir.Operation._set_attr``: Paddle 2.x's way to put IPU hints
   (``__available_memory``, ``serialize_factor``) on an operator
   (:mod:`paddle_ipu.compat.op_attrs`);
@@ -46,8 +47,8 @@ from typing import Any
 
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compat import names, op_attrs
-from paddle_ipu.compat.ipu_backend import IpuBackend, program_backend
-from paddle_ipu.errors import NotSupportedError
+from paddle_ipu.frontends.ipu_backend import IpuBackend
+from paddle_ipu.frontends.paddle_config import paddle_config
 from paddle_ipu.frontends.program import FP16_ATTR, IpuCompiledProgram
 from paddle_ipu.strategy import IpuStrategy
 
@@ -210,124 +211,6 @@ def _lr_sheduler(program: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------
-# paddle.inference: Config.enable_ipu
-# ----------------------------------------------------------------------------------
-
-
-def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, Any]:
-    """``paddle.inference.Config`` and ``create_predictor`` with Paddle 2.x's IPU
-    methods working: Paddle 3.x's raise ("did not have the option -DWITH_IPU").
-
-    The Config is Paddle's own (every CPU setting behaves as in Paddle); its IPU
-    methods record the settings on a :class:`paddle_ipu.inference.Config` instead;
-    ``create_predictor`` of a Config whose ``enable_ipu()`` was called compiles the
-    model for the IPU (:func:`paddle_ipu.inference.create_predictor`), and hands
-    every other Config to Paddle."""
-    from paddle_ipu import inference
-
-    class Config(paddle_config):
-        __doc__ = paddle_config.__doc__
-
-        def _ipu_settings(self) -> Any:
-            settings = self.__dict__.get("_paddle_ipu_config")
-            if settings is None:
-                settings = self.__dict__["_paddle_ipu_config"] = inference.Config()
-            return settings
-
-        def enable_ipu(
-            self,
-            ipu_device_num: int = 1,
-            ipu_micro_batch_size: int = 1,
-            ipu_enable_pipelining: bool = False,
-            ipu_batches_per_step: int = 1,
-        ) -> None:
-            self._ipu_settings().enable_ipu(
-                ipu_device_num, ipu_micro_batch_size, ipu_enable_pipelining, ipu_batches_per_step
-            )
-
-        def set_ipu_config(self, *args: Any, **kwargs: Any) -> None:
-            self._ipu_settings().set_ipu_config(*args, **kwargs)
-
-        def load_ipu_config(self, config_path: str) -> None:
-            self._ipu_settings().load_ipu_config(config_path)
-
-        # paddle-ipu's own IPU settings, on Paddle's Config too
-        def set_ipu_sequence_buckets(self, *args: Any, **kwargs: Any) -> None:
-            self._ipu_settings().set_ipu_sequence_buckets(*args, **kwargs)
-
-        def set_ipu_input_shapes(self, shapes: Any) -> None:
-            self._ipu_settings().set_ipu_input_shapes(shapes)
-
-        def set_ipu_max_specialisations(self, count: int) -> None:
-            self._ipu_settings().set_ipu_max_specialisations(count)
-
-        def set_ipu_shape_ranges(self, ranges: dict[str, Any]) -> None:
-            self._ipu_settings().set_ipu_shape_ranges(ranges)
-
-        def set_ipu_strategy_options(self, options: dict[str, Any]) -> None:
-            self._ipu_settings().set_ipu_strategy_options(options)
-
-        def exp_disable_mixed_precision_ops(self, black_list: Any) -> None:
-            super().exp_disable_mixed_precision_ops(black_list)
-            self._ipu_settings().exp_disable_mixed_precision_ops(black_list)
-
-        def enable_onednn_bfloat16(self) -> None:
-            super().enable_onednn_bfloat16()
-            self._ipu_settings().enable_onednn_bfloat16()
-
-        def enable_mkldnn_bfloat16(self) -> None:
-            super().enable_mkldnn_bfloat16()
-            self._ipu_settings().enable_onednn_bfloat16()
-
-        def set_ipu_custom_info(self, *args: Any, **kwargs: Any) -> None:
-            self._ipu_settings().set_ipu_custom_info(*args, **kwargs)
-
-        def use_ipu(self) -> bool:
-            settings = self.__dict__.get("_paddle_ipu_config")
-            return settings is not None and settings.use_ipu()
-
-        def enable_custom_device(
-            self, device_type: str, device_id: int = 0, precision: Any = None
-        ) -> None:
-            # Paddle 3's way to pick a custom device: the ipu one runs the compiled
-            # graph (Paddle's own predictor would run its kernels one by one there).
-            if device_type == "ipu":
-                self._ipu_settings().enable_custom_device(device_type, device_id, precision)
-                return
-            if precision is None:
-                super().enable_custom_device(device_type, device_id)
-            else:
-                super().enable_custom_device(device_type, device_id, precision)
-
-        # Settings Paddle's Config keeps that the IPU predictor honours too.
-        def set_cpu_math_library_num_threads(self, num_threads: int) -> None:
-            super().set_cpu_math_library_num_threads(num_threads)
-            self._ipu_settings().set_cpu_math_library_num_threads(num_threads)
-
-        def disable_glog_info(self) -> None:
-            super().disable_glog_info()
-            self._ipu_settings().disable_glog_info()
-
-    def create_predictor(config: Any) -> Any:
-        if not (isinstance(config, Config) and config.use_ipu()):
-            return paddle_create(config)
-        settings = config._ipu_settings()
-        if config.model_from_memory():
-            raise NotSupportedError(
-                "a model set with set_model_buffer: use paddle_ipu.inference.Config, whose "
-                "set_model_buffer the IPU predictor reads"
-            )
-        if config.model_dir():
-            settings.set_model(config.model_dir())
-        else:
-            settings.set_model(config.prog_file(), config.params_file() or None)
-        return inference.create_predictor(settings)
-
-    create_predictor.__doc__ = paddle_create.__doc__
-    return Config, create_predictor
-
-
-# ----------------------------------------------------------------------------------
 # install / disable
 # ----------------------------------------------------------------------------------
 
@@ -376,7 +259,6 @@ def install() -> None:
             _replace(module, "ipu_shard_guard", ipu_shard_guard)
             _replace(module, "set_ipu_shard", set_ipu_shard)
         _replace(paddle_api.paddle_core(), "IpuBackend", IpuBackend)
-        _replace(IpuCompiledProgram, "_backend", property(program_backend))
         for program_type in (paddle.pir.Program, paddle_api.legacy_program_type()):
             if not hasattr(program_type, "lr_sheduler"):
                 _replace(program_type, "lr_sheduler", property(_lr_sheduler))
@@ -387,9 +269,7 @@ def install() -> None:
         _replace(amp, "cast_parameters_to_fp16", params_fn)
         import paddle.inference
 
-        config, create = _inference_wrappers(
-            paddle.inference.Config, paddle.inference.create_predictor
-        )
+        config, create = paddle_config(paddle.inference.Config, paddle.inference.create_predictor)
         _replace(paddle.inference, "Config", config)
         _replace(paddle.inference, "create_predictor", create)
         names.install(_replace)

@@ -1,9 +1,10 @@
 """compile_program: a Paddle static program -> CompiledModel (forward ONNX + specs).
 
 Memory and files: the program is saved for the converter into anonymous in-memory
-files (memfd) behind symlinks in a scratch folder named after this process, so a
-killed compile leaves no weights on any file system, and the next compile removes
-the folders of dead processes.  The converter's result comes back without the weight
+files (memfd) behind symlinks in a scratch folder named after this process
+(:mod:`paddle_ipu.compiler.scratch`), so a killed compile leaves no weights on any
+file system, and the next compile removes the folders of dead processes.  The
+converter's result comes back without the weight
 values (see :mod:`paddle_ipu.compiler.weights`); the graph passes and shape inference
 run on that small graph, and the weights are written into the model once, straight
 from the scope.  The converter itself gets the big float weights as one-element
@@ -15,12 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
-import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,138 +31,11 @@ from paddle_ipu.compiler.ops import check_static_shapes, check_supported
 from paddle_ipu.compiler.pir_reader import PirReader
 from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import ForwardGraph, ProgramReader
+from paddle_ipu.compiler.scratch import check_working_dir, scratch_folder
 from paddle_ipu.compiler.weights import serialize_with_weights
-from paddle_ipu.errors import CompileError, NotSupportedError, OptionError, WorkDirError
+from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
 
 log = logging.getLogger("paddle_ipu")
-
-# Scratch folders are named after the compiling process, so that a later compile can
-# tell the folders of a killed process from those of a live one.
-_SCRATCH_PREFIX = "paddle_ipu_"
-_SCRATCH_RE = re.compile(re.escape(_SCRATCH_PREFIX) + r"(\d+)_")
-
-
-def _scratch_dir() -> str:
-    """Where a compile's scratch folder goes: $TMPDIR when it is set (and then it must
-    be usable), else /dev/shm, else Python's default temporary directory."""
-    chosen = os.environ.get("TMPDIR")
-    if chosen:
-        if not os.path.isdir(chosen):
-            raise WorkDirError(
-                f"TMPDIR={chosen!r} is not a directory (missing or deleted): paddle-ipu "
-                "writes a compile's scratch files there; point TMPDIR at a writable directory "
-                "or unset it"
-            )
-        if not os.access(chosen, os.W_OK | os.X_OK):
-            raise WorkDirError(
-                f"TMPDIR={chosen!r} is not writable: paddle-ipu writes a compile's scratch "
-                "files there; point TMPDIR at a writable directory or unset it"
-            )
-        return chosen
-    # tmpfs keeps the save/convert round trip in memory.
-    shm = "/dev/shm"
-    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
-        return shm
-    try:
-        return tempfile.gettempdir()
-    except OSError as exc:
-        raise WorkDirError(f"no usable directory for temporary files: {exc}") from exc
-
-
-def _check_working_dir() -> None:
-    """A deleted working directory aborts Paddle's native code later on (its library
-    loader); say so while it is still a Python error."""
-    try:
-        os.getcwd()
-    except OSError as exc:
-        try:
-            where = os.readlink("/proc/self/cwd")
-        except OSError:
-            where = "?"
-        raise WorkDirError(
-            f"the working directory {where!r} is missing ({exc.strerror}): change to an "
-            "existing directory before compiling"
-        ) from None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def remove_stale_scratch(directory: str) -> list[str]:
-    """Remove the scratch folders in ``directory`` that processes of this user left when
-    they were killed mid-compile (their pid is dead); return their paths."""
-    removed: list[str] = []
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return removed
-    for entry in entries:
-        match = _SCRATCH_RE.match(entry.name)
-        if match is None or int(match.group(1)) == os.getpid():
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not entry.is_dir(follow_symlinks=False) or (uid is not None and st.st_uid != uid):
-            continue
-        if _pid_alive(int(match.group(1))):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.path)
-    return removed
-
-
-@dataclass
-class _Scratch:
-    """A compile's scratch folder.  The files the converter reads are symlinks to
-    anonymous in-memory files (memfd) of this process: the weights never have a name
-    on any file system, and vanish with the process however it ends."""
-
-    directory: str
-    log_path: str
-    _fds: dict[str, int]
-
-    def size(self, path: str) -> int:
-        fd = self._fds.get(os.path.basename(path))
-        return os.fstat(fd).st_size if fd is not None else os.path.getsize(path)
-
-
-@contextlib.contextmanager
-def _scratch() -> Iterator[_Scratch]:
-    base = _scratch_dir()
-    remove_stale_scratch(base)
-    try:
-        directory = tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}_", dir=base)
-    except OSError as exc:
-        raise WorkDirError(
-            f"cannot create a scratch folder in {base!r} ({exc.strerror or exc}): "
-            "point TMPDIR at a writable directory"
-        ) from None
-    fds: dict[str, int] = {}
-    try:
-        log_path = os.path.join(directory, "convert.log")
-        if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-            for name in ("model.json", "model.pdiparams", "convert.log"):
-                fd = os.memfd_create(f"paddle_ipu_{name}")
-                fds[name] = fd
-                os.symlink(f"/proc/self/fd/{fd}", os.path.join(directory, name))
-            # The converter's forked child inherits the descriptors: /proc/self
-            # resolves in either process.
-            log_path = f"/proc/self/fd/{fds['convert.log']}"
-        yield _Scratch(directory, log_path, fds)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _weight_arrays(weights: Mapping[str, str], scope: Any) -> dict[str, np.ndarray]:
@@ -261,7 +130,7 @@ def compile_program(
             "the fp16 conversion is done after compiling"
         )
     requested = check_opset(opset)
-    _check_working_dir()
+    check_working_dir()
     with static_mode():
         return _compile(
             program,
@@ -319,7 +188,7 @@ def _convert(
     fg: Any, requested: int, auto_upgrade: bool, isolate: bool, placeholders: frozenset[str]
 ) -> onnx.ModelProto:
     """The converter's graph of ``fg``, its parameters' Constant nodes emptied."""
-    with _scratch() as scratch:
+    with scratch_folder() as scratch:
         model_path, params_path = fg.write_inference_model(scratch.directory, placeholders)
         if params_path and scratch.size(params_path) == 0:
             params_path = ""  # a program without parameters writes none

@@ -20,10 +20,10 @@ from paddle_ipu._internals import paddle_api
 from paddle_ipu._tensors.views import as_numpy
 from paddle_ipu._util.env import env_flag
 from paddle_ipu._util.files import write_atomically
-from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
-from paddle_ipu.backends.layout import StepLayout
+from paddle_ipu.backends.base import Session, SessionConfig
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
 from paddle_ipu.errors import BackendError, IpuError, RuntimeClosedError
+from paddle_ipu.executor.config import ConfigSource, ExecutorConfig
 from paddle_ipu.executor.feeds import FeedPlan
 
 log = logging.getLogger("paddle_ipu")
@@ -52,7 +52,9 @@ class IpuExecutor:
 
     Args:
         model: the compiled graph.
-        strategy: the IpuStrategy it was compiled with.
+        strategy: the IpuStrategy it was compiled with, or its
+            :class:`~paddle_ipu.executor.config.ExecutorConfig` (what the executor reads
+            of it, made and checked once by ``IpuStrategy.executor_config()``).
         scope: the Paddle scope holding the weights (default: the global scope).
         backend: a backend name ("host", "popart", "auto"); default: the strategy's.
         lr_scheduler: the program's ``paddle.optimizer.lr.LRScheduler``, read at
@@ -62,20 +64,22 @@ class IpuExecutor:
     def __init__(
         self,
         model: CompiledModel,
-        strategy: Any,
+        strategy: ExecutorConfig | ConfigSource,
         scope: Any = None,
         backend: str | None = None,
         lr_scheduler: Any = None,
         training_source: Any = None,
     ) -> None:
+        config = strategy if isinstance(strategy, ExecutorConfig) else strategy.executor_config()
+        #: what the executor reads of its strategy (typed, checked when it was made)
+        self.config = config
         self.model = model
         self.lr_scheduler = lr_scheduler
         #: the Paddle program a training model was compiled from
         #: (:class:`paddle_ipu.compiler.training.TrainingSource`), given to the backend
         self.training_source = training_source
-        self.strategy = strategy
         self._scope = scope
-        self._backend_name = backend or strategy.get("backend")
+        self._backend_name = backend or config.backend
         self.session: Session | None = None
         self.compile_only = False
         #: the exception of the last failed run (kept for Paddle's op path)
@@ -88,11 +92,8 @@ class IpuExecutor:
         self.released = False
         #: the model runtime serving this executor, when one was started over it
         self.serving: Server | None = None
-        bps = int(strategy.batches_per_step)
-        af = int(strategy.accumulation_factor) if strategy.is_training else 1
-        rf = int(strategy.replication_factor)
-        self.layout = StepLayout(bps, af, rf)
-        self._training = bool(strategy.is_training)
+        self.layout = config.layout
+        self._training = config.is_training
         self._output_names = [spec.name for spec in model.outputs]
         #: the feed check (the one in paddle_ipu.executor.feeds)
         self.feeds = FeedPlan(model.inputs, self.layout)
@@ -113,24 +114,20 @@ class IpuExecutor:
         return resolve(self._backend_name)
 
     def session_config(self) -> SessionConfig:
-        s = self.strategy
-        kind = str(s.get("anchor_return_type")).upper()
-        period = int(s.get("anchor_return_period"))
-        anchors = {spec.name: AnchorReturnType(kind, period) for spec in self.model.outputs}
-        seed = s.get("random_seed")
+        c = self.config
         return SessionConfig(
             batches_per_step=self.layout.batches_per_step,
             accumulation_factor=self.layout.accumulation_factor,
             replication_factor=self.layout.replication_factor,
-            anchors=anchors,
-            is_training=bool(s.is_training),
-            enable_fp16=bool(s.enable_fp16),
-            random_seed=None if seed is None else int(seed),
-            num_threads=int(s.get("host_num_threads")),
-            gradient_reduction=s.gradient_reduction,
-            options=s.values(),
-            explicit=s.explicit_options(),
-            patterns=s.patterns,
+            anchors={spec.name: c.anchor for spec in self.model.outputs},
+            is_training=c.is_training,
+            enable_fp16=c.enable_fp16,
+            random_seed=c.random_seed,
+            num_threads=c.host_num_threads,
+            gradient_reduction=c.gradient_reduction,
+            options=c.options,
+            explicit=c.explicit,
+            patterns=dict(c.patterns),
             training_source=self.training_source,
         )
 
@@ -158,9 +155,9 @@ class IpuExecutor:
                 return
             session.prepare_device()
             self.weights_from_host()
-            seed = self.strategy.get("random_seed")
+            seed = self.config.random_seed
             if seed is not None:
-                session.set_random_seed(int(seed))
+                session.set_random_seed(seed)
 
     def reset(self) -> None:
         """Release the session and its device (Paddle 2.x's Reset).  Later runs
@@ -235,27 +232,27 @@ class IpuExecutor:
         every run, Paddle 2.x's with_lr_sched path) or from the ``lr`` option when
         it was set.  The session is updated only when the optimizer changes."""
         optimizer = self.model.optimizer
-        if not self.strategy.is_training or optimizer is None:
+        if not self._training or optimizer is None:
             return
         import dataclasses
 
-        eval_mode = bool(self.strategy.get("runtime_options.enable_eval"))
+        run_time = self.config.run_time()
+        eval_mode = run_time.enable_eval
         if eval_mode:
             params = tuple(dataclasses.replace(p, weight_decay=0.0) for p in optimizer.params)
             wanted = dataclasses.replace(optimizer, lr=0.0, weight_decay=0.0, params=params)
         else:
-            wanted = dataclasses.replace(optimizer, lr=self._current_lr(optimizer))
+            wanted = dataclasses.replace(optimizer, lr=self._current_lr(optimizer, run_time.lr))
         key = (eval_mode, float(wanted.lr))
         if key != self._optimizer_key:
             session.update_optimizer(wanted)
             session.set_eval(eval_mode)
             self._optimizer_key = key
 
-    def _current_lr(self, optimizer: Any) -> float:
+    def _current_lr(self, optimizer: Any, option: float | None) -> float:
         # An lr option set away from its default (0.0) wins, as in Paddle 2.x.
-        # (Not changed_options(): it copies every option, on every run.)
-        if self.strategy.get("lr") != 0.0 or self.strategy.get("is_dynamic"):
-            return float(self.strategy.get("lr"))
+        if option is not None:
+            return option
         if self.lr_scheduler is not None:
             return float(self.lr_scheduler())
         if optimizer.lr_name:
@@ -280,7 +277,7 @@ class IpuExecutor:
         session keeps in sync (:meth:`OptimizerConfig.all_names`, the one mapping)."""
         pairs = dict(self.model.weights)
         optimizer = self.model.optimizer
-        if self.strategy.is_training and optimizer is not None:
+        if self._training and optimizer is not None:
             pairs = optimizer.all_names(self.model.weights)
         session = self._require_session()
         return [(d, p) for d, p in pairs.items() if session.has_info(d)]
@@ -322,7 +319,7 @@ class IpuExecutor:
         session = self._require_session()
         if self.compile_only:
             return
-        if not self.strategy.is_training:
+        if not self._training:
             log.warning("an inference graph does not change its weights; nothing to copy back")
             return
         pairs = self.weight_pairs()
@@ -341,14 +338,14 @@ class IpuExecutor:
         host backend, PopART's model proto on IPUs) to ``path``."""
         with self._lock:
             session = self._require_session()
-            if self.strategy.is_training:
+            if self._training:
                 self._weights_to_host()
             session.model_to_host(path)
 
 
 def executor_for(
     model: CompiledModel,
-    strategy: Any,
+    strategy: ExecutorConfig | ConfigSource,
     scope: Any = None,
     *,
     backend: str | None = None,

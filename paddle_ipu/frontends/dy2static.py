@@ -10,14 +10,13 @@ Layer is in train mode, for inference otherwise.  ``IpuBackend.get_instance()
 and gives ``paddle.jit.to_static`` functions their own behaviour again.
 
 The switch is spelled on IpuStrategy, as in 2.x, but it is this front door's work:
-importing this module (``import paddle_ipu`` does) attaches ``register_patch`` /
-``release_patch`` to the class and makes a strategy created in dynamic mode register
-itself; the options layer knows nothing of it.
+IpuStrategy calls it through the interface it declares
+(:class:`~paddle_ipu.strategy.Dy2StaticSwitch`), which :func:`install` plugs in (the
+patch registry, :mod:`paddle_ipu.patches`, does at ``import paddle_ipu``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import weakref
@@ -27,7 +26,8 @@ from typing import Any
 from paddle_ipu._internals import paddle_jit
 from paddle_ipu.errors import OptionError
 from paddle_ipu.frontends.dygraph import IpuModel
-from paddle_ipu.strategy import IpuStrategy
+from paddle_ipu.strategy import current_dy2static_switch as _dy2static_switch
+from paddle_ipu.strategy import set_dy2static_switch
 
 log = logging.getLogger("paddle_ipu")
 
@@ -129,33 +129,37 @@ def patch_registered() -> bool:
     return _patch.strategy is not None
 
 
-def _attach_to_ipu_strategy() -> None:
-    """Paddle 2.x's dy2static switch is spelled on IpuStrategy but is this front door's
-    work: give the class ``register_patch()`` / ``release_patch()`` and make a strategy
-    created in dynamic mode register itself, as 2.x's did (the options layer knows
-    nothing of it).  Idempotent."""
-    cls: Any = IpuStrategy
-    if getattr(cls.__init__, "__paddle_ipu_dy2static__", False):
-        return
-    created = cls.__init__
+class _Switch:
+    """The :class:`~paddle_ipu.strategy.Dy2StaticSwitch` IpuStrategy calls."""
 
-    @functools.wraps(created)
-    def __init__(self: Any) -> None:
+    def created(self, strategy: Any) -> None:
         import paddle
 
-        created(self)
-        if paddle.in_dynamic_mode():
-            register_patch(self)
+        if paddle.in_dynamic_mode():  # as 2.x's IpuStrategy did
+            register_patch(strategy)
 
-    __init__.__paddle_ipu_dy2static__ = True  # type: ignore[attr-defined]
+    def register(self, strategy: Any) -> None:
+        register_patch(strategy)
 
-    def release(self: Any) -> None:
-        """Undo ``register_patch()`` (see :func:`release_patch`)."""
+    def release(self) -> None:
         release_patch()
 
-    cls.__init__ = __init__
-    cls.register_patch = register_patch
-    cls.release_patch = release
+
+_SWITCH = _Switch()
 
 
-_attach_to_ipu_strategy()
+def install() -> None:
+    """Make IpuStrategy's ``register_patch`` / ``release_patch`` (and a strategy made in
+    dynamic mode) reach this patch (see :func:`paddle_ipu.strategy.set_dy2static_switch`;
+    idempotent)."""
+    set_dy2static_switch(_SWITCH)
+
+
+def uninstall() -> None:
+    """Release the patch, and take it out of IpuStrategy."""
+    release_patch()
+    set_dy2static_switch(None)
+
+
+def installed() -> bool:
+    return _dy2static_switch() is _SWITCH

@@ -127,6 +127,20 @@ def _watch(obj: Any, model: IpuModel) -> None:
         _watchers.setdefault(obj, weakref.WeakSet()).add(model)
 
 
+def watching() -> bool:
+    """Whether Layer's and Optimizer's ``set_state_dict`` are wrapped (see :func:`_watch`)."""
+    return bool(_watch_installed)
+
+
+def unwatch() -> None:
+    """Give ``paddle.nn.Layer`` and ``paddle.optimizer.Optimizer`` their own methods
+    back (a model then no longer hears of a host-side ``set_state_dict``)."""
+    with _watch_lock:
+        for (cls, name), original in _watch_installed.items():
+            setattr(cls, name, original)
+        _watch_installed.clear()
+
+
 # ----------------------------------------------------------------------------------
 # IpuModel
 # ----------------------------------------------------------------------------------
@@ -271,7 +285,8 @@ class IpuModel:
     def _compile(self, training: bool, pos: list[Any], kw: dict[str, Any]) -> _LayerGraph:
         import paddle
 
-        from paddle_ipu.frontends.program import IpuCompiledProgram, set_last_compiled
+        from paddle_ipu.frontends.ipu_backend import set_last_compiled
+        from paddle_ipu.frontends.program import IpuCompiledProgram
 
         arrays: list[tuple[str, np.ndarray]] = []
 

@@ -490,6 +490,6 @@ class _ImplicitCompile:
                 executor.weights_from_host()
                 self._record()
             outs = executor.run(arrays)
-            if executor.strategy.is_training:
+            if executor.config.is_training:
                 self._write_back()
         return list(outs[: self.fetch_count])

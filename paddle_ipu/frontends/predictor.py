@@ -23,6 +23,8 @@ log = logging.getLogger("paddle_ipu")
 class Tensor:
     """An input or output handle (``get_input_handle`` / ``get_output_handle``)."""
 
+    __module__ = "paddle_ipu.inference"  # its public home (what repr() names)
+
     def __init__(self, name: str, dtype: np.dtype, shape: Sequence[int], is_input: bool) -> None:
         self.name = name
         self._dtype = np.dtype(dtype)
@@ -258,6 +260,8 @@ class _Shared:
 
 class Predictor:
     """Runs a saved inference model compiled for the IPU (see the module docstring)."""
+
+    __module__ = "paddle_ipu.inference"  # its public home (what type() names)
 
     def __init__(self, config: Any, shared: _Shared | None = None) -> None:
         if not config.use_ipu():

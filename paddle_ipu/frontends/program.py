@@ -9,7 +9,6 @@ works as it did in Paddle 2.x, on ``Executor(CustomPlace("ipu", 0))`` or on the 
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from paddle_ipu.errors import CompileError, FetchError, OptionError, RuntimeClos
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 from paddle_ipu.frontends import fetch_names
 from paddle_ipu.frontends.graph_op import build_graph_program
+from paddle_ipu.frontends.ipu_backend import IpuBackend, set_last_compiled
 from paddle_ipu.pipeline import compile_executor, compile_lock, progress_reporter
 
 if TYPE_CHECKING:
@@ -31,22 +31,6 @@ if TYPE_CHECKING:
 #: attribute a PIR program gets from Paddle 2.x's ``cast_model_to_fp16`` (see
 #: paddle_ipu.compat): compile it in float16
 FP16_ATTR = "_paddle_ipu_fp16"
-
-
-_last_compiled: dict[str, weakref.ReferenceType[Any] | None] = {"target": None}
-
-
-def set_last_compiled(target: Any) -> None:
-    """Record ``target`` (a compiled program or a dygraph model) as the one compiled
-    last in this process: Paddle 2.x's ``IpuBackend.get_instance()`` acts on it
-    (:mod:`paddle_ipu.compat.ipu_backend`)."""
-    _last_compiled["target"] = weakref.ref(target)
-
-
-def last_compiled() -> Any:
-    """The compiled program or dygraph model compiled last (None when none lives)."""
-    ref = _last_compiled["target"]
-    return ref() if ref is not None else None
 
 
 class IpuCompiledProgram:
@@ -79,6 +63,8 @@ class IpuCompiledProgram:
         #: the model runtime (serving), when enable_model_runtime_executor is set
         self.runtime: ModelRuntime | None = None
         self._fetch_ids: dict[Any, int] = {}
+        #: fetch lists of names already resolved (fetch_index), by their tuple of names
+        self._fetch_cache: dict[tuple[str, ...], list[int]] = {}
         from paddle_ipu.compiler.legacy_reader import is_legacy
 
         #: a legacy-IR program (compiled through its PIR translation)
@@ -99,6 +85,12 @@ class IpuCompiledProgram:
     @property
     def strategy(self) -> Any:
         return self._strategy
+
+    @property
+    def _backend(self) -> IpuBackend:
+        """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
+        weights_from_host, reset, detach, save_model_proto of this program."""
+        return IpuBackend(self)
 
     def compile(self, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Any:
         """Compile and load the graph; return the runnable program.
@@ -168,6 +160,7 @@ class IpuCompiledProgram:
         )
         # Fetches given as Values of the original program can be fetched by that
         # Value from the compiled one too (and by the name it was given as).
+        self._fetch_cache = {}
         self._fetch_ids = {
             _value_id(item): i for i, item in enumerate(fetch_list) if not isinstance(item, str)
         }
@@ -316,6 +309,18 @@ class IpuCompiledProgram:
         """Positions of ``fetch_list`` among the compiled outputs (names, or the
         original program's Values); FetchError for an item that is not one of them.
         ``None`` (or nothing) fetches every output."""
+        # The same list of names every run (``prog.fetch_names``): resolved once.
+        key = _names_key(fetch_list)
+        if key is not None:
+            found = self._fetch_cache.get(key)
+            if found is not None and self.executor is not None:
+                return found
+        index = self._fetch_index(fetch_list)
+        if key is not None and len(self._fetch_cache) < _FETCH_CACHE_SIZE:
+            self._fetch_cache[key] = index
+        return index
+
+    def _fetch_index(self, fetch_list: Any) -> list[int]:
         executor = self.require_executor()
         outputs = executor.model.outputs
         if fetch_list is None:
@@ -353,6 +358,18 @@ class IpuCompiledProgram:
     def fetch_names_for(self, index: Sequence[int]) -> list[str]:
         names = self.fetchable()
         return [names[i] for i in index]
+
+
+#: fetch lists of names a compiled program remembers having resolved
+_FETCH_CACHE_SIZE = 64
+
+
+def _names_key(fetch_list: Any) -> tuple[str, ...] | None:
+    """A list (or tuple) of names as a key of the resolved fetch lists; None for any
+    other fetch list (Values, nested lists, None)."""
+    if type(fetch_list) in (list, tuple) and all(type(item) is str for item in fetch_list):
+        return tuple(fetch_list)
+    return None
 
 
 def _flatten_fetches(fetch_list: Any) -> list[Any]:

@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 from paddle_ipu._internals import paddle_logs
+from paddle_ipu._util.arrays import sized_scalar
 from paddle_ipu._util.env import env_flag
 
 _lock = threading.Lock()
@@ -43,6 +44,13 @@ _RUN_PARAMS = (
     "return_numpy",
     "use_program_cache",
     "use_prune",
+)
+
+
+#: Executor.run's options a compiled program runs directly with (the others go through
+#: Paddle's executor)
+_DIRECT_OPTIONS = frozenset(
+    {"return_numpy", "use_program_cache", "feed_var_name", "fetch_var_name"}
 )
 
 
@@ -69,14 +77,14 @@ def install() -> None:
             *args: Any,
             **kwargs: Any,
         ) -> Any:
-            options = dict(zip(_RUN_PARAMS, args))
-            options.update(kwargs)
             compiled = (
                 getattr(program, "ipu_compiled_program", None) if program is not None else None
             )
             if compiled is not None:
                 paddle_logs.quiet_paddle()
                 return _run_compiled(original, self, program, feed, fetch_list, args, kwargs)
+            options = dict(zip(_RUN_PARAMS, args))
+            options.update(kwargs)
             from paddle_ipu.frontends import fetch_names, implicit
 
             if fetch_names.resolve_on_run():
@@ -134,8 +142,6 @@ def _sized(value: Any) -> Any:
     (``float(x)``, ``x.shape == ()``).  See :class:`paddle_ipu._util.arrays.SizedScalar`;
     only the results of a program compiled by ``IpuCompiledProgram.compile`` (the 2.x
     API) are given this view."""
-    from paddle_ipu._util.arrays import sized_scalar
-
     return sized_scalar(value)
 
 
@@ -153,14 +159,12 @@ def _run_compiled(
     # raises FetchError listing what can be fetched (Paddle would return another
     # tensor, or fail with a message about fetch ops).
     index = compiled.fetch_index(fetch_list)
-    options = dict(zip(_RUN_PARAMS, args))
-    options.update(kwargs)
-    simple = set(options) <= {
-        "return_numpy",
-        "use_program_cache",
-        "feed_var_name",
-        "fetch_var_name",
-    } and options.get("return_numpy", True)
+    if args or kwargs:
+        options = dict(zip(_RUN_PARAMS, args))
+        options.update(kwargs)
+        simple = set(options) <= _DIRECT_OPTIONS and options.get("return_numpy", True)
+    else:  # exe.run(prog, feed, fetch_list): the common call, checked for nothing more
+        options, simple = {}, True
     if simple and env_flag("PADDLE_IPU_DIRECT_RUN", True):
         outs = compiled.run(dict(feed or {}))
         return [_sized(outs[i]) for i in index]

@@ -319,3 +319,16 @@ def coerce(spec: OptionSpec, current: Any, value: Any, key: str | None = None) -
         k, v = _map_string(spec.name, map_key, item)
         updated[k] = v
     return updated
+
+
+def check_everyn_period(
+    period: int, batches_per_step: int | None = None, name: str = "the EVERYN anchor period"
+) -> None:
+    """The one check of an EVERYN anchor's period: an int >= 1 that divides
+    ``batches_per_step`` (when it is known).  Raises OptionError naming ``name``."""
+    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+        raise OptionError(f"{name} must be an int >= 1 for EVERYN, got {period!r}")
+    if batches_per_step is not None and batches_per_step % period:
+        raise OptionError(
+            f"{name} ({period}) must divide batches_per_step ({batches_per_step}) for EVERYN"
+        )

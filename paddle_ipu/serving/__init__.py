@@ -1,5 +1,7 @@
 """Serving compiled models.
 
+- :mod:`.runtime`: :class:`Runtime`, the one interface every served model implements
+  (the server, the model repository and pipelines use nothing else);
 - :mod:`.model_runtime`: :class:`ModelRuntime`, the queue with auto-batching over a
   compiled inference graph (Paddle 2.x's model runtime);
 - :mod:`.bucketed_runtime`: :class:`BucketedRuntime`, one model runtime per bucket of
@@ -13,6 +15,7 @@
 """
 
 from paddle_ipu.serving.bucketed_runtime import BucketedRuntime, runtime_for
-from paddle_ipu.serving.model_runtime import ModelRuntime, RuntimeStats
+from paddle_ipu.serving.model_runtime import ModelRuntime
+from paddle_ipu.serving.runtime import Runtime, RuntimeStats
 
-__all__ = ["BucketedRuntime", "ModelRuntime", "RuntimeStats", "runtime_for"]
+__all__ = ["BucketedRuntime", "ModelRuntime", "Runtime", "RuntimeStats", "runtime_for"]

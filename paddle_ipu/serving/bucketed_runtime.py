@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from paddle_ipu.errors import NotSupportedError
-from paddle_ipu.serving.model_runtime import ModelRuntime, RuntimeStats
+from paddle_ipu.serving.model_runtime import ModelRuntime
+from paddle_ipu.serving.runtime import Route, Runtime, RuntimeKind, RuntimeStats, declared_specs
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.shaped import ShapeRuntime
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["BucketedRuntime", "runtime_for"]
 
 
-class BucketedRuntime:
+class BucketedRuntime(Runtime):
     """:class:`ModelRuntime`'s interface over a package of sequence buckets.
 
     One model runtime per compiled sequence length; a request of length ``L`` is padded
@@ -31,7 +32,11 @@ class BucketedRuntime:
     the other requests of that bucket), and its outputs are cut back to ``L`` (see
     :class:`~paddle_ipu.executor.shapes.SequenceBuckets`).  ``executor`` is the longest
     bucket's (its model names the inputs and outputs); :meth:`request_shapes` shows
-    ``-1`` on the sequence axes.  Keyword arguments are :class:`ModelRuntime`'s."""
+    ``-1`` on the sequence axes.  Keyword arguments are :class:`ModelRuntime`'s.
+    Served as a :class:`~paddle_ipu.serving.runtime.Runtime` of kind ``"handler"``
+    whose :meth:`routes` are its buckets' model runtimes."""
+
+    kind: RuntimeKind = "handler"
 
     def __init__(
         self,
@@ -76,6 +81,21 @@ class BucketedRuntime:
                 for axis in axes.get(name, ()):
                     shape[axis] = -1
         return feeds, outs
+
+    @property
+    def inputs(self) -> list[Any]:
+        """The feeds (name, KServe v2 datatype, dims; -1 on the rows and sequence axes)."""
+        return declared_specs(self.executor.model.inputs, self.request_shapes()[0])
+
+    @property
+    def outputs(self) -> list[Any]:
+        """The outputs (name, KServe v2 datatype, dims; -1 on the rows and sequence axes)."""
+        return declared_specs(self.executor.model.outputs, self.request_shapes()[1])
+
+    def routes(self, route: Route) -> None:
+        """Every bucket's model runtime with its description (:meth:`buckets`)."""
+        for runtime, bucket in self.buckets():
+            route(runtime, bucket)
 
     def buckets(self) -> list[tuple[ModelRuntime, dict[str, Any]]]:
         """Each bucket's model runtime and its sequence description, shortest first:

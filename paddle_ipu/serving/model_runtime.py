@@ -42,9 +42,8 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,51 +59,27 @@ from paddle_ipu.errors import (
 )
 from paddle_ipu.executor.feeds import CheckedFeed, RequestChecks
 from paddle_ipu.executor.ipu_executor import IpuExecutor
+from paddle_ipu.options import OPTIONS, coerce
+from paddle_ipu.serving.runtime import (
+    PlanTensor,
+    QueuePlan,
+    QueueRuntime,
+    RuntimeKind,
+    RuntimeStats,
+    TensorSpec,
+    declared_specs,
+    v2_datatype,
+)
 
 log = logging.getLogger("paddle_ipu")
 
 __all__ = ["MAX_REQUEST_RUNS", "ModelRuntime", "RuntimeStats"]
 
+_DONE = _core.RequestState.DONE
+
 #: the default cap of one request, in runs: ``max_request_rows`` defaults to this many
 #: runs of ``batches_per_step x micro_batch_size`` rows
 MAX_REQUEST_RUNS = 64
-
-
-@dataclass
-class RuntimeStats:
-    """Counters of a :class:`ModelRuntime` since it started."""
-
-    #: graph runs (each ``batches_per_step`` micro-batches)
-    runs: int = 0
-    #: requests completed (with a result or an error)
-    requests: int = 0
-    #: units fed: rows when auto-batching, micro-batches otherwise
-    units: int = 0
-    #: units of zero padding fed
-    padded_units: int = 0
-    #: runs that raised
-    failed_runs: int = 0
-    #: seconds the worker spent inside the executor's run
-    busy_seconds: float = 0.0
-    #: seconds requests waited in the queue, summed (arrival to their first run)
-    queue_seconds: float = 0.0
-    #: runs by units filled: ``fill_histogram[k]`` runs carried k units (0..capacity)
-    fill_histogram: list[int] = field(default_factory=list)
-
-    @staticmethod
-    def total(parts: Iterable[RuntimeStats]) -> RuntimeStats:
-        """The counters of several runtimes (one model's buckets or shapes), summed."""
-        total = RuntimeStats()
-        for s in parts:
-            for name in ("runs", "requests", "units", "padded_units", "failed_runs"):
-                setattr(total, name, getattr(total, name) + getattr(s, name))
-            total.busy_seconds += s.busy_seconds
-            total.queue_seconds += s.queue_seconds
-            hist = total.fill_histogram
-            hist.extend([0] * (len(s.fill_histogram) - len(hist)))
-            for k, n in enumerate(s.fill_histogram):
-                hist[k] += n
-        return total
 
 
 class _RequestFuture(Future):
@@ -121,7 +96,7 @@ class _RequestFuture(Future):
         return super().cancel()
 
 
-class ModelRuntime:
+class ModelRuntime(QueueRuntime):
     """Queue-based serving over a prepared inference executor.
 
     Args:
@@ -134,7 +109,13 @@ class ModelRuntime:
 
     The runtime is thread-safe: any number of threads may call :meth:`run` and
     :meth:`submit`.  Future callbacks run on the worker thread; keep them short.
+
+    It is the :class:`~paddle_ipu.serving.runtime.Runtime` of kind ``"queue"``: the
+    inference server's C++ front end admits requests into its queue (:attr:`queue`,
+    :meth:`queue_plan`) without Python.
     """
+
+    kind: RuntimeKind = "queue"
 
     def __init__(
         self,
@@ -146,27 +127,19 @@ class ModelRuntime:
         max_request_rows: int | None = None,
         start: bool = True,
     ) -> None:
-        strategy = executor.strategy
-        if strategy.is_training:
+        config = executor.config
+        if config.is_training:
             raise OptionError(
                 "the model runtime serves inference graphs only: compile with "
                 "is_training=False (set_graph_config(is_training=False))"
             )
         if executor.session is None:
             raise BackendError("the executor is not prepared: call prepare() first")
-        mbs = int(micro_batch_size if micro_batch_size is not None else strategy.micro_batch_size)
-        timeout = float(timeout_ms if timeout_ms is not None else strategy.get("timeout_ms"))
-        buffers = int(num_buffers if num_buffers is not None else strategy.get("num_buffers"))
-        if mbs < 1:
-            raise OptionError(f"micro_batch_size must be >= 1, got {mbs}")
-        # threading's waits refuse longer timeouts (OverflowError in the worker).
-        longest_ms = threading.TIMEOUT_MAX * 1e3
-        if not 0.0 <= timeout <= longest_ms:
-            raise OptionError(
-                f"timeout_ms must be a finite number in [0, {longest_ms:g}], got {timeout}"
-            )
-        if buffers < 1:
-            raise OptionError(f"num_buffers must be >= 1, got {buffers}")
+        # The strategy's values were checked when its executor config was made; a value
+        # given here is checked as the option is (the option table's one check).
+        mbs = _option("micro_batch_size", micro_batch_size, config.micro_batch_size)
+        timeout = _option("timeout_ms", timeout_ms, config.timeout_ms)
+        buffers = _option("num_buffers", num_buffers, config.num_buffers)
         self.executor = executor
         self.micro_batch_size = mbs
         self.timeout_ms = timeout
@@ -230,9 +203,16 @@ class ModelRuntime:
             self._timeout_s,
             self.auto_batch,
         )
+        feed_shapes_, out_shapes_ = self.request_shapes()
+        #: the request's tensors as a server declares them (-1: the rows)
+        self._specs = (
+            declared_specs(self._inputs, feed_shapes_),
+            declared_specs(self._outputs, out_shapes_),
+        )
         self._lock = threading.Lock()  # start() and the failure below
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._worker_ident: int | None = None
         # The executor refuses direct runs once this runtime is closed (see
         # IpuExecutor._check_serving): they would be checked against the wrong shapes.
         executor.serving = self
@@ -297,6 +277,75 @@ class ModelRuntime:
         auto-batching, else the whole micro-batch), in compiled order."""
         return list(self._in_units), list(self._out_units)
 
+    # -- the Runtime protocol (paddle_ipu.serving.runtime) -------------------------
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """The request's inputs (name, KServe v2 datatype, dims; -1: the rows)."""
+        return list(self._specs[0])
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """The request's outputs (name, KServe v2 datatype, dims; -1: the rows)."""
+        return list(self._specs[1])
+
+    @property
+    def queue(self) -> Any:
+        """The :class:`~paddle_ipu._core.ServingQueue` requests are admitted into."""
+        return self._queue
+
+    def queue_plan(self) -> QueuePlan:
+        """What the C++ front end checks a request against before it admits it into
+        :attr:`queue` (the checks of :meth:`run`)."""
+        feed_shapes, out_shapes = self.request_shapes()
+        in_units, out_units = self.unit_shapes()
+
+        def tensors(
+            specs: list[Any], shapes: list[list[int]], units: list[tuple[int, ...]], ranges: bool
+        ) -> tuple[PlanTensor, ...]:
+            out = []
+            for spec, shape, unit in zip(specs, shapes, units):
+                name = spec.paddle_name or spec.name
+                dtype = np.dtype(spec.numpy_dtype)
+                out.append(
+                    PlanTensor(
+                        name,
+                        v2_datatype(dtype, name),
+                        tuple(int(d) for d in shape),
+                        int(np.prod(unit, dtype=np.int64)) * dtype.itemsize,
+                        tuple(spec.ranges) if ranges else (),
+                    )
+                )
+            return tuple(out)
+
+        return QueuePlan(
+            auto_batch=self.auto_batch,
+            max_rows=self.max_request_rows,
+            capacity=self._capacity,
+            limit=self._limit,
+            micro_batch_size=self.micro_batch_size,
+            batch_timeout_us=self.timeout_ms * 1e3,
+            # Triton's kinds: the host backend computes on the CPU; on IPUs the model
+            # places itself (KIND_MODEL).
+            instance_kind="KIND_CPU" if self.executor.backend == "host" else "KIND_MODEL",
+            inputs=tensors(self._inputs, feed_shapes, in_units, True),
+            outputs=tensors(self._outputs, out_shapes, out_units, False),
+        )
+
+    def warmup_feed(self) -> dict[str, np.ndarray]:
+        """One full run of every input: zeros, or for an input that indexes, the lowest
+        value valid for every range it has."""
+        feed_shapes, _ = self.request_shapes()
+        feed = {}
+        for spec, shape in zip(self._inputs, feed_shapes):
+            dims = [self._capacity if d == -1 else int(d) for d in shape]
+            value = max((r.low for r in spec.ranges), default=0)
+            feed[spec.paddle_name or spec.name] = np.full(dims, value, spec.numpy_dtype)
+        return feed
+
+    def routes(self, route: Any) -> None:
+        """None: its requests are admitted into :attr:`queue` itself."""
+        return None
+
     @property
     def queue_capacity(self) -> int:
         """Units (rows when auto-batching, else micro-batches) per graph run."""
@@ -352,7 +401,7 @@ class ModelRuntime:
         The feeds are not copied: the queue reads them in place while the caller
         waits.  ``timeout`` bounds the wait for queue space (RuntimeBusyError), not
         the run."""
-        if threading.current_thread() is self._thread:
+        if threading.get_ident() == self._worker_ident:
             raise IpuError(
                 "ModelRuntime.run was called from the runtime's own worker thread (a future "
                 "callback?): it would wait for itself; use submit() there"
@@ -360,14 +409,14 @@ class ModelRuntime:
         arrays, units = self._check_request(feed, copy=False)
         if units == 0:
             return self._empty_outputs()
-        outs = self._new_outputs(units)
+        outs = [np.empty((units, *u), d) for u, d in zip(self._out_units, self._out_dtypes)]
         request = self._enqueue(arrays, outs, units, timeout, None)
         request.wait()
-        error = request.error
-        if error is not None:
-            raise error
-        if request.state != _core.RequestState.DONE:  # cancelled: cannot happen for run()
-            raise RuntimeClosedError(self._closed_message())
+        if request.state != _DONE:
+            error = request.error
+            if error is not None:
+                raise error
+            raise RuntimeClosedError(self._closed_message())  # cancelled: not by run()
         return outs if self.auto_batch else [o[0] for o in outs]
 
     def submit(
@@ -402,11 +451,14 @@ class ModelRuntime:
         timeout: float | None,
         token: Any,
     ) -> Any:
-        if timeout is not None and not timeout >= 0:
+        if timeout is None:
+            status, value = self._queue.submit(arrays, outs, units, -1.0, token)
+        elif timeout >= 0:
+            status, value = self._queue.submit(arrays, outs, units, float(timeout), token)
+        else:
             raise OptionError(f"timeout must be None or a number >= 0, got {timeout!r}")
-        status, value = self._queue.submit(
-            arrays, outs, units, -1.0 if timeout is None else float(timeout), token
-        )
+        if status == 0:
+            return value
         if status == 1:
             raise RuntimeBusyError(
                 f"the model runtime is full: {value} of {self._limit} {self._unit_name()} in "
@@ -434,6 +486,7 @@ class ModelRuntime:
 
     # -- the worker -------------------------------------------------------------
     def _loop(self) -> None:
+        self._worker_ident = threading.get_ident()
         queue = self._queue
         feed = self._run_feed
         executor = self.executor
@@ -474,6 +527,13 @@ class ModelRuntime:
             exc = type(error)(str(error))
             exc.__cause__ = cause
             _set_exception(future, exc)
+
+
+def _option(name: str, given: Any, configured: Any) -> Any:
+    """``given`` checked as IpuStrategy option ``name`` is, or ``configured``."""
+    if given is None:
+        return configured
+    return coerce(OPTIONS[name], configured, given)
 
 
 def _answer(futures: list[Any]) -> None:

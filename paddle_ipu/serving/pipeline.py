@@ -5,8 +5,9 @@ given in-process), called through their runtimes' ``submit``, so that each model
 batches a pipeline's rows with every other request's -- and *host steps*: Python
 callables for pre- and post-processing.  Tensors flow between steps by name, in the
 process: no client round trip.  A pipeline is a dynamic model
-(:mod:`paddle_ipu.serving.dynamic`): ``inputs`` / ``outputs`` (specs), ``submit(feed)``
-(a future of ``{output name: array}``), and ``run(feed)``.
+(a :class:`~paddle_ipu.serving.runtime.Runtime` of kind ``"handler"``): ``inputs`` /
+``outputs`` (specs), ``submit(feed)`` (a future of ``{output name: array}``), and
+``run(feed)``.
 
 Its definition (``config.json``'s ``"pipeline"`` key in a model repository, or the
 same dictionary given to :func:`parse_pipeline`)::
@@ -68,7 +69,7 @@ from paddle_ipu.errors import (
     RuntimeClosedError,
 )
 from paddle_ipu.executor import feeds
-from paddle_ipu.serving.dynamic import TensorSpec
+from paddle_ipu.serving.runtime import Answers, Runtime, RuntimeKind, RuntimeStats, TensorSpec
 
 __all__ = ["Pipeline", "PipelineConfig", "Step", "parse_pipeline"]
 
@@ -256,13 +257,6 @@ def load_function(target: str, search: Path | None = None) -> Callable[..., Any]
     return fn
 
 
-def _output_names(runtime: Any) -> list[str]:
-    outputs = getattr(runtime, "outputs", None)
-    if outputs is not None and not callable(outputs):
-        return [s.name for s in outputs]
-    return [s.paddle_name or s.name for s in runtime.executor.model.outputs]
-
-
 class _Request:
     """One request's tensors and where it is in the steps."""
 
@@ -272,8 +266,9 @@ class _Request:
         self.pending: list[Future[Any]] = []  # the model requests of the current step
 
 
-class Pipeline:
-    """A dynamic model running the steps of ``config`` (see the module docstring).
+class Pipeline(Runtime):
+    """A dynamic model running the steps of ``config`` (see the module docstring): a
+    :class:`~paddle_ipu.serving.runtime.Runtime` of kind ``"handler"``.
 
     Args:
         config: a :class:`PipelineConfig` (:func:`parse_pipeline`) or its dictionary.
@@ -283,6 +278,8 @@ class Pipeline:
         search: where host steps' modules are looked for first (the repository).
         owned: runtimes closed with the pipeline.
     """
+
+    kind: RuntimeKind = "handler"
 
     def __init__(
         self,
@@ -317,6 +314,7 @@ class Pipeline:
         self._closed = False
         self._in_flight = 0
         self._idle = threading.Condition()
+        self._answers = Answers()
 
     @property
     def inputs(self) -> Sequence[TensorSpec]:
@@ -343,6 +341,7 @@ class Pipeline:
                 raise RuntimeClosedError(f"pipeline {self.name!r} is closed: no new requests")
             self._in_flight += 1
         request.future.add_done_callback(lambda f: self._done(request, f))
+        request.future.add_done_callback(self._answers.count)
         self._pool.submit(self._advance, request, 0)
         return request.future
 
@@ -368,6 +367,10 @@ class Pipeline:
     def in_flight(self) -> int:
         """Requests submitted and not answered yet."""
         return self._in_flight
+
+    def stats(self) -> RuntimeStats:
+        """Requests answered and failed (each model step's runtime counts its own)."""
+        return self._answers.stats()
 
     def _error(self, request: _Request, step: Step, exc: BaseException) -> None:
         what = f"model {step.target!r}" if step.kind == "model" else f"function {step.target!r}"
@@ -471,7 +474,7 @@ class Pipeline:
     def _model_outputs(self, runtime: Any) -> list[str]:
         found = self._names.get(id(runtime))
         if found is None or found[0] is not runtime:
-            found = (runtime, _output_names(runtime))
+            found = (runtime, [spec.name for spec in runtime.outputs])
             self._names[id(runtime)] = found
         return found[1]
 

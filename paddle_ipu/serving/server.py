@@ -1,88 +1,11 @@
-"""The inference server over the model runtime (``paddle-ipu serve``).
+"""The KServe v2 inference server over the model runtimes (``paddle-ipu serve``).
 
-It speaks the KServe v2 / Triton inference protocol over HTTP and, with ``grpc_port``,
-over gRPC (``inference.GRPCInferenceService``), so existing clients
-(``tritonclient.http``, ``tritonclient.grpc``, KServe's) work unchanged:
-
-- ``GET /v2/health/live``, ``GET /v2/health/ready`` (``{"live": true}``,
-  ``{"ready": true}``; 503 while warming up or draining), ``GET /v2``;
-- ``GET /v2/models/{name}[/versions/{v}]`` (metadata), ``.../ready``, ``.../config``
-  (Triton's model configuration: ``max_batch_size``, the dynamic batching and queue
-  policy in force), ``.../stats`` and ``GET /v2/models/stats`` (Triton's statistics);
-- Triton's model repository extension: ``POST /v2/repository/index`` (every model
-  version the server knows, with its state and reason), ``POST
-  /v2/repository/models/{name}/load`` and ``.../unload`` (with a
-  :class:`~paddle_ipu.serving.repository.ModelRepository` in control mode
-  ``explicit``);
-- ``POST /v2/models/{name}[/versions/{v}]/infer`` with JSON tensors, or with the
-  binary tensor extension (``Inference-Header-Content-Length``: a JSON header
-  followed by the raw tensors; ``binary_data_size`` per input, ``binary_data`` /
-  ``binary_data_output`` to get outputs as raw bytes);
-- ``GET /metrics``: Prometheus text (requests by status, rows, histograms of request,
-  queue and compute time per request, runs and their fill, refusals, timeouts,
-  disconnects, requests in flight).
-
-Request parameters: ``timeout`` and ``binary_data_output``; Triton's reserved
-``priority`` and ``sequence_*`` only at their defaults; any other is refused (400 /
-INVALID_ARGUMENT) by name.  ``access_log`` writes a JSON line per inference request
-from C++ (with the W3C ``traceparent`` trace id).
-
-Every error, on every route (unknown ones included), is a JSON ``{"error": ...}``.
-
-One server serves several models (:meth:`InferenceServer.add_model`, or a model
-repository): each model version has its own runtime, queue, plan and counters, and the
-models share the server's IO threads and ports; a request goes to its model by its URL
-(HTTP) or its ``model_name`` / ``model_version`` (gRPC), to the newest ready version
-when it names none.
-
-The request path is C++ (``paddle_ipu._core.ServingServer`` routing to one
-``ServingFrontEnd`` per model version, csrc/serving): an IO
-thread (Boost.Beast) parses and checks a request, and admits it to the runtime's queue
-without the GIL; the queue reads its inputs from the request body and writes its
-outputs into the response body; the runtime's worker takes the GIL once per graph run.
-No Python runs per request, over HTTP or gRPC (the gRPC port is served by the same
-IO threads, through nghttp2; only gRPC's control-plane RPCs reach Python).
-
-Dynamic models (request shapes that vary beyond the rows, BYTES tensors, Python code:
-:mod:`paddle_ipu.serving.dynamic`) take the same routes and policies; their requests
-are parsed and checked in C++ (each input against its declared dims, -1 open) and a
-worker thread of the front end hands them to the model's handler, so Python runs once
-per request for them.  The handler interface:
-
-- ``inputs`` / ``outputs``: sequences of
-  :class:`~paddle_ipu.serving.dynamic.TensorSpec` (``name``, KServe v2 ``datatype``
-  such as ``"FP32"``, ``"UINT8"`` or ``"BYTES"``, ``dims`` with -1 where open);
-- ``submit(feed: dict[str, np.ndarray]) -> concurrent.futures.Future`` of
-  ``dict[str, np.ndarray]`` or a list in the order of ``outputs`` (BYTES: object
-  arrays of ``bytes``); the server may cancel the future (timeout, client gone);
-- ``close()`` (optional), once the model is unloaded.
-
-:class:`~paddle_ipu.serving.dynamic.FunctionModel` wraps a plain callable;
-:class:`~paddle_ipu.serving.shaped.ShapeRuntime` and
-:class:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime` are served as they are.
-
-Policies:
-
-- the queue is bounded (the runtime's ``num_buffers``): a request that does not fit
-  gets 503 (gRPC UNAVAILABLE) with ``Retry-After`` at once, instead of waiting;
-- a request not started within its timeout (``request_timeout_ms``, or the request's
-  own ``timeout`` parameter in microseconds, or a gRPC deadline) is taken out of the
-  queue and answered 504 (gRPC DEADLINE_EXCEEDED);
-- a request whose client closed its connection (or cancelled its gRPC call) is taken
-  out of the queue before it is computed;
-- ``warmup`` runs keep readiness at 503 until they are done;
-- :meth:`InferenceServer.stop` (SIGTERM under :meth:`serve_forever`) turns readiness
-  503 at once, serves ``drain_grace_s`` more seconds, then drains: the listening
-  sockets and idle connections close, requests in flight are answered, then the
-  runtime closes after answering what it has queued;
-- bad input (a malformed binary header, a body over ``max_body_mb``, a wrong
-  datatype or shape, a truncated tensor, an unknown model or output) gets a 4xx
-  (gRPC INVALID_ARGUMENT / NOT_FOUND) whose message names the input, and the server
-  keeps serving.
-
-gRPC needs the ``serve`` extra (``pip install paddle-ipu[serve]``: tritonclient's
-generated protocol messages, for the control-plane RPCs); HTTP needs nothing beyond
-the package.
+:class:`InferenceServer` serves :class:`~paddle_ipu.serving.runtime.Runtime` objects
+over HTTP and gRPC through the C++ front ends of ``paddle_ipu._core`` (csrc/serving):
+a runtime of kind ``"queue"`` has its requests admitted into its queue from C++, one of
+kind ``"handler"`` has them handed to its ``submit`` (and its ``routes`` served as
+queues).  The routes, the policies and why the request path is C++ are in
+docs/serving.md.
 """
 
 from __future__ import annotations
@@ -94,12 +17,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from paddle_ipu import _core
 from paddle_ipu.errors import NotSupportedError, OptionError
-from paddle_ipu.serving.bucketed_runtime import BucketedRuntime
-from paddle_ipu.serving.dynamic import runtime_model, v2_datatype
+from paddle_ipu.serving.runtime import QueuePlan, QueueRuntime, Runtime, as_runtime
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.repository import ModelRepository
@@ -110,97 +30,67 @@ __all__ = ["InferenceServer"]
 
 
 def _plan(
-    runtime: Any,
+    queue: QueuePlan,
     name: str,
     version: str,
     request_timeout_ms: float,
     max_body: int,
     instances: int = 1,
 ) -> dict[str, Any]:
-    """What the C++ front end checks a request against (the runtime's own checks)."""
+    """What the C++ front end checks a request of a queue runtime against."""
     from paddle_ipu._version import __version__
 
-    rt = runtime
-    model = rt.executor.model
-    feed_shapes, out_shapes = rt.request_shapes()
-
-    def tensors(specs: Any, shapes: Any, units: Any, ranges: bool) -> list[dict[str, Any]]:
-        out = []
-        for spec, shape, unit in zip(specs, shapes, units):
-            tname = spec.paddle_name or spec.name
-            dtype = np.dtype(spec.numpy_dtype)
-            out.append(
-                {
-                    "name": tname,
-                    "datatype": v2_datatype(dtype, tname),
-                    "shape": [int(d) for d in shape],
-                    "unit_bytes": int(np.prod(unit, dtype=np.int64)) * dtype.itemsize,
-                    "ranges": [
-                        {
-                            "low": int(r.low),
-                            "high": int(r.high),
-                            "allowed": [int(v) for v in r.allowed],
-                            "column": r.column,
-                            "describe": r.describe(),
-                        }
-                        for r in (spec.ranges if ranges else ())
-                    ],
-                }
-            )
-        return out
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "datatype": t.datatype,
+                "shape": list(t.shape),
+                "unit_bytes": t.unit_bytes,
+                "ranges": [
+                    {
+                        "low": int(r.low),
+                        "high": int(r.high),
+                        "allowed": [int(v) for v in r.allowed],
+                        "column": r.column,
+                        "describe": r.describe(),
+                    }
+                    for r in t.ranges
+                ],
+            }
+            for t in specs
+        ]
 
     return {
         "name": name,
         "version": version,
         "server_version": __version__,
-        "auto_batch": bool(rt.auto_batch),
-        "max_rows": int(rt.max_request_rows),
-        "capacity": int(rt.queue_capacity),
-        "limit": int(rt.queue_limit),
-        "micro_batch_size": int(rt.micro_batch_size),
-        "batch_timeout_us": float(rt.timeout_ms) * 1e3,
+        "auto_batch": queue.auto_batch,
+        "max_rows": queue.max_rows,
+        "capacity": queue.capacity,
+        "limit": queue.limit,
+        "micro_batch_size": queue.micro_batch_size,
+        "batch_timeout_us": queue.batch_timeout_us,
         "request_timeout_s": request_timeout_ms / 1e3,
         "max_body": max_body,
         "instance_count": instances,
-        # Triton's kinds: the host backend computes on the CPU; on IPUs the model places
-        # itself (KIND_MODEL).
-        "instance_kind": "KIND_CPU" if rt.executor.backend == "host" else "KIND_MODEL",
-        "inputs": tensors(model.inputs, feed_shapes, rt.unit_shapes()[0], True),
-        "outputs": tensors(model.outputs, out_shapes, rt.unit_shapes()[1], False),
+        "instance_kind": queue.instance_kind,
+        "inputs": tensors(queue.inputs),
+        "outputs": tensors(queue.outputs),
     }
 
 
-def _is_fixed(runtime: Any) -> bool:
-    """A fixed model: a runtime over one ServingQueue (its step buffers are fed from
-    C++); anything else is served as a dynamic model."""
-    return hasattr(runtime, "_queue") and getattr(runtime, "sequence", None) is None
-
-
-def _check_servable(runtime: Any) -> None:
-    if _is_fixed(runtime):
-        return
-    if not (
-        hasattr(runtime, "submit")
-        and (hasattr(runtime, "inputs") or hasattr(runtime, "request_shapes"))
-    ):
-        raise NotSupportedError(
-            f"{type(runtime).__name__} is no model this server serves: a ModelRuntime, or a "
-            "dynamic model (paddle_ipu.serving.dynamic.DynamicModel: inputs, outputs, "
-            "submit(feed) -> Future), or a runtime with submit(feed) and request_shapes()"
-        )
-
-
-def _dynamic_plan(
-    model: Any,
+def _handler_plan(
+    runtime: Runtime,
     name: str,
     version: str,
     request_timeout_ms: float,
     max_body: int,
     queue_limit: int,
     workers: int,
+    instances: int,
 ) -> dict[str, Any]:
-    """The plan of a dynamic model: its declared tensors (-1: open) and its queue's
-    bound."""
+    """The plan of a handler: its declared tensors (-1: open) and its queue's bound."""
     from paddle_ipu._version import __version__
 
     def tensors(specs: Any) -> list[dict[str, Any]]:
@@ -226,17 +116,12 @@ def _dynamic_plan(
         "batch_timeout_us": 0.0,
         "request_timeout_s": request_timeout_ms / 1e3,
         "max_body": max_body,
-        "inputs": tensors(model.inputs),
-        "outputs": tensors(model.outputs),
+        "inputs": tensors(runtime.inputs),
+        "outputs": tensors(runtime.outputs),
         "dynamic": True,
         "workers": int(workers),
+        "instance_count": instances,
     }
-
-
-def _close(runtime: Any) -> None:
-    close = getattr(runtime, "close", None)
-    if close is not None:
-        close()
 
 
 class InferenceServer:
@@ -295,7 +180,7 @@ class InferenceServer:
         from paddle_ipu._version import __version__
 
         if runtime is not None:
-            _check_servable(runtime)
+            as_runtime(runtime)  # what is served is checked before anything starts
         if threads < 1:
             raise OptionError(f"threads must be >= 1, got {threads}")
         if not request_timeout_ms >= 0:
@@ -332,8 +217,8 @@ class InferenceServer:
         self._warmup_thread: threading.Thread | None = None
         #: The warm-up's exception, if it failed (the server then never turns ready).
         self.warmup_error: BaseException | None = None
-        # (name, version) -> (runtime, front end): the models served.
-        self._models: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # (name, version) -> (what was given, its Runtime, front end): the models served.
+        self._models: dict[tuple[str, str], tuple[Any, Runtime, Any]] = {}
         self._models_lock = threading.Lock()
         self._grpc: Any = None
         self._control: threading.Thread | None = None
@@ -358,15 +243,14 @@ class InferenceServer:
         """Serve a started runtime as ``name`` / ``version`` (READY at once; replaces
         nothing: that version must not be served already).
 
-        ``runtime`` is a :class:`~paddle_ipu.serving.ModelRuntime` (a fixed model: no
-        Python per request), or a dynamic model
-        (:class:`~paddle_ipu.serving.dynamic.DynamicModel`, or a runtime with
-        ``submit(feed)`` and ``request_shapes()`` such as
-        :class:`~paddle_ipu.serving.shaped.ShapeRuntime` and
-        :class:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime`): its requests
-        are parsed in C++ and handed to ``submit`` by ``workers`` threads; at most
-        ``queue_limit`` of them are in flight (503 beyond)."""
-        _check_servable(runtime)
+        ``runtime`` is a :class:`~paddle_ipu.serving.runtime.Runtime`, or a dynamic
+        model (:class:`~paddle_ipu.serving.dynamic.DynamicModel`).  Of kind
+        ``"queue"`` (:class:`~paddle_ipu.serving.ModelRuntime`) its requests are admitted
+        into its queue from C++, without Python; of kind ``"handler"`` they are parsed
+        in C++ and handed to ``submit`` by ``workers`` threads, at most ``queue_limit``
+        of them in flight (503 beyond), and those its ``routes`` take go to their queues
+        from C++."""
+        served = as_runtime(runtime)
         if not name or "/" in name or not version or "/" in version:
             raise OptionError(
                 f"a model's name and version must be non-empty and hold no '/': got "
@@ -375,50 +259,55 @@ class InferenceServer:
         with self._models_lock:
             if (name, version) in self._models:
                 raise OptionError(f"model {name!r} version {version!r} is served already")
-            if _is_fixed(runtime):
+            if served.kind == "queue":
+                queue = _queue_runtime(served)
                 plan = _plan(
-                    runtime, name, version, self.request_timeout_ms, self.max_body, self.instances
+                    queue.queue_plan(),
+                    name,
+                    version,
+                    self.request_timeout_ms,
+                    self.max_body,
+                    self.instances,
                 )
-                front = _core.ServingFrontEnd(runtime._queue, plan)
+                front = _core.ServingFrontEnd(queue.queue, plan)
             else:
                 if queue_limit < 1 or workers < 1:
                     raise OptionError(
                         f"queue_limit and workers must be >= 1, got {queue_limit}, {workers}"
                     )
-                model = runtime_model(runtime)
-                plan = _dynamic_plan(
-                    model,
+                plan = _handler_plan(
+                    served,
                     name,
                     version,
                     self.request_timeout_ms,
                     self.max_body,
                     queue_limit,
                     workers,
+                    self.instances,
                 )
-                plan["instance_count"] = self.instances
-                front = _core.ServingFrontEnd(model, plan)
-                if hasattr(runtime, "on_runtime"):  # one fixed runtime per input shape
-                    runtime.on_runtime(self._router(front, name, version))
-                if isinstance(runtime, BucketedRuntime):  # one per bucket of sequence lengths
-                    route = self._router(front, name, version)
-                    for bucket_runtime, bucket in runtime.buckets():
-                        route(bucket_runtime, bucket)
-            self._models[(name, version)] = (runtime, front)
+                front = _core.ServingFrontEnd(served, plan)
+                served.routes(self._router(front, name, version))
+            self._models[(name, version)] = (runtime, served, front)
         self.server.add_model(front)
 
     def _router(self, front: Any, name: str, version: str) -> Any:
-        """What routes a dynamic model's requests of one input shape to that shape's
-        fixed runtime, in C++ (no Python per request from then on); with a bucket
-        (:meth:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime.buckets`), the
-        requests of every length it holds."""
+        """What a handler's :meth:`~paddle_ipu.serving.runtime.Runtime.routes` is given:
+        the requests of one input shape (or, with a bucket, of every length the bucket
+        holds: :meth:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime.buckets`)
+        go to that queue runtime from C++, without Python from then on."""
 
-        def route(runtime: Any, bucket: dict[str, Any] | None = None) -> None:
-            shapes = [list(s.shape) for s in runtime.executor.model.inputs]
+        def route(runtime: QueueRuntime, bucket: dict[str, Any] | None = None) -> None:
+            shapes = [list(t.dims) for t in runtime.inputs]
             try:
                 plan = _plan(
-                    runtime, name, version, self.request_timeout_ms, self.max_body, self.instances
+                    runtime.queue_plan(),
+                    name,
+                    version,
+                    self.request_timeout_ms,
+                    self.max_body,
+                    self.instances,
                 )
-                why = front.add_route(runtime._queue, plan, bucket)
+                why = front.add_route(runtime.queue, plan, bucket)
             except Exception as e:  # the handler keeps serving the shape
                 why = f"{type(e).__name__}: {e}"
             if why:
@@ -471,7 +360,7 @@ class InferenceServer:
                 )
             taken = [(k, self._models.pop(k)) for k in keys]
         wait = -1.0 if timeout is None else float(timeout)
-        for (n, v), (runtime, front) in taken:
+        for (n, v), (_, runtime, front) in taken:
             self.server.set_state(n, v, "UNLOADING", "")
             front.close()
             if not front.drain(wait):
@@ -484,7 +373,7 @@ class InferenceServer:
                     timeout,
                 )
             front.stop_workers()
-            _close(runtime)
+            runtime.close()
             if forget:
                 self.server.forget(n, v)
             else:
@@ -494,31 +383,22 @@ class InferenceServer:
     def served(self) -> dict[tuple[str, str], Any]:
         """The runtimes served, by (name, version)."""
         with self._models_lock:
-            return {k: rt for k, (rt, _) in self._models.items()}
+            return {k: given for k, (given, _, _) in self._models.items()}
 
     # -- the warm-up ---------------------------------------------------------------
-    @staticmethod
-    def _warmup_feed(rt: Any) -> dict[str, np.ndarray]:
-        """One full micro-batch (or queue unit) of every input: zeros, or for an input
-        that indexes, the lowest value valid for every range it has."""
-        feed_shapes, _ = rt.request_shapes()
-        feed = {}
-        for spec, shape in zip(rt.executor.model.inputs, feed_shapes):
-            dims = [rt.queue_capacity if d == -1 else int(d) for d in shape]
-            value = max((r.low for r in spec.ranges), default=0)
-            feed[spec.paddle_name or spec.name] = np.full(dims, value, spec.numpy_dtype)
-        return feed
-
     def _warm_up(self) -> None:
         try:
-            for rt in self.served().values():
-                if not _is_fixed(rt):
-                    continue  # a dynamic model: no one shape to warm up with
-                feed = self._warmup_feed(rt)
+            with self._models_lock:
+                served = [rt for _, rt, _ in self._models.values()]
+            for rt in served:
+                if rt.kind != "queue":
+                    continue  # a handler: no one shape to warm up with
+                queue = _queue_runtime(rt)
+                feed = queue.warmup_feed()
                 for _ in range(self.warmup):
                     if self._stopped:  # stopped while warming up: never ready
                         return
-                    rt.run(feed)
+                    queue.run(feed)
         except BaseException as exc:  # reported by serve_forever; never ready
             self.warmup_error = exc
             log.error("the warm-up failed: %s", exc)
@@ -630,10 +510,10 @@ class InferenceServer:
             self._warmup_thread.join(timeout)
         with self._models_lock:
             served = list(self._models.values())
-        for runtime, front in served:
+        for _, runtime, front in served:
             front.close()
             front.stop_workers()
-            _close(runtime)
+            runtime.close()
         self.server.shutdown()
         self.server.flush_access_log()
 
@@ -669,3 +549,13 @@ class InferenceServer:
     def prometheus(self) -> str:
         """Every model's counters and the server's in Prometheus' text format."""
         return str(self.server.prometheus())
+
+
+def _queue_runtime(runtime: Runtime) -> QueueRuntime:
+    """A runtime of kind ``"queue"`` as the :class:`QueueRuntime` it declares itself."""
+    if not isinstance(runtime, QueueRuntime):
+        raise NotSupportedError(
+            f"{type(runtime).__name__} declares kind 'queue' but lacks a QueueRuntime's "
+            "queue, queue_plan(), warmup_feed() or run()"
+        )
+    return runtime

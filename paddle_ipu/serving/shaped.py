@@ -24,8 +24,16 @@ from paddle_ipu.executor import executor_for, feeds
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 from paddle_ipu.executor.shapes import ShapePolicy
 from paddle_ipu.executor.specialised import SpecialisedExecutor
-from paddle_ipu.serving.model_runtime import ModelRuntime, RuntimeStats
+from paddle_ipu.serving.model_runtime import ModelRuntime
 from paddle_ipu.serving.package import Package
+from paddle_ipu.serving.runtime import (
+    Route,
+    Runtime,
+    RuntimeKind,
+    RuntimeStats,
+    TensorSpec,
+    v2_datatype,
+)
 
 __all__ = ["ShapeRuntime", "shape_executor"]
 
@@ -69,10 +77,14 @@ def shape_executor(
     )
 
 
-class ShapeRuntime:
+class ShapeRuntime(Runtime):
     """:class:`ModelRuntime`'s interface over a package compiled per input shape: one
     model runtime per shape, made on a request's first use of it (keyword arguments
-    are :class:`ModelRuntime`'s; ``executor_options`` are strategy options)."""
+    are :class:`ModelRuntime`'s; ``executor_options`` are strategy options).  Served
+    as a :class:`~paddle_ipu.serving.runtime.Runtime` of kind ``"handler"`` whose
+    :meth:`routes` are its shapes' model runtimes."""
+
+    kind: RuntimeKind = "handler"
 
     def __init__(
         self,
@@ -100,6 +112,20 @@ class ShapeRuntime:
             made = list(self.runtimes.values())
         for runtime in made:
             watcher(runtime)
+
+    def routes(self, route: Route) -> None:
+        """Every shape's model runtime, as :meth:`on_runtime` gives them."""
+        self.on_runtime(lambda runtime: route(runtime, None))
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """The feeds as the package declares them (-1: open)."""
+        return [TensorSpec(n, v2_datatype(d, n), tuple(s)) for n, d, s in self.tensor_specs()[0]]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """The outputs as the package declares them (see :meth:`tensor_specs`)."""
+        return [TensorSpec(n, v2_datatype(d, n), tuple(s)) for n, d, s in self.tensor_specs()[1]]
 
     def _runtime(self, feed: Mapping[str, Any]) -> tuple[ModelRuntime, dict[str, np.ndarray]]:
         _, arrays = feeds.open_request(self.policy.declared, feed)

@@ -21,7 +21,7 @@ from support.helpers import run_python  # noqa: E402
 from support.models import build  # noqa: E402
 
 import paddle_ipu  # noqa: E402
-from paddle_ipu.compiler import compile as compile_module  # noqa: E402
+from paddle_ipu.compiler import scratch as scratch_module  # noqa: E402
 from paddle_ipu.errors import IpuError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def _regular_bytes(directory: Path) -> int:
 
 
 def _scratch_base() -> str:
-    return compile_module._scratch_dir() or tempfile.gettempdir()
+    return scratch_module.scratch_dir() or tempfile.gettempdir()
 
 
 @pytest.mark.slow
@@ -176,7 +176,7 @@ def test_remove_stale_scratch_keeps_live_processes_folders(tmp_path: Path) -> No
     for d in (stale, live, other):
         d.mkdir()
         (d / "model.pdiparams").write_bytes(b"x" * 10)
-    removed = compile_module.remove_stale_scratch(str(tmp_path))
+    removed = scratch_module.remove_stale_scratch(str(tmp_path))
     assert removed == [str(stale)]
     assert not stale.exists() and live.exists() and other.exists()
 

@@ -1,5 +1,5 @@
 """The KServe v2 datatype table of the compiled core (``_core.kserve_datatypes``, the one
-table the C++ front end, ``serving/server.py`` and ``serving/dynamic.py`` use), checked
+table the C++ front end and ``serving/runtime.py`` use), checked
 against the protocol's own table of tensor data types, numpy, and tritonclient's
 conversions (a real client's)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from paddle_ipu import _core
-from paddle_ipu.serving import dynamic
+from paddle_ipu.serving import runtime
 
 #: The Open Inference Protocol's "Tensor Data Types" table: name -> size in bytes
 #: (https://kserve.github.io/website/0.10/modelserving/data_plane/v2_protocol/); BYTES
@@ -71,7 +71,7 @@ def test_tritonclient_agrees(row: tuple[str, str, int]) -> None:
 
 def test_the_python_side_reads_the_table() -> None:
     pairs = {(v2, np.dtype(n)) for v2, n, _ in ROWS}
-    assert {(v2, d) for d, v2 in dynamic._NUMPY_TO_V2.items()} == pairs
+    assert {(v2, d) for d, v2 in runtime._NUMPY_TO_V2.items()} == pairs
 
 
 def test_the_cpp_parser_names_the_table_for_an_unknown_datatype() -> None:

@@ -162,6 +162,43 @@ def test_many_threads_random_sizes_and_cancels() -> None:
     assert q.in_flight == 0 and q.pending_units == 0
 
 
+def test_every_caller_of_a_run_is_woken_though_none_comes_back() -> None:
+    """The callers of a finished run are woken one at a time (each as the previous one
+    gives up the GIL in its next wait); callers that never wait again, or wait only
+    later, are still all answered, and close() wakes any still in line."""
+    q, step = make_queue(capacity=8, timeout_s=60.0, width=2)
+    waited: list[float] = []
+
+    def caller(i: int) -> None:
+        request, out = submit(q, np.full((1, 2), i, np.float32))
+        t = time.perf_counter()
+        assert request.wait(WAIT) and request.state == S.DONE
+        waited.append(time.perf_counter() - t)
+        assert out[0, 0] == 2 * i + 1  # and this thread ends: it passes nothing on
+
+    callers = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for c in callers:
+        c.start()
+    while q.pending_units < 8:
+        time.sleep(0.001)
+    time.sleep(0.05)  # every caller is waiting
+    assert q.next_batch() == 8
+    q.complete([np.ascontiguousarray(step * 2 + 1)], 0.0)
+
+    def worker() -> None:
+        while q.next_batch() >= 0:  # waits for work, passing the callers on
+            q.complete([np.ascontiguousarray(step)], 0.0)
+
+    w = threading.Thread(target=worker)
+    w.start()
+    for c in callers:
+        c.join(WAIT)
+    assert len(waited) == 8 and max(waited) < 5.0, waited
+    q.close()
+    w.join(WAIT)
+    assert not w.is_alive()
+
+
 # --- through ModelRuntime ----------------------------------------------------------
 
 

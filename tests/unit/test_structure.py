@@ -20,7 +20,7 @@ COMPILED = ("paddle_ipu._core",)
 #: modules of its own layer and of the layers below, and the compiled core.  A module
 #: belongs to the layer of the longest prefix that names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry", ("paddle_ipu", "paddle_ipu.__main__", "paddle_ipu.cli")),
+    ("entry", ("paddle_ipu", "paddle_ipu.__main__", "paddle_ipu.cli", "paddle_ipu.patches")),
     ("Paddle 2.x names", ("paddle_ipu.compat",)),
     ("front doors", ("paddle_ipu.frontends", "paddle_ipu.inference")),
     ("serving", ("paddle_ipu.serving",)),
@@ -150,7 +150,8 @@ def test_the_checker_finds_a_cycle() -> None:
 def test_the_graph_sees_lazy_and_importlib_imports() -> None:
     edges = _graph()
     assert "paddle_ipu.pipeline" in edges["paddle_ipu.frontends.implicit"]  # lazy
-    assert "paddle_ipu.compat" in edges["paddle_ipu"]  # importlib.import_module
+    assert "paddle_ipu.patches" in edges["paddle_ipu"]  # importlib.import_module
+    assert "paddle_ipu.compat" in edges["paddle_ipu.patches"]  # under TYPE_CHECKING
 
 
 def test_no_import_cycle() -> None:

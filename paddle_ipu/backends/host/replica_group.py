@@ -161,6 +161,11 @@ class ReplicaGroup:
     _made = threading.Lock()
 
     @classmethod
+    def joined(cls) -> bool:
+        """Whether this process has joined its job's group (and runs its heartbeat)."""
+        return cls._instance is not None
+
+    @classmethod
     def of_job(cls) -> ReplicaGroup:
         job = jobs.current()
         if job.launcher != jobs.PADDLE:

@@ -3,8 +3,9 @@
 In 2.x there was one IPU backend per process, holding the program compiled last; here
 each compiled program has its own executor, and :class:`IpuBackend` acts on the one
 compiled (or trained through :mod:`paddle_ipu.frontends.dygraph`) most recently
-(:func:`paddle_ipu.frontends.program.last_compiled`), or, as a program's ``_backend``,
-on that program.  :func:`paddle_ipu.compat.install` puts both names in place.
+(:func:`last_compiled`), or, as a program's ``_backend``, on that program.
+``IpuCompiledProgram._backend`` is the compiled program's own property;
+:func:`paddle_ipu.compat.install` puts ``core.IpuBackend`` in Paddle's module.
 """
 
 from __future__ import annotations
@@ -14,7 +15,20 @@ import weakref
 from typing import Any
 
 from paddle_ipu.errors import CompileError
-from paddle_ipu.frontends.program import last_compiled
+
+_last_compiled: dict[str, weakref.ReferenceType[Any] | None] = {"target": None}
+
+
+def set_last_compiled(target: Any) -> None:
+    """Record ``target`` (a compiled program or a dygraph model) as the one compiled
+    last in this process: Paddle 2.x's ``IpuBackend.get_instance()`` acts on it."""
+    _last_compiled["target"] = weakref.ref(target)
+
+
+def last_compiled() -> Any:
+    """The compiled program or dygraph model compiled last (None when none lives)."""
+    ref = _last_compiled["target"]
+    return ref() if ref is not None else None
 
 
 class IpuBackend:
@@ -82,9 +96,3 @@ class IpuBackend:
     def is_compiled(self) -> bool:
         target = self._get()
         return target is not None and getattr(target, "executor", None) is not None
-
-
-def program_backend(program: Any) -> IpuBackend:
-    """Paddle 2.x's ``IpuCompiledProgram._backend``: weights_to_host,
-    weights_from_host, reset, detach, save_model_proto of this program."""
-    return IpuBackend(program)
