@@ -15,7 +15,7 @@ from typing import Any
 from paddle_ipu.errors import NotSupportedError
 from paddle_ipu.frontends.predictor_config import Config, create_predictor
 
-__all__ = ["IPU_METHODS", "SHARED_METHODS", "paddle_config"]
+__all__ = ["paddle_config"]
 
 
 #: The IPU methods of :class:`Config` that Paddle's own Config gets (:func:`paddle_config`),
