@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compiler import converter_fixes, onnx_passes
+from paddle_ipu.compiler import control_flow, converter_fixes, onnx_passes
 from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
@@ -483,9 +483,19 @@ def _finalize(
     converter_fixes.omit_empty_resize_inputs(graph)
     onnx_passes.drop_dead_nodes(graph)
     onnx_passes.drop_unused_weights(graph, weights)
+    control_flow.type_loops(model, _loop_names(fg))
     outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
     model.producer_name = "paddle-ipu"
     return inputs, outputs, weights, shards, owner
+
+
+def _loop_names(fg: ForwardGraph) -> dict[str, str]:
+    """The ONNX name of each ``pd_op.while``'s first result -> the operator, for errors."""
+    return {
+        info.onnx_names[0]: info.use.describe()
+        for info in fg.ops
+        if info.type == "pd_op.while" and info.onnx_names
+    }
 
 
 def reader_for(program: Any) -> ProgramReader:

@@ -308,12 +308,13 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
         if not block.has_var(name):
             raise CompileError(f"fetch {name!r} is not a variable of the program")
         var = block.var(name)
-        if var.persistable or name in feeds:
-            # Parameters and data keep their names in PIR.
+        found = values.get(name)
+        if var.persistable or (name in feeds and len(found or []) <= 1):
+            # Parameters and data keep their names in PIR (a feed a later operator
+            # writes -- a while loop's carried value -- is fetched as written last).
             fetches.append(name)
             fetch_names.append("")
             continue
-        found = values.get(name)
         if not found:
             raise CompileError(
                 f"fetch {name!r}: the legacy program's translation to PIR has no value for it"

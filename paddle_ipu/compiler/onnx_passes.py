@@ -109,6 +109,56 @@ def apply_shards(
     return shards
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+
+
+def _defined(graph: onnx.GraphProto) -> set[str]:
+    names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        names.update(node.output)
+    return names
+
+
+def outer_reads(graph: onnx.GraphProto) -> list[str]:
+    """The names a subgraph (a Loop's body, an If's branch) reads from the graphs
+    around it, nested subgraphs included."""
+    defined = _defined(graph)
+    out: list[str] = []
+    for node in graph.node:
+        for name in node_reads(node):
+            if name and name not in defined and name not in out:
+                out.append(name)
+    for o in graph.output:
+        if o.name not in defined and o.name not in out:
+            out.append(o.name)
+    return out
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The names ``node`` reads: its inputs, and what its subgraphs read from around
+    them (a Loop body's weights)."""
+    names = [i for i in node.input if i]
+    for sub in _subgraphs(node):
+        names += [n for n in outer_reads(sub) if n not in names]
+    return names
+
+
+def _rename_reads(node: onnx.NodeProto, mapping: dict[str, str]) -> None:
+    """Rename what ``node``'s subgraphs read from around them (``mapping``: old ->
+    new), where a subgraph does not define the name itself."""
+    for sub in _subgraphs(node):
+        defined = _defined(sub)
+        for inner in sub.node:
+            for i, n in enumerate(inner.input):
+                if n in mapping and n not in defined:
+                    inner.input[i] = mapping[n]
+            _rename_reads(inner, {k: v for k, v in mapping.items() if k not in defined})
+        for o in sub.output:
+            if o.name in mapping and o.name not in defined:
+                o.name = mapping[o.name]
+
+
 def drop_identities(graph: onnx.GraphProto) -> None:
     """Remove Identity nodes whose output is not a graph output.
 
@@ -122,6 +172,8 @@ def drop_identities(graph: onnx.GraphProto) -> None:
         for i, n in enumerate(node.input):
             if n in alias:
                 node.input[i] = alias[n]
+        if alias:
+            _rename_reads(node, alias)
         if node.op_type == "Identity" and node.output[0] not in outputs:
             alias[node.output[0]] = node.input[0]
             continue
@@ -138,7 +190,7 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
     for node in reversed(graph.node):
         if any(o in needed for o in node.output):
             keep.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(node_reads(node))
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(reversed(keep))
@@ -150,7 +202,7 @@ def drop_unused_weights(graph: onnx.GraphProto, weights: dict[str, str]) -> None
     ``paddle.nn.LSTM`` / ``GRU`` pass an empty ``dropout_state`` parameter that the
     converter does not use.  ONNX Runtime drops an unused initializer while it
     loads the graph and then fails to find it when the session supplies its value."""
-    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    used = {i for node in graph.node for i in node_reads(node)} | {o.name for o in graph.output}
     unused = [i.name for i in graph.initializer if i.name in weights and i.name not in used]
     if not unused:
         return
@@ -173,6 +225,7 @@ def rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
         for i, n in enumerate(node.input):
             if n == old:
                 node.input[i] = new
+        _rename_reads(node, {old: new})
         for i, n in enumerate(node.output):
             if n == old:
                 node.output[i] = new
@@ -277,7 +330,7 @@ def fix_inputs(
     return specs
 
 
-def _constants_as_initializers(graph: onnx.GraphProto) -> None:
+def constants_as_initializers(graph: onnx.GraphProto) -> None:
     keep: list[onnx.NodeProto] = []
     for node in graph.node:
         attr = node.attribute[0] if len(node.attribute) == 1 else None
@@ -311,7 +364,7 @@ _FOLD_LIMIT = 4096  # elements: shape arithmetic only, never real tensors
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    _constants_as_initializers(probe.graph)
+    constants_as_initializers(probe.graph)
     inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -399,6 +452,11 @@ def fold_shape_arithmetic(
             return
 
 
+#: doc_string of a value_info whose shape a pass declared that ONNX shape inference
+#: cannot find (a Loop's carried value: :mod:`.control_flow`); infer_outputs keeps it
+DECLARED_SHAPE = "paddle_ipu: loop-carried shape"
+
+
 def infer_outputs(
     model: onnx.ModelProto, names: Sequence[str], fetches: Sequence[FetchInfo]
 ) -> list[TensorSpec]:
@@ -406,13 +464,16 @@ def infer_outputs(
     graph = model.graph
     for out in graph.output:
         out.type.tensor_type.ClearField("shape")
+    # the Loops' carried values keep the shapes control_flow.type_loops declared
+    kept = [v for v in graph.value_info if v.doc_string == DECLARED_SHAPE]
     del graph.value_info[:]
+    graph.value_info.extend(kept)
     # Shape inference reads constant operands (Reshape targets, Slice bounds)
     # from initializers more reliably than from Constant nodes: infer on a copy
     # whose constants are initializers, and keep the model itself as it is.
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    _constants_as_initializers(probe.graph)
+    constants_as_initializers(probe.graph)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     except Exception as exc:

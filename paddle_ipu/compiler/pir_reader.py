@@ -17,7 +17,7 @@ from typing import Any
 import paddle
 
 from paddle_ipu._internals import p2o_api, paddle_api
-from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
+from paddle_ipu.compiler.ops import CONTROL_FLOW, STRUCTURAL_OPS, OpUse
 from paddle_ipu.compiler.pir_values import (
     IPU_INDEX_ATTR,
     IPU_STAGE_ATTR,
@@ -25,8 +25,10 @@ from paddle_ipu.compiler.pir_values import (
     dtype_name,
     has_name,
     is_real,
+    nested_ops,
     op_int_attr,
     plain_attrs,
+    reads,
     shape_of,
     type_desc,
 )
@@ -289,9 +291,8 @@ def _prune(block: Any, targets: Sequence[Any], keep: set[int]) -> None:
             continue
         if op.id() in keep or any(r.id in needed for r in op.results()):
             alive[i] = True
-            for src in op.operands_source():
-                if is_real(src):
-                    needed.add(src.id)
+            for src in reads(op):  # a loop body's captured values too
+                needed.add(src.id)
     for i in range(len(ops) - 1, -1, -1):
         if not alive[i]:
             block.remove_op(ops[i])
@@ -343,11 +344,28 @@ def _describe_op(
         operand_types=[dense_type(v) for v in operands],
         result_types=[dense_type(r) for r in op.results()],
     )
+    if op.name() in CONTROL_FLOW:
+        use.nested = [_nested_use(inner, idx, name) for inner in nested_ops(op)]
     return OpInfo(
         use=use,
         onnx_names=[p2o_api.result_name(name, k, j) for j in range(op.num_results())],
         ipu_index=op_int_attr(op, IPU_INDEX_ATTR),
         ipu_stage=op_int_attr(op, IPU_STAGE_ATTR),
+    )
+
+
+def _nested_use(op: Any, idx: int, parent: str) -> OpUse:
+    """An operator of a control-flow operator's block, for the checks."""
+    operands = list(op.operands_source())
+    return OpUse(
+        index=idx,
+        op=op.name(),
+        operands=[type_desc(v) if is_real(v) else "None" for v in operands],
+        results=[type_desc(r) for r in op.results()],
+        attrs=plain_attrs(op),
+        operand_types=[dense_type(v) for v in operands],
+        result_types=[dense_type(r) for r in op.results()],
+        inside=f"op #{idx} {parent}",
     )
 
 
@@ -390,7 +408,7 @@ def _describe_ops(
                 continue
             seen.add(op.id())
             reach.setdefault(op.id(), set()).add(label)
-            stack.extend(v for v in op.operands_source() if is_real(v))
+            stack.extend(reads(op))
     fetched = {v.id for v in fetches}
     for op in block.ops:
         idx = index_of.get(op.id(), -1)

@@ -20,7 +20,11 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
   one aborted the converter): a mask of the region and a ``where``; with a tensor of
   values (``set_value_with_tensor``) the values padded to the input's shape too;
 - ``unfold`` (im2col) had no static output shape: a depthwise convolution with
-  one-hot kernels.
+  one-hot kernels;
+- a ``while`` loop's carried operands: copies, whose names the converter's Loop body
+  cannot confuse with the values the body reads from the program.
+
+They run on the blocks of control-flow operators (a loop's body, a branch) too.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -548,9 +552,35 @@ def rewrite_constants(block: Any) -> dict[int, Any]:
     return replaced
 
 
+def rewrite_loop_operands(block: Any) -> dict[int, Any]:
+    """Each loop-carried operand of a ``pd_op.while`` -> a copy of its own (``assign``).
+
+    The converter names the Loop body's inputs after the operands the loop starts
+    from: a body that also reads the first operand's value itself (``h = f(h) + x``
+    started from ``h = x``), or a value carried twice, would read the body's input
+    where it meant the program's value.  A copy has a name only the loop uses."""
+    for op in list(block.ops):
+        if op.name() != "pd_op.while":
+            continue
+        paddle.pir.set_insertion_point(op)
+        for k in range(1, op.num_operands()):
+            source = op.operand_source(k)
+            if is_real(source) and source.is_dense_tensor_type():
+                op.operand(k).set_source(PIR_OPS.assign(source))
+    return {}
+
+
 def rewrite_for_converter(block: Any) -> dict[int, Any]:
-    """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block``; returns
-    old value id -> new value."""
+    """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block`` and on
+    the blocks of its control-flow operators; returns old value id -> new value."""
+    replaced = _rewrite_block(block)
+    for op in list(block.ops):
+        for inner in op.blocks():
+            replaced.update(rewrite_for_converter(inner))
+    return replaced
+
+
+def _rewrite_block(block: Any) -> dict[int, Any]:
     with insertion_guard():
         # first: these add reductions over all axes, which the next one spells out
         replaced = rewrite_identity_loss(block)
@@ -568,4 +598,5 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_set_value(block))
         replaced.update(rewrite_set_value_with_tensor(block))
         replaced.update(rewrite_unfold(block))
+        replaced.update(rewrite_loop_operands(block))
     return replaced

@@ -1,0 +1,164 @@
+"""Static shapes for the ONNX Loops the converter makes of ``pd_op.while``.
+
+paddle2onnx lowers a PIR ``while`` to an ONNX ``Loop`` (no trip count: the loop's own
+condition, computed by the model, ends it) and an ``if`` to an ONNX ``If``.  ONNX
+shape inference gives an If's outputs the shapes its branches agree on, but drops the
+shapes of a Loop's carried values, which the ONNX standard lets change from one
+iteration to the next; without them nothing after the loop has a static shape, and
+the IPU compiles static shapes.
+
+:func:`type_loops` gives them back where they are the same in every iteration: each
+Loop's body is inferred with its carried inputs of the shapes the loop starts from
+(the values of the enclosing graph it reads typed as that graph's inference types
+them); a carried value whose shape the body keeps gets it on the body's input and
+output and on the Loop's result, which the later inference keeps.  A carried value
+whose shape the body changes (a sequence grown by concatenation every step) is
+refused by name: its size after the loop depends on how many steps the data asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import onnx
+from onnx import helper
+
+from paddle_ipu.compiler.onnx_passes import DECLARED_SHAPE, constants_as_initializers
+from paddle_ipu.errors import CompileError
+
+__all__ = ["type_loops"]
+
+#: value_info doc_string marking the types :func:`type_loops` declared (kept by the
+#: final inference, which clears the rest)
+DECLARED = DECLARED_SHAPE
+
+
+def _static(info: onnx.ValueInfoProto | None) -> bool:
+    if info is None or not info.type.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in info.type.tensor_type.shape.dim)
+
+
+def _dims(info: onnx.ValueInfoProto) -> list[int]:
+    return [int(d.dim_value) for d in info.type.tensor_type.shape.dim]
+
+
+def _graph_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Every typed name of the main graph after ONNX shape inference (initializers and
+    Constant outputs included)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    constants_as_initializers(probe.graph)
+    inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+    graph = inferred.graph
+    types = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
+    for init in graph.initializer:
+        types.setdefault(
+            init.name, helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+        )
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                name = node.output[0]
+                types.setdefault(
+                    name, helper.make_tensor_value_info(name, value.data_type, list(value.dims))
+                )
+    return types
+
+
+def _body_reads(body: onnx.GraphProto) -> list[str]:
+    """The names a body uses that it neither defines nor takes as inputs (values of
+    the enclosing graph), nested graphs included."""
+    defined = {i.name for i in body.input} | {init.name for init in body.initializer}
+    used: list[str] = []
+
+    def walk(nodes: Iterable[onnx.NodeProto]) -> None:
+        for node in nodes:
+            for name in node.input:
+                if name and name not in defined and name not in used:
+                    used.append(name)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    defined.update(i.name for i in attr.g.input)
+                    walk(attr.g.node)
+            defined.update(node.output)
+
+    walk(body.node)
+    return used
+
+
+def _infer_body(
+    body: onnx.GraphProto,
+    carried: list[onnx.ValueInfoProto],
+    outer: dict[str, onnx.ValueInfoProto],
+    opsets: Iterable[onnx.OperatorSetIdProto],
+) -> dict[str, onnx.ValueInfoProto]:
+    """The body's outputs' types when its carried inputs have the types ``carried``
+    and the values it reads from outside the types ``outer`` gives them."""
+    probe = onnx.GraphProto()
+    probe.CopyFrom(body)
+    for info, typed in zip(probe.input[2:], carried):
+        info.type.CopyFrom(typed.type)
+    for name in _body_reads(body):
+        if name in outer:
+            extra = probe.input.add()
+            extra.CopyFrom(outer[name])
+    for out in probe.output:
+        out.type.tensor_type.ClearField("shape")
+    model = helper.make_model(probe, opset_imports=list(opsets))
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    graph = inferred.graph
+    types = {v.name: v for v in (*graph.value_info, *graph.output, *graph.input)}
+    return {o.name: types.get(o.name, o) for o in body.output}
+
+
+def type_loops(model: onnx.ModelProto, describe: dict[str, str] | None = None) -> int:
+    """Declare the static shapes of the Loops' carried values in ``model`` (see the
+    module docstring); returns how many Loops were typed.  ``describe`` maps a Loop's
+    first output to a description of the Paddle operator it lowers, for errors."""
+    graph = model.graph
+    loops = [node for node in graph.node if node.op_type == "Loop"]
+    if not loops:
+        return 0
+    declared: dict[str, onnx.ValueInfoProto] = {}
+    for node in loops:
+        types = _graph_types(model)
+        body = next(a.g for a in node.attribute if a.name == "body")
+        starts = [types.get(name) for name in node.input[2:]]
+        what = (describe or {}).get(node.output[0], f"the ONNX Loop {node.name!r}")
+        for k, (name, start) in enumerate(zip(node.input[2:], starts)):
+            if not _static(start):
+                raise CompileError(
+                    f"{what}: the shape of its carried value #{k} ({name!r}) is not static "
+                    "where the loop starts; the IPU compiles static shapes"
+                )
+        ends = _infer_body(body, [s for s in starts if s is not None], types, model.opset_import)
+        scans = len(node.output) - (len(node.input) - 2)
+        if scans:
+            raise CompileError(
+                f"{what}: a loop with {scans} scan output(s) (values stacked over the "
+                "iterations) has a size that depends on the number of iterations; the "
+                "IPU compiles static shapes"
+            )
+        for k, (start, out) in enumerate(zip(starts, body.output[1:])):
+            assert start is not None
+            end = ends.get(out.name)
+            if end is not None and _static(end) and _dims(end) != _dims(start):
+                raise CompileError(
+                    f"{what}: its carried value #{k} starts with shape {_dims(start)} and "
+                    f"the loop's body makes it {_dims(end)}: its size after the loop depends "
+                    "on how many iterations the data asks for, and the IPU compiles static "
+                    "shapes; give it its final size before the loop (a buffer written at the "
+                    "step's index)"
+                )
+            body.input[2 + k].type.CopyFrom(start.type)
+            out.type.CopyFrom(start.type)
+            result = helper.make_value_info(node.output[k], start.type)
+            result.doc_string = DECLARED
+            declared[node.output[k]] = result
+        existing = {v.name for v in graph.value_info}
+        for name, info in declared.items():
+            if name not in existing:
+                graph.value_info.append(info)
+    return len(loops)
