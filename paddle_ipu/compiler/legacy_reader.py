@@ -23,6 +23,7 @@ extraction and gradient program.  What the translation loses is put back here:
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -282,6 +283,22 @@ def _element(program: Any, legacy: Any, name: str, value: Any) -> Any:
     return parts[index]
 
 
+#: legacy operators without a PIR counterpart -> what to use instead
+_REPLACEMENTS = {
+    "multiclass_nms": (
+        "; PaddleDetection's later exporters write multiclass_nms3 (which runs on the host "
+        "after the compiled graph): export the detector again, or with -o exclude_nms=True "
+        "and NMS after the predictor"
+    ),
+}
+
+
+def _version() -> str:
+    import paddle
+
+    return str(paddle.__version__)
+
+
 def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Translation:
     """``program`` (legacy IR) as a PIR program, with feeds and fetches resolved."""
     import paddle
@@ -290,6 +307,15 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
     try:
         pir_program, values = paddle.pir.translate_to_pir_with_param_map(program.desc)
     except Exception as exc:
+        missing = re.search(r"Op (\w+) should have corresponding OpInfo (\S+)", str(exc))
+        if missing:
+            op, pir = missing.group(1), missing.group(2).rstrip(".")
+            raise CompileError(
+                f"the legacy program uses operator {op!r}, which Paddle {_version()} has no "
+                f"PIR operator for ({pir} does not exist): Paddle's translation of the "
+                f"program to PIR, which the IPU compiler reads it by, stops there"
+                f"{_REPLACEMENTS.get(op, '')}"
+            ) from exc
         raise CompileError(
             f"Paddle could not translate the legacy program to PIR: {type(exc).__name__}: {exc}"
         ) from exc

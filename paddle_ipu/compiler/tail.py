@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from paddle_ipu.compiler.pir_values import is_real
+from paddle_ipu.compiler.pir_values import is_real, reads
 from paddle_ipu.errors import CompileError
 
 log = logging.getLogger("paddle_ipu")
@@ -76,6 +76,7 @@ _COMPUTE = frozenset(
     }
 )  # fmt: skip
 _STRUCTURE = frozenset({"pd_op.data", "pd_op.feed", "pd_op.fetch", "builtin.parameter"})
+_SHAPE_OF = frozenset({"pd_op.shape", "pd_op.shape64"})
 # Operators without a tensor result the tail cannot take as a feed, pulled into it.
 _LISTS = frozenset({"builtin.combine", "builtin.split", "builtin.slice"})
 
@@ -110,9 +111,28 @@ class TailSplit:
         )
 
 
-def _batch_dim(feeds: Sequence[Any]) -> int | None:
-    dims = {int(v.shape[0]) for v in feeds if len(v.shape)}
-    return dims.pop() if len(dims) == 1 else None
+def _batch_spellings(feeds: Sequence[Any]) -> frozenset[int]:
+    """How the feeds spell their batch dimension: ``-1`` (open), or a static size.
+    Exporters mix the two -- PaddleDetection's PicoDet configs declare the image
+    ``[1, 3, 416, 416]`` and the exporter its ``scale_factor`` ``[-1, 2]`` -- so ``1``
+    and ``-1`` together are both the batch.  Any other mix has no batch dimension the
+    split can rely on (empty)."""
+    dims = frozenset(int(v.shape[0]) for v in feeds if v.is_dense_tensor_type() and len(v.shape))
+    if len(dims) == 1 or dims == frozenset({-1, 1}):
+        return dims
+    return frozenset()
+
+
+def _from_feed_values(ops: Sequence[Any], feeds: Sequence[Any]) -> set[int]:
+    """The ids of the values computed from the feeds' values (a shape alone carries no
+    row of the batch: ``shape(image)[2]`` is the same for every row)."""
+    out = {v.id for v in feeds}
+    for op in ops:
+        if op.name() in _SHAPE_OF:
+            continue
+        if any(v.id in out for v in reads(op)):
+            out.update(r.id for r in op.results())
+    return out
 
 
 def split_tail(
@@ -145,7 +165,12 @@ def split_tail(
             tail_ids.add(op.id())
     if not first:
         return None
-    batch = _batch_dim(feeds)
+    spellings = _batch_spellings(feeds)
+    rows = _from_feed_values(ops, feeds)
+
+    def batched(value: Any) -> bool:
+        return _batched(value, spellings) and value.id in rows
+
     # Pull in what only the tail reads and that the compiled graph cannot hand over:
     # lists, constants, values without the batch dimension.
     changed = True
@@ -167,7 +192,7 @@ def split_tail(
             handover = (
                 op.name() not in _LISTS
                 and op.num_operands() > 0
-                and all(_batched(r, batch) for r in op.results())
+                and all(batched(r) for r in op.results())
             )
             if cheap and not handover:
                 tail_ids.add(op.id())
@@ -198,7 +223,7 @@ def split_tail(
         src = _source_op(v, producer)
         if src is None or src.id() in tail_ids:
             return
-        if not _batched(v, batch):
+        if not batched(v):
             raise CompileError(
                 f"{first[0]}: {DATA_DEPENDENT[first[0]]}; the host tail after it reads a value "
                 f"of {src.name()} of shape {list(v.shape)}, without the batch dimension, that "
@@ -247,13 +272,13 @@ def _is_parameter(value: Any, producer: dict[int, Any]) -> bool:
     return op is not None and op.name() == "builtin.parameter"
 
 
-def _batched(value: Any, batch: int | None) -> bool:
-    """Whether ``value`` has the batch dimension first (what the compiled graph's outputs
-    must have: it runs micro-batches)."""
-    if batch is None or not value.is_dense_tensor_type():
+def _batched(value: Any, spellings: frozenset[int]) -> bool:
+    """Whether ``value``'s first dimension is spelled as the feeds spell the batch
+    (what the compiled graph's outputs must have first: it runs micro-batches)."""
+    if not spellings or not value.is_dense_tensor_type():
         return False
     shape = list(value.shape)
-    return bool(shape) and int(shape[0]) == batch
+    return bool(shape) and int(shape[0]) in spellings
 
 
 def _tail_program(
