@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._util.logs import quiet_info
-from paddle_ipu.errors import FeedError, FetchError, OptionError
+from paddle_ipu.errors import FeedError, FetchError, NotSupportedError, OptionError
 
 __all__ = ["Predictor", "Tensor"]
 
@@ -29,6 +29,7 @@ class Tensor:
         self._shape = list(shape)
         self._is_input = is_input
         self._value: np.ndarray | None = None
+        self._lod: list[list[int]] = []
 
     def reshape(self, shape: Sequence[int]) -> None:
         if not self._is_input:
@@ -51,9 +52,88 @@ class Tensor:
     def shape(self) -> list[int]:
         return list(self._shape)
 
+    def set_lod(self, lod: Sequence[Sequence[int]]) -> None:
+        """The input's sequences (Paddle's LoD: offsets into the rows, level 1): a run
+        takes one sequence at a time (:meth:`Predictor.run`)."""
+        if not self._is_input:
+            raise FeedError(f"{self.name!r} is an output: set_lod is for inputs")
+        self._lod = check_lod(self.name, lod)
+
+    def lod(self) -> list[list[int]]:
+        """The sequences' offsets: an input's as set, an output's after a run of
+        sequences (where its rows come per sequence)."""
+        return [list(level) for level in self._lod]
+
     def type(self) -> np.dtype:
         """The element type (a numpy dtype)."""
         return self._dtype
+
+
+def check_lod(name: str, lod: Sequence[Sequence[int]]) -> list[list[int]]:
+    """A LoD as Paddle's ``set_lod`` takes it, checked: one level of offsets from 0,
+    non-decreasing (``[[0, 3, 5]]``: rows 0-2 and 3-4)."""
+    try:
+        levels = [[int(x) for x in level] for level in lod]
+    except (TypeError, ValueError):
+        raise FeedError(
+            f"input {name!r}: set_lod takes a list of lists of row offsets ([[0, 3, 5]]), "
+            f"received {lod!r}"
+        ) from None
+    if not levels:
+        return []
+    if len(levels) > 1:
+        raise NotSupportedError(
+            f"input {name!r}: a LoD of {len(levels)} levels; the predictor runs one level of "
+            "sequences (a nested LoD is not supported)"
+        )
+    offsets = levels[0]
+    if len(offsets) < 2 or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise FeedError(
+            f"input {name!r}: a LoD's offsets start at 0 and do not decrease ([[0, 3, 5]]), "
+            f"received {levels}"
+        )
+    return levels
+
+
+def run_sequences(
+    run: Any, feed: dict[str, np.ndarray], lods: dict[str, list[int]]
+) -> tuple[list[np.ndarray], list[list[list[int]]]]:
+    """A run of sequences (``lods``: input name -> its offsets, the same for every
+    input that has them): each sequence run on its own, as a feed of its rows (the
+    inputs without a LoD whole), the outputs' rows concatenated in order.  Each output's
+    LoD is the offsets of its rows per sequence.  Returns the outputs and their LoDs."""
+    offsets = next(iter(lods.values()))
+    for name, other in lods.items():
+        if other != offsets:
+            raise FeedError(
+                f"inputs with different sequences: {name!r} has LoD {[other]}, "
+                f"{next(iter(lods))!r} {[offsets]}; the predictor runs one set of sequences"
+            )
+        rows = int(feed[name].shape[0]) if feed[name].ndim else -1
+        if rows != offsets[-1]:
+            raise FeedError(
+                f"input {name!r}: its LoD {[offsets]} covers {offsets[-1]} rows, the data has "
+                f"{rows}"
+            )
+    pieces: list[list[np.ndarray]] = []
+    for k, (start, end) in enumerate(zip(offsets, offsets[1:])):
+        if end == start:
+            raise FeedError(
+                f"sequence {k} of input(s) {sorted(lods)} is empty (LoD {[offsets]}): the "
+                "compiled graph runs sequences of at least one row"
+            )
+        one = {n: (v[start:end] if n in lods else v) for n, v in feed.items()}
+        pieces.append([np.asarray(o) for o in run(one)])
+    outputs: list[np.ndarray] = []
+    out_lods: list[list[list[int]]] = []
+    for parts in zip(*pieces):
+        if all(p.ndim for p in parts):
+            outputs.append(np.concatenate(parts, axis=0))
+            out_lods.append([list(np.cumsum([0, *[p.shape[0] for p in parts]]).tolist())])
+        else:
+            outputs.append(np.stack(parts))
+            out_lods.append([])
+    return outputs, out_lods
 
 
 class _Shared:
@@ -314,10 +394,15 @@ class Predictor:
                 if handle._value is None:
                     raise FeedError(f"input {name!r} has no data: call copy_from_cpu first")
                 feed[name] = handle._value
-        outputs = self._shared.run(feed)
-        for handle, value in zip(self._outputs.values(), outputs):
+        lods = {n: h._lod[0] for n, h in self._inputs.items() if h._lod and inputs is None}
+        if lods:  # sequences (set_lod): one at a time
+            outputs, out_lods = run_sequences(self._shared.run, feed, lods)
+        else:
+            outputs, out_lods = self._shared.run(feed), []
+        for k, (handle, value) in enumerate(zip(self._outputs.values(), outputs)):
             handle._value = np.asarray(value)
             handle._shape = list(handle._value.shape)
+            handle._lod = out_lods[k] if out_lods else []
         return [np.array(v, copy=True) for v in outputs] if inputs is not None else None
 
     def clone(self) -> Predictor:
