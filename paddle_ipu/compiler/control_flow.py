@@ -43,6 +43,39 @@ def _dims(info: onnx.ValueInfoProto) -> list[int]:
     return [int(d.dim_value) for d in info.type.tensor_type.shape.dim]
 
 
+def _same_elements(a: list[int], b: list[int]) -> bool:
+    """Shapes that differ only in dimensions of size 1 ([] and [1])."""
+    return a != b and [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
+def _reshape_input(
+    graph: onnx.GraphProto,
+    node: onnx.NodeProto,
+    index: int,
+    dims: list[int],
+    start: onnx.ValueInfoProto,
+) -> onnx.ValueInfoProto:
+    """Input ``index`` of ``node`` reshaped to ``dims`` by a node inserted before it;
+    returns the reshaped value's type."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    source = node.input[index]
+    name = f"{source}.loop_shape.{node.name}.{index}"
+    shape = numpy_helper.from_array(np.asarray(dims, np.int64), f"{name}.shape")
+    at = list(graph.node).index(node)
+    graph.node.insert(at, helper.make_node("Reshape", [source, shape.name], [name], name=name))
+    graph.node.insert(at, helper.make_node("Constant", [], [shape.name], value=shape))
+    node.input[index] = name
+    typed = onnx.ValueInfoProto()
+    typed.CopyFrom(start)
+    typed.name = name
+    del typed.type.tensor_type.shape.dim[:]
+    for d in dims:
+        typed.type.tensor_type.shape.dim.add().dim_value = d
+    return typed
+
+
 def _graph_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Every typed name of the main graph after ONNX shape inference (initializers and
     Constant outputs included)."""
@@ -144,6 +177,10 @@ def type_loops(model: onnx.ModelProto, describe: dict[str, str] | None = None) -
         for k, (start, out) in enumerate(zip(starts, body.output[1:])):
             assert start is not None
             end = ends.get(out.name)
+            if end is not None and _static(end) and _same_elements(_dims(end), _dims(start)):
+                # a 0-d value the body makes [1] (Paddle treats the two alike): the loop
+                # starts from it reshaped, so its shape is the same in every iteration
+                start = _reshape_input(graph, node, 2 + k, _dims(end), start)
             if end is not None and _static(end) and _dims(end) != _dims(start):
                 raise CompileError(
                     f"{what}: its carried value #{k} starts with shape {_dims(start)} and "

@@ -361,6 +361,9 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
     return Translation(pir_program, feeds, fetches, fetch_names, values)
 
 
+_CONTROL_FLOW = frozenset({"while", "conditional_block", "conditional_block_infer"})
+
+
 def specialised_copy(
     program: Any, feed_list: Sequence[Any], shapes: Mapping[str, Sequence[int]], batch: int
 ) -> Any:
@@ -434,7 +437,13 @@ class LegacyReader:
 
         from paddle_ipu.compiler.pir_reader import PirReader
 
-        if input_shapes:
+        # Paddle's InferShape knows no control flow: a program with loops or branches is
+        # made static through its PIR translation instead (specialise's CPU runs)
+        flow = any(op.type in _CONTROL_FLOW for op in program.global_block().ops)
+        shapes: Mapping[str, Sequence[int]] | None = None if input_shapes is None else {}
+        if input_shapes and flow:
+            shapes = input_shapes
+        elif input_shapes:
             program = specialised_copy(program, feed_list, input_shapes, batch)
         translation = translate(program, feed_list, fetch_list)
         self.translation = translation
@@ -444,7 +453,7 @@ class LegacyReader:
                 translation.feed_list,
                 translation.fetch_list,
                 scope,
-                None if input_shapes is None else {},  # specialised above, if asked
+                shapes,  # specialised above, if asked (and without control flow)
                 batch,
             )
         fields = {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}

@@ -22,7 +22,9 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - ``unfold`` (im2col) had no static output shape: a depthwise convolution with
   one-hot kernels;
 - a ``while`` loop's carried operands: copies, whose names the converter's Loop body
-  cannot confuse with the values the body reads from the program.
+  cannot confuse with the values the body reads from the program;
+- reads of a value after an in-place write into it (a loop body's ``buf[:, i:i + 1] =
+  v``): reads of the written value.
 
 They run on the blocks of control-flow operators (a loop's body, a branch) too.
 
@@ -552,6 +554,40 @@ def rewrite_constants(block: Any) -> dict[int, Any]:
     return replaced
 
 
+_IN_PLACE_WRITES = frozenset({"pd_op.set_value_with_tensor_", "pd_op.set_value_"})
+
+
+def rewrite_in_place_reads(block: Any, nested: bool = False) -> dict[int, Any]:
+    """After an in-place write (``x[:, i:i + 1] = v``: ``set_value_with_tensor_``), the
+    operators of the block that read ``x`` read the written value instead.
+
+    Paddle's executor writes into ``x``'s memory, so a loop body that yields ``x`` (its
+    state, which Python's ``x[...] = v`` leaves bound to the old value) yields what was
+    written; ONNX has no memory to write into, and the yield would hand the next
+    iteration the state from before the write."""
+    ops = list(block.ops)
+    own = {r.id for o in ops for r in o.results()} | {a.id for a in block.args()}
+    for pos, op in enumerate(ops):
+        if op.name() not in _IN_PLACE_WRITES:
+            continue
+        source, written = op.operand_source(0), op.result(0)
+        if nested and source.id not in own:
+            raise UnsupportedOpError(
+                f"{op.name()} in the block of a while or if writes into a value of the "
+                "program around it (a buffer the loop does not carry, written in place at "
+                "each step): ONNX's loop has no memory to write into; carry the buffer "
+                "through the loop (pass it in the loop's variables and return it)"
+            )
+        later = {o.id() for o in ops[pos + 1 :]}
+        for user in list(source.all_used_ops()):
+            if user.id() not in later:
+                continue
+            for k in range(user.num_operands()):
+                if user.operand_source(k).id == source.id:
+                    user.operand(k).set_source(written)
+    return {}
+
+
 def rewrite_loop_operands(block: Any) -> dict[int, Any]:
     """Each loop-carried operand of a ``pd_op.while`` -> a copy of its own (``assign``).
 
@@ -570,17 +606,18 @@ def rewrite_loop_operands(block: Any) -> dict[int, Any]:
     return {}
 
 
-def rewrite_for_converter(block: Any) -> dict[int, Any]:
+def rewrite_for_converter(block: Any, nested: bool = False) -> dict[int, Any]:
     """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block`` and on
     the blocks of its control-flow operators; returns old value id -> new value."""
-    replaced = _rewrite_block(block)
+    replaced = _rewrite_block(block, nested)
     for op in list(block.ops):
         for inner in op.blocks():
-            replaced.update(rewrite_for_converter(inner))
+            replaced.update(rewrite_for_converter(inner, nested=True))
     return replaced
 
 
-def _rewrite_block(block: Any) -> dict[int, Any]:
+def _rewrite_block(block: Any, nested: bool) -> dict[int, Any]:
+    rewrite_in_place_reads(block, nested)
     with insertion_guard():
         # first: these add reductions over all axes, which the next one spells out
         replaced = rewrite_identity_loss(block)

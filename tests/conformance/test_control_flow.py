@@ -135,3 +135,32 @@ def test_legacy_while_gives_the_cpus_result() -> None:
     # fetch is the loop's value, not the feed's
     assert result["moved"] > 0.1
     assert result["diff"] < 1e-5
+
+
+def test_a_decoder_loop_writing_each_step_at_its_index_gives_the_cpus_buffer() -> None:
+    """``buf[:, i:i + 1] = step`` inside the loop (a table decoder's pattern): a slice whose
+    place the loop's counter gives at run time."""
+    import paddle
+
+    with fresh_programs(seed=5) as (main, startup, _):
+        x = paddle.static.data("x", [2, 4], "float32")
+        w = paddle.create_parameter([4, 4], "float32")
+        buf = paddle.zeros([2, 6, 4], "float32")
+        i = paddle.zeros([1], "int64")
+        steps = paddle.full([1], 6, "int64")
+
+        def body(i: object, h: object, buf: object) -> list[object]:
+            h = paddle.tanh(paddle.matmul(h, w))
+            buf = buf * 1.0  # the loop's own copy: Paddle carries it
+            buf[:, i : i + 1] = h.unsqueeze(1)
+            return [i + 1, h, buf]
+
+        _, _, out = paddle.static.nn.while_loop(lambda i, h, b: i < steps, body, [i, x, buf])
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        exe.run(startup)
+        feed = {"x": np.random.default_rng(1).random((2, 4), dtype=np.float32)}
+        (want,) = exe.run(main, feed=feed, fetch_list=[out])
+        assert np.abs(want).min() > 0  # every step written
+        prog = _compile(main, ["x"], [out])
+        (got,) = exe.run(prog, feed=feed, fetch_list=prog.fetch_names)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
