@@ -484,6 +484,7 @@ def _finalize(
     onnx_passes.drop_dead_nodes(graph)
     onnx_passes.drop_unused_weights(graph, weights)
     control_flow.type_loops(model, _loop_names(fg))
+    converter_fixes.boolean_where(model)
     outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
     model.producer_name = "paddle-ipu"
     return inputs, outputs, weights, shards, owner

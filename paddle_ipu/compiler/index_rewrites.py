@@ -324,7 +324,10 @@ def _set_at_run_time_index(
         v = paddle.unsqueeze(v, a)
     if v.dtype != x.dtype:
         v = paddle.cast(v, x.dtype)
-    return paddle.where(mask, paddle.expand_as(v, x), x)
+    # where broadcasts the mask and the values through zeros_like (shapes read at run
+    # time); expand_as would write x's declared shape, -1 in a batch left open, as a
+    # constant target the converter cannot resolve
+    return paddle.where(mask, v, x)
 
 
 def rewrite_unfold(block: Any) -> dict[int, Any]:

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -399,57 +399,96 @@ def fold_shape_arithmetic(
     Each round folds what one shape inference resolves; a folded Reshape target can
     make the next shape static, so the rounds go on until nothing changes (a chain
     of channel shuffles needs one round per shuffle).  ``max_rounds`` caps them
-    (None: every node can fold at most once, so at most one round per node)."""
-    from onnx.reference import ReferenceEvaluator
-
+    (None: every node can fold at most once, so at most one round per node).  Then
+    the subgraphs' constant-only nodes fold (:func:`fold_subgraph`)."""
     graph = model.graph
     rounds = max_rounds if max_rounds is not None else len(graph.node) + 1
+    const: dict[str, np.ndarray] = {}
     for _ in range(rounds):
-        shapes = _static_shapes(model)
-        const: dict[str, np.ndarray] = {
+        const = {
             i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
         }
-        changed = False
-        for pos, node in enumerate(graph.node):
-            if node.op_type == "Constant":
-                attr = node.attribute[0] if len(node.attribute) == 1 else None
-                if attr is not None and attr.name == "value":
-                    const[node.output[0]] = numpy_helper.to_array(attr.t)
+        if not fold_nodes(graph, const, _static_shapes(model)):
+            break
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            fold_subgraph(sub, const)
+
+
+def fold_nodes(
+    graph: onnx.GraphProto,
+    const: dict[str, np.ndarray],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> bool:
+    """One pass over ``graph``'s nodes: each whose inputs are small constants (in
+    ``const``, which gains every Constant node's value and each fold's), or a Shape of a
+    value of static shape (``shapes``), becomes a Constant node.  Whether any did."""
+    changed = False
+    for pos, node in enumerate(graph.node):
+        if node.op_type == "Constant":
+            attr = node.attribute[0] if len(node.attribute) == 1 else None
+            if attr is not None and attr.name == "value":
+                const[node.output[0]] = numpy_helper.to_array(attr.t)
+            continue
+        if node.op_type not in _FOLDABLE or len(node.output) != 1:
+            continue
+        value: np.ndarray | None = None
+        if node.op_type == "Shape":
+            shape = (shapes or {}).get(node.input[0])
+            if shape is None:
                 continue
-            if node.op_type not in _FOLDABLE or len(node.output) != 1:
+            attrs = {a.name: a.i for a in node.attribute}
+            start = attrs.get("start", 0)
+            end = attrs.get("end", len(shape))
+            value = np.array(shape[start:end] if "end" in attrs else shape[start:], np.int64)
+        else:
+            value = _evaluate(node, const)
+            if value is None:
                 continue
-            value: np.ndarray | None = None
-            if node.op_type == "Shape":
-                shape = shapes.get(node.input[0])
-                if shape is None:
-                    continue
-                attrs = {a.name: a.i for a in node.attribute}
-                start = attrs.get("start", 0)
-                end = attrs.get("end", len(shape))
-                value = np.array(shape[start:end] if "end" in attrs else shape[start:], np.int64)
-            else:
-                ins = [n for n in node.input if n]
-                if not ins or any(n not in const for n in ins):
-                    continue
-                if any(const[n].size > _FOLD_LIMIT for n in ins):
-                    continue
-                try:
-                    feeds: dict[str, Any] = {n: const[n] for n in ins}
-                    results: Any = ReferenceEvaluator(node).run(None, feeds)
-                    value = np.asarray(results[0])
-                except Exception:
-                    continue
-                if value.size > _FOLD_LIMIT:
-                    continue
-            out = node.output[0]
-            const[out] = value
-            folded = helper.make_node(
-                "Constant", [], [out], name=node.name, value=numpy_helper.from_array(value, out)
-            )
-            graph.node[pos].CopyFrom(folded)
-            changed = True
-        if not changed:
-            return
+        out = node.output[0]
+        const[out] = value
+        folded = helper.make_node(
+            "Constant", [], [out], name=node.name, value=numpy_helper.from_array(value, out)
+        )
+        graph.node[pos].CopyFrom(folded)
+        changed = True
+    return changed
+
+
+def fold_subgraph(
+    sub: onnx.GraphProto,
+    outer: Mapping[str, np.ndarray],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> bool:
+    """Fold a subgraph's nodes (a Loop's body, an If's branch; :func:`fold_nodes`) that
+    compute from small constants -- its own, or those of the graphs around it
+    (``outer``) -- or take the Shape of a value of static shape (``shapes``), its own
+    subgraphs' too: a body's Squeeze axes cast from a constant, which ONNX shape
+    inference reads only as a constant.  Whether any did."""
+    const = {k: v for k, v in outer.items() if k not in _defined(sub)}
+    const.update({i.name: numpy_helper.to_array(i) for i in sub.initializer})
+    changed = fold_nodes(sub, const, shapes)
+    for node in sub.node:
+        for inner in _subgraphs(node):
+            changed = fold_subgraph(inner, const, shapes) or changed
+    return changed
+
+
+def _evaluate(node: onnx.NodeProto, const: dict[str, np.ndarray]) -> np.ndarray | None:
+    """``node``'s output when every input is a small constant (else None)."""
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [n for n in node.input if n]
+    if not ins or any(n not in const for n in ins):
+        return None
+    if any(const[n].size > _FOLD_LIMIT for n in ins):
+        return None
+    try:
+        results: Any = ReferenceEvaluator(node).run(None, {n: const[n] for n in ins})
+        value = np.asarray(results[0])
+    except Exception:
+        return None
+    return None if value.size > _FOLD_LIMIT else value
 
 
 #: doc_string of a value_info whose shape a pass declared that ONNX shape inference

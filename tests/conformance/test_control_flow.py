@@ -164,3 +164,165 @@ def test_a_decoder_loop_writing_each_step_at_its_index_gives_the_cpus_buffer() -
         prog = _compile(main, ["x"], [out])
         (got,) = exe.run(prog, feed=feed, fetch_list=prog.fetch_names)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# A token-by-token decoder in the shape of a table-structure head (SLANet's): each step
+# embeds the last token, updates the state, writes the step's token probabilities into
+# a buffer at the step's index, and ends the loop early when every row produced the end
+# token -- an `if` inside the `while` (PIR's pd_op.if; in the legacy IR the
+# conditional_block and select_input that Paddle 2.x's dy2static wrote for
+# `if (tok == eos).all(): break`).  The outputs are the buffer cut to the steps taken
+# (a size the data decides: the cut runs on the host after the compiled graph) and the
+# count.  Paddle 3.3's legacy `cond` calls a PIR-only layer, so the legacy program
+# appends its operators as Paddle 2.x's layers did, and the branch through
+# ConditionalBlock itself.
+DECODER = """
+import numpy as np, paddle
+paddle.enable_static()
+paddle.seed(3)
+from paddle.base.layer_helper import LayerHelper
+V, T, H = 6, 8, 8
+LEGACY = {legacy}
+
+def op(kind, inputs, attrs=None, dtype="float32", xshape=False):
+    if not LEGACY:  # the same operator through Paddle 3's layers
+        return PIR[kind](inputs, attrs or {{}})
+    helper = LayerHelper(kind)
+    out = helper.create_variable_for_type_inference(dtype)
+    outputs = {{"Out": out}}
+    if xshape:
+        outputs["XShape"] = helper.create_variable_for_type_inference(dtype)
+    helper.append_op(type=kind, inputs=inputs, outputs=outputs, attrs=attrs or {{}})
+    return out
+
+F = paddle.nn.functional
+PIR = {{
+    "logical_and": lambda i, a: paddle.logical_and(i["X"], i["Y"]),
+    "logical_not": lambda i, a: paddle.logical_not(i["X"]),
+    "matmul_v2": lambda i, a: paddle.matmul(i["X"], i["Y"]),
+    "one_hot_v2": lambda i, a: F.one_hot(i["X"], a["depth"]),
+    "elementwise_add": lambda i, a: i["X"] + i["Y"],
+    "tanh": lambda i, a: paddle.tanh(i["X"]),
+    "arg_max": lambda i, a: paddle.argmax(i["X"], axis=a["axis"]),
+    "softmax": lambda i, a: F.softmax(i["X"]),
+    "unsqueeze2": lambda i, a: i["X"].unsqueeze(a["axes"]),
+    "equal": lambda i, a: i["X"] == i["Y"],
+    "reduce_all": lambda i, a: paddle.all(i["X"]),
+}}
+
+def stop_if_all_ended(stop, done):
+    if not LEGACY:
+        return paddle.static.nn.cond(stop, lambda: paddle.full([1], True, "bool"),
+                                     lambda: done)
+    from paddle.static.nn.control_flow import ConditionalBlock, select_input
+    kept = LayerHelper("cond").create_variable_for_type_inference("bool")
+    branch = ConditionalBlock([op("logical_not", {{"X": stop}}, dtype="bool")],
+                              is_scalar_condition=True)
+    with branch.block():
+        LayerHelper("assign").append_op(type="assign", inputs={{"X": done}},
+                                        outputs={{"Out": kept}})
+    mask = op("cast", {{"X": stop}}, {{"in_dtype": 0, "out_dtype": 2}}, dtype="int32")
+    return select_input([kept, paddle.full([1], True, "bool")], mask)
+
+main, startup = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, startup):
+    x = paddle.static.data("x", [1, H], "float32")
+    wh, wo, we = (paddle.static.create_parameter(s, "float32") for s in ([H, H], [H, V], [V, H]))
+    n = paddle.full([1], T, "int64")
+    start = [paddle.zeros([1], "int64"), x * 1.0, paddle.zeros([1], "int64"),
+             paddle.full([1], False, "bool"), paddle.zeros([1, T, V], "float32"),
+             # the last step's logits, which the body writes before it reads them: the
+             # legacy program starts them as a placeholder of another shape, as Paddle
+             # 2.x's dy2static started such a value
+             paddle.zeros([1] if LEGACY else [1, V], "float32")]
+
+    def cond(i, h, tok, done, buf, last):
+        going = op("logical_not", {{"X": done}}, dtype="bool")
+        return op("logical_and", {{"X": i < n, "Y": going}}, dtype="bool")
+
+    def body(i, h, tok, done, buf, last):
+        e = op("matmul_v2", {{"X": op("one_hot_v2", {{"X": tok}}, {{"depth": V}}), "Y": we}})
+        h = op("matmul_v2", {{"X": h, "Y": wh}})
+        h = op("elementwise_add", {{"X": op("elementwise_add", {{"X": h, "Y": e}}), "Y": x}})
+        h = op("tanh", {{"X": h}})
+        logits = op("matmul_v2", {{"X": h, "Y": wo}})
+        tok = op("arg_max", {{"X": logits}}, {{"axis": 1, "dtype": 3, "keepdims": False,
+                                              "flatten": False}}, dtype="int64")
+        step = op("unsqueeze2", {{"X": op("softmax", {{"X": logits}}, {{"axis": -1}})}},
+                  {{"axes": [1]}}, xshape=True)
+        buf = paddle.static.setitem(buf * 1.0, (slice(None), slice(i, i + 1)), step)
+        ended = op("equal", {{"X": tok, "Y": paddle.full([1], V - 1, "int64")}}, dtype="bool")
+        stop = op("reduce_all", {{"X": ended}}, {{"dim": [0], "keep_dim": False,
+                                                 "reduce_all": True}}, dtype="bool")
+        return [i + 1, h, tok, stop_if_all_ended(stop, done), buf, logits]
+
+    i, h, tok, done, buf, last = paddle.static.nn.while_loop(cond, body, start)
+    out = buf[:, :i]
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(startup)
+paddle.static.save_inference_model({prefix!r}, [x], [out, i, last], exe, program=main)
+kinds = [o.type for b in main.blocks for o in b.ops] if LEGACY else [
+    o.name() for o in main.global_block().ops] + [
+    o.name() for o in main.global_block().ops if o.name() == "pd_op.while"
+    for b in o.blocks() for o in b.ops]
+print(kinds)
+"""
+
+# Paddle Inference with one line added on the IPU side (enable_ipu): each feed's outputs.
+DECODE = """
+import sys, numpy as np, paddle
+{ipu}
+import paddle.inference as paddle_infer
+config = paddle_infer.Config({model!r}, {params!r})
+config.disable_mkldnn()
+{enable}
+predictor = paddle_infer.create_predictor(config)
+got = {{}}
+for s in range(6):
+    x = np.random.default_rng(s).random((1, 8)).astype("float32")
+    handle = predictor.get_input_handle("x")
+    handle.reshape(x.shape)
+    handle.copy_from_cpu(x)
+    predictor.run()
+    for k, name in enumerate(predictor.get_output_names()):
+        got[f"{{s}}_{{k}}"] = predictor.get_output_handle(name).copy_to_cpu()
+np.savez({out!r}, **got)
+"""
+
+
+@pytest.mark.parametrize("ir", ["pir", "legacy"])
+def test_a_decoder_with_a_branch_in_its_loop_cut_to_its_steps_gives_paddle_inferences_outputs(
+    ir: str, tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    legacy = ir == "legacy"
+    prefix = str(Path(str(tmp_path)) / "decoder")
+    env = {"PADDLE_IPU_AUTOLOAD": "0", "FLAGS_enable_pir_api": "0" if legacy else "1"}
+    proc = run_python(DECODER.format(legacy=legacy, prefix=prefix), env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = proc.stdout.strip().splitlines()[-1]
+    assert (
+        ("conditional_block" in kinds and "select_input" in kinds)
+        if legacy
+        else ("pd_op.if" in kinds)
+    )
+    model = prefix + (".pdmodel" if legacy else ".json")
+    outs = {}
+    for side, ipu, enable in (("cpu", "", ""), ("ipu", "import paddle_ipu", "config.enable_ipu()")):
+        out = str(Path(str(tmp_path)) / f"{side}.npz")
+        script = DECODE.format(
+            ipu=ipu, model=model, params=prefix + ".pdiparams", enable=enable, out=out
+        )
+        proc = run_python(script, {"PADDLE_IPU_AUTOLOAD": "0"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs[side] = dict(np.load(out))
+    cpu, ipu = outs["cpu"], outs["ipu"]
+    steps = [int(cpu[f"{s}_1"][0]) for s in range(6)]
+    assert len(set(steps)) > 1 and min(steps) < 8, steps  # the data ends the loop early
+    for s in range(6):
+        np.testing.assert_array_equal(ipu[f"{s}_1"], cpu[f"{s}_1"])
+        assert ipu[f"{s}_0"].shape == cpu[f"{s}_0"].shape == (1, steps[s], 6)
+        np.testing.assert_allclose(ipu[f"{s}_0"], cpu[f"{s}_0"], rtol=1e-5, atol=1e-6)
+        assert ipu[f"{s}_2"].shape == cpu[f"{s}_2"].shape == (1, 6)
+        np.testing.assert_allclose(ipu[f"{s}_2"], cpu[f"{s}_2"], rtol=1e-5, atol=1e-5)
