@@ -47,13 +47,17 @@ from paddle.inference import Config as _PaddleConfig
 
 from paddle_ipu.errors import NotSupportedError, OptionError
 from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
+from paddle_ipu.frontends.legacy_predictor import LegacyPredictor
 from paddle_ipu.frontends.predictor import Predictor, Tensor
 
-__all__ = ["DECISIONS", "Config", "Predictor", "Tensor", "create_predictor"]
+__all__ = [
+    "DECISIONS", "AnalysisConfig", "Config", "LegacyPredictor", "Predictor", "Tensor",
+    "create_paddle_predictor", "create_predictor",
+]  # fmt: skip
 
 # The public home of the predictor and its handles (their code is in
 # paddle_ipu/frontends/predictor.py): what type(predictor) and repr() name.
-Predictor.__module__ = Tensor.__module__ = __name__
+Predictor.__module__ = Tensor.__module__ = LegacyPredictor.__module__ = __name__
 
 log = logging.getLogger("paddle_ipu")
 
@@ -728,3 +732,21 @@ def _is_int(value: Any) -> bool:
 def create_predictor(config: Config) -> Predictor:
     """Compile the Config's model for the IPU and return a :class:`Predictor`."""
     return Predictor(config)
+
+
+# Paddle 1.x/2.x's first predictor API (paddle.fluid.core's names; its predictor is in
+# paddle_ipu/frontends/legacy_predictor.py): AnalysisConfig was Config already.
+AnalysisConfig = Config
+
+
+def create_paddle_predictor(config: Config) -> LegacyPredictor:
+    """Compile the Config's model for the IPU: a predictor of ``run([PaddleTensor])``."""
+    return LegacyPredictor(Predictor(config))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PaddleTensor":  # Paddle's own class, the legacy predictor's data
+        from paddle_ipu._internals import paddle_api
+
+        return paddle_api.paddle_core().PaddleTensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

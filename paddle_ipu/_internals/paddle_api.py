@@ -162,7 +162,36 @@ def set_legacy_op_attr(op: Any, name: str, value: Any) -> None:
         raise _missing("Operator._set_attr()", exc) from None
 
 
+def insert_legacy_op(block: Any, index: int, **op: Any) -> Any:
+    """Insert a legacy-IR operator at ``index`` of ``block`` (``Block._insert_op``:
+    ``type``, ``inputs``, ``outputs``, ``attrs``)."""
+    try:
+        return block._insert_op(index, **op)
+    except AttributeError as exc:
+        raise _missing("Block._insert_op()", exc) from None
+
+
+def remove_legacy_op(block: Any, index: int) -> None:
+    """Remove the legacy-IR operator at ``index`` of ``block`` (``Block._remove_op``)."""
+    try:
+        block._remove_op(index)
+    except AttributeError as exc:
+        raise _missing("Block._remove_op()", exc) from None
+
+
 # -- PIR ------------------------------------------------------------------------------
+
+
+def retype_like(value: Any, like: Any) -> None:
+    """Give PIR ``value`` the element type of ``like``, keeping its shape
+    (``Value.set_type`` of ``pir.create_shaped_type``)."""
+    import paddle
+
+    try:
+        make = paddle.base.libpaddle.pir.create_shaped_type
+        value.set_type(make(like.type(), list(value.shape)))
+    except AttributeError as exc:
+        raise _missing("pir.create_shaped_type() / Value.set_type()", exc) from None
 
 
 def pir_ops() -> Any:

@@ -29,7 +29,10 @@ Replaced (module: names):
 - ``paddle.inference``: ``Config`` (Paddle's own, with ``enable_ipu``,
   ``set_ipu_config``, ``load_ipu_config`` working) and ``create_predictor`` (the IPU
   predictor of :mod:`paddle_ipu.inference` for a Config whose ``enable_ipu()`` was
-  called, Paddle's for every other);
+  called, Paddle's for every other); ``paddle.base.core`` (1.x/2.x's
+  ``paddle.fluid.core``): ``AnalysisConfig`` (that same Config) and
+  ``create_paddle_predictor`` (for an IPU Config the ``run([PaddleTensor])``
+  predictor, :class:`paddle_ipu.inference.LegacyPredictor`; Paddle's for every other);
 - ``paddle.pir.Value.name``: an intermediate value, which has no name in PIR (Paddle
   raises), gets one on first read, so 2.x's ``fetch_list=[out.name]`` works (see
   :mod:`paddle_ipu.compat.names`).
@@ -300,20 +303,43 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
     def create_predictor(config: Any) -> Any:
         if not (isinstance(config, Config) and config.use_ipu()):
             return paddle_create(config)
-        settings = config._ipu_settings()
-        if config.model_from_memory():
-            raise NotSupportedError(
-                "a model set with set_model_buffer: use paddle_ipu.inference.Config, whose "
-                "set_model_buffer the IPU predictor reads"
-            )
-        if config.model_dir():
-            settings.set_model(config.model_dir())
-        else:
-            settings.set_model(config.prog_file(), config.params_file() or None)
-        return inference.create_predictor(settings)
+        return _ipu_predictor(config)
 
     create_predictor.__doc__ = paddle_create.__doc__
     return Config, create_predictor
+
+
+def _ipu_predictor(config: Any) -> Any:
+    """The IPU predictor of a Paddle Config whose ``enable_ipu()`` was called."""
+    from paddle_ipu import inference
+
+    settings = config._ipu_settings()
+    if config.model_from_memory():
+        raise NotSupportedError(
+            "a model set with set_model_buffer: use paddle_ipu.inference.Config, whose "
+            "set_model_buffer the IPU predictor reads"
+        )
+    if config.model_dir():
+        settings.set_model(config.model_dir())
+    else:
+        settings.set_model(config.prog_file(), config.params_file() or None)
+    return inference.create_predictor(settings)
+
+
+def _legacy_create(config_type: Any, paddle_create: Any) -> Any:
+    """``paddle.base.core.create_paddle_predictor`` (Paddle 1.x/2.x's
+    ``paddle.fluid.core``): for a Config (``AnalysisConfig``) whose ``enable_ipu()`` was
+    called, the IPU predictor's ``run([PaddleTensor])`` form
+    (:class:`paddle_ipu.inference.LegacyPredictor`); every other Config goes to Paddle."""
+    from paddle_ipu import inference
+
+    def create_paddle_predictor(config: Any) -> Any:
+        if not (isinstance(config, config_type) and config.use_ipu()):
+            return paddle_create(config)
+        return inference.LegacyPredictor(_ipu_predictor(config))
+
+    create_paddle_predictor.__doc__ = paddle_create.__doc__
+    return create_paddle_predictor
 
 
 # ----------------------------------------------------------------------------------
@@ -381,6 +407,13 @@ def install() -> None:
         )
         _replace(paddle.inference, "Config", config)
         _replace(paddle.inference, "create_predictor", create)
+        # paddle.fluid.core's names of the same (Paddle 1.x/2.x scripts: AnalysisConfig
+        # was Config; create_paddle_predictor ran [PaddleTensor])
+        core = paddle_api.paddle_core()
+        if hasattr(core, "create_paddle_predictor"):
+            legacy = _legacy_create(config, core.create_paddle_predictor)
+            _replace(core, "AnalysisConfig", config)
+            _replace(core, "create_paddle_predictor", legacy)
         names.install(_replace)
 
 

@@ -35,6 +35,7 @@ from paddle_ipu.compiler.ops import check_static_shapes, check_supported
 from paddle_ipu.compiler.pir_reader import PirReader
 from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import ForwardGraph, ProgramReader
+from paddle_ipu.compiler.sequence_rewrites import LodLayout
 from paddle_ipu.compiler.weights import serialize_with_weights
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError, WorkDirError
 
@@ -203,6 +204,7 @@ def compile_program(
     onnx_dump_path: str = "",
     enable_fp16: bool = False,
     isolate: bool = True,
+    lod: LodLayout | None = None,
 ) -> CompiledModel:
     """Compile the forward part of ``program`` into one ONNX graph.
 
@@ -234,6 +236,10 @@ def compile_program(
         enable_fp16: not supported by this compiler; the executor converts.
         isolate: run the converter in a child process (keep True; False is for
             debugging the converter itself).
+        lod: the rows of the LoD feeds it names are ``lod.sequences`` sequences padded
+            to ``micro_batch_size / lod.sequences`` rows each; their lengths are one
+            more input (:mod:`.sequence_rewrites`).  None: a LoD feed's rows are one
+            sequence.
 
     Raises:
         UnsupportedOpError: the forward graph uses operators that do not lower;
@@ -260,6 +266,11 @@ def compile_program(
             "compile_program(enable_fp16=True) is not supported: compile in fp32; "
             "the fp16 conversion is done after compiling"
         )
+    if lod is not None and (lod.sequences < 1 or micro_batch_size % lod.sequences):
+        raise OptionError(
+            f"a LoD layout of {lod.sequences} sequences needs a micro-batch of a multiple "
+            f"of it (their padded rows), got {micro_batch_size}"
+        )
     requested = check_opset(opset)
     _check_working_dir()
     with static_mode():
@@ -277,6 +288,7 @@ def compile_program(
             enable_pipelining=enable_pipelining,
             onnx_dump_path=onnx_dump_path,
             isolate=isolate,
+            lod=lod,
         )
 
 
@@ -386,13 +398,16 @@ def _compile(
     enable_pipelining: bool,
     onnx_dump_path: str,
     isolate: bool,
+    lod: LodLayout | None = None,
 ) -> CompiledModel:
     reader = reader_for(program)
     # Without sequence buckets (whose lengths are set after the conversion), a program
     # with open dimensions besides the batch is made static for input_shapes, or refused
     # by name before anything lowers.
     shapes = input_shapes if input_shapes is not None or sequence_length is not None else {}
-    fg = reader.read(program, list(feed_list), list(fetch_list), scope, shapes, micro_batch_size)
+    fg = reader.read(
+        program, list(feed_list), list(fetch_list), scope, shapes, micro_batch_size, lod
+    )
     check_supported(info.use for info in fg.ops)
     check_static_shapes([info.use for info in fg.ops], {f.name for f in fg.feeds})
 

@@ -18,6 +18,7 @@ as they are) are in :mod:`paddle_ipu.compiler.program_rewrites`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from paddle_ipu.compiler.onnx_passes import all_names, unique_name
 from paddle_ipu.compiler.reader import FetchInfo, OpInfo
+from paddle_ipu.compiler.sequence_rewrites import GRU_MARK
 from paddle_ipu.errors import CompileError
 
 
@@ -395,7 +397,36 @@ def _fix_pad3d(rw: _Rewriter, idx: int, info: OpInfo) -> None:
     rw.replace(idx, nodes)
 
 
+def _fix_gru(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    """A ``pd_op.rnn`` standing in for Paddle 1.x's ``gru``
+    (:mod:`paddle_ipu.compiler.sequence_rewrites`, whose mark holds the attributes):
+    its ONNX GRU node gets the ``gru``'s semantics -- the reset gate applied to the
+    state before the candidate's matrix product, the direction, the activations -- and
+    the sequences' lengths, where its rows are sequences padded into a batch."""
+    mark = info.use.attrs.get(GRU_MARK)
+    if mark is None:
+        return  # a paddle.nn.GRU: the converter's lowering is its own
+    grus = [n for n in rw.graph.node if rw.owner.get(n.name) == idx and n.op_type == "GRU"]
+    if len(grus) != 1:
+        raise CompileError(
+            f"cannot lower {info.use.describe()} (a gru): the converter emitted "
+            f"{len(grus)} GRU nodes for it, expected 1"
+        )
+    (node,) = grus
+    if len(info.use.sources) > 3 and info.use.sources[3]:
+        # sequences padded into a batch: their lengths (the converter drops them)
+        while len(node.input) < 5:
+            node.input.append("")
+        node.input[4] = rw.operand(idx, 3)
+    wanted = {"linear_before_reset": 0, **json.loads(str(mark))}
+    keep = [a for a in node.attribute if a.name not in wanted]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in wanted.items())
+
+
 _CORRECTIONS = {
+    "pd_op.rnn": _fix_gru,
     "pd_op.pad3d": _fix_pad3d,
     "pd_op.batch_norm": _fix_half_norm,
     "pd_op.batch_norm_": _fix_half_norm,

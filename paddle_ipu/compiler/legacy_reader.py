@@ -299,11 +299,48 @@ def _version() -> str:
     return str(paddle.__version__)
 
 
+def _lookup_tables_v1(program: Any) -> Any:
+    """Paddle 1.x's ``lookup_table`` (ids with a last dimension of 1, which its output
+    drops) as ``lookup_table_v2`` of the ids squeezed, in a copy of ``program`` (or
+    ``program`` itself without one).  Paddle's translation to PIR gives the ``v1``
+    operator the declared output shape and then squeezes it once more: a LAC-shaped
+    ``[-1, 1]`` of word ids became ``[128]``, and the fully connected layer after it
+    reshaped that to ``[128, 1]``."""
+    if not any(op.type == "lookup_table" for op in program.global_block().ops):
+        return program
+    copy = program.clone()
+    block = copy.global_block()
+    for index in reversed(range(len(block.ops))):
+        op = block.ops[index]
+        if op.type != "lookup_table":
+            continue
+        ids = block.var(op.input("Ids")[0])
+        if list(ids.shape)[-1:] != [1]:
+            continue  # the kernel refuses it: left for Paddle to say so
+        name = f"{ids.name}.squeezed.{index}"
+        squeezed = block.create_var(name=name, shape=list(ids.shape)[:-1], dtype=ids.dtype)
+        shape = block.create_var(name=name + ".xshape", shape=[0, *ids.shape], dtype=ids.dtype)
+        attrs = {a: op.attr(a) for a in ("padding_idx", "is_sparse", "is_distributed")}
+        outputs = {"Out": [block.var(op.output("Out")[0])]}
+        weight = block.var(op.input("W")[0])
+        paddle_api.remove_legacy_op(block, index)
+        paddle_api.insert_legacy_op(
+            block, index, type="lookup_table_v2", inputs={"Ids": [squeezed], "W": [weight]},
+            outputs=outputs, attrs=attrs,
+        )  # fmt: skip
+        paddle_api.insert_legacy_op(
+            block, index, type="squeeze2", inputs={"X": [ids]},
+            outputs={"Out": [squeezed], "XShape": [shape]}, attrs={"axes": [-1]},
+        )  # fmt: skip
+    return copy
+
+
 def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Translation:
     """``program`` (legacy IR) as a PIR program, with feeds and fetches resolved."""
     import paddle
 
     _prime_pir()
+    program = _lookup_tables_v1(program)
     try:
         pir_program, values = paddle.pir.translate_to_pir_with_param_map(program.desc)
     except Exception as exc:
@@ -432,6 +469,7 @@ class LegacyReader:
         scope: Any = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         batch: int = 1,
+        lod: Any = None,
     ) -> PirForwardGraph:
         import dataclasses
 
@@ -455,6 +493,7 @@ class LegacyReader:
                 scope,
                 shapes,  # specialised above, if asked (and without control flow)
                 batch,
+                lod,
             )
         fields = {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}
         fields["fetches"] = [

@@ -58,7 +58,9 @@ _PIR_TO_CONVERTER: dict[str, str] = {
 
 # Operators paddle2onnx has no converter for that the program rewrites
 # (paddle_ipu.compiler.program_rewrites) spell in operators it has, before the check.
-REWRITTEN = frozenset({"accuracy", "identity_loss", "mean_all", "bce_loss", "kldiv_loss"})
+REWRITTEN = frozenset(
+    {"accuracy", "identity_loss", "mean_all", "bce_loss", "kldiv_loss", "gru", "crf_decoding"}
+)
 
 # Control flow: the converter lowers a ``pd_op.while`` to an ONNX Loop and a
 # ``pd_op.if`` to an ONNX If, the operators of their blocks converted into the

@@ -34,6 +34,14 @@ from paddle_ipu.compiler.pir_values import (
 )
 from paddle_ipu.compiler.program_rewrites import rewrite_for_converter
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
+from paddle_ipu.compiler.sequence_rewrites import (
+    GRU_MARK,
+    LENGTHS_FEED,
+    LodLayout,
+    Padded,
+    add_lengths_feed,
+    check_row_wise,
+)
 from paddle_ipu.compiler.specialise import specialise
 from paddle_ipu.errors import CompileError
 
@@ -148,6 +156,7 @@ class PirReader:
         scope: Any = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         batch: int = 1,
+        lod: LodLayout | None = None,
     ) -> PirForwardGraph:
         if not fetch_list:
             raise CompileError("fetch_list is empty: nothing to compile")
@@ -171,8 +180,21 @@ class PirReader:
         _set_is_test(cblock)
         if input_shapes is not None:
             specialise(cblock, dict(zip(feed_names, cfeeds)), input_shapes, scope, batch)
-        replaced = rewrite_for_converter(cblock)
+        padded = None
+        if lod is not None:  # sequences padded into a batch, with their lengths
+            missing = sorted(set(lod.feeds) - set(feed_names))
+            if missing:
+                raise CompileError(f"the LoD feeds {missing} are not in feed_list {feed_names}")
+            check_row_wise(cblock, lod, dict(zip(feed_names, cfeeds)))
+            lengths = add_lengths_feed(clone, lod)
+            padded = Padded(lengths, batch // lod.sequences)
+            cfeeds.append(lengths)
+            feed_names.append(LENGTHS_FEED)
+        replaced = rewrite_for_converter(cblock, padded=padded)
         cfetches = [replaced.get(v.id, v) for v in cfetches]
+        # what a rewrite left unread (a fully connected layer a gru took over) goes, as
+        # Paddle's save drops it: the converter numbers the operators it is given
+        _prune(cblock, cfetches, {v.get_defining_op().id() for v in cfeeds})
 
         kept_ids = {op.id() for op in cblock.ops}
         used = [v.get_defining_op().id() in kept_ids and not v.use_empty() for v in cfeeds]
@@ -190,8 +212,9 @@ class PirReader:
         ops, index_of = _describe_ops(cblock, cfetches, fetch_names)
         # Placement lives in OpInfo now; the serialiser rejects unknown attributes
         # on some operators, so the clone drops them.
+        # So does the mark of a gru's stand-in, which OpInfo keeps for the converter fix.
         for op in cblock.ops:
-            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR):
+            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR, GRU_MARK):
                 if op.has_attr(attr):
                     op.erase_attr(attr)
         fetches: list[FetchInfo] = []

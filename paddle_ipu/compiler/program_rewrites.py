@@ -24,7 +24,9 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
 - a ``while`` loop's carried operands: copies, whose names the converter's Loop body
   cannot confuse with the values the body reads from the program;
 - reads of a value after an in-place write into it (a loop body's ``buf[:, i:i + 1] =
-  v``): reads of the written value.
+  v``): reads of the written value;
+- Paddle 1.x's ``gru`` and ``crf_decoding`` (:mod:`.sequence_rewrites`): an ONNX GRU
+  and the Viterbi decode in loops.
 
 They run on the blocks of control-flow operators (a loop's body, a branch) too.
 
@@ -58,6 +60,7 @@ from paddle_ipu.compiler.pir_values import (
     op_int_attr,
     shape_of,
 )
+from paddle_ipu.compiler.sequence_rewrites import rewrite_crf_decoding, rewrite_gru
 from paddle_ipu.errors import UnsupportedOpError
 
 # Reductions whose "all axes" form (an empty axis list) the converter cannot
@@ -606,21 +609,25 @@ def rewrite_loop_operands(block: Any) -> dict[int, Any]:
     return {}
 
 
-def rewrite_for_converter(block: Any, nested: bool = False) -> dict[int, Any]:
+def rewrite_for_converter(block: Any, nested: bool = False, padded: Any = None) -> dict[int, Any]:
     """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block`` and on
-    the blocks of its control-flow operators; returns old value id -> new value."""
-    replaced = _rewrite_block(block, nested)
+    the blocks of its control-flow operators; returns old value id -> new value.
+    ``padded``: a LoD layout's sequences (:class:`.sequence_rewrites.Padded`)."""
+    replaced = _rewrite_block(block, nested, padded)
     for op in list(block.ops):
         for inner in op.blocks():
             replaced.update(rewrite_for_converter(inner, nested=True))
     return replaced
 
 
-def _rewrite_block(block: Any, nested: bool) -> dict[int, Any]:
+def _rewrite_block(block: Any, nested: bool, padded: Any = None) -> dict[int, Any]:
     rewrite_in_place_reads(block, nested)
     with insertion_guard():
-        # first: these add reductions over all axes, which the next one spells out
-        replaced = rewrite_identity_loss(block)
+        # first: Paddle 1.x's sequence operators, in operators the rest rewrite further
+        replaced = rewrite_gru(block, nested, padded)
+        replaced.update(rewrite_crf_decoding(block, padded))
+        # these add reductions over all axes, which the next one spells out
+        replaced.update(rewrite_identity_loss(block))
         replaced.update(rewrite_losses(block))
         replaced.update(rewrite_empty_axis_reductions(block))
         replaced.update(rewrite_softplus(block))

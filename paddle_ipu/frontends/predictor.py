@@ -54,7 +54,7 @@ class Tensor:
 
     def set_lod(self, lod: Sequence[Sequence[int]]) -> None:
         """The input's sequences (Paddle's LoD: offsets into the rows, level 1): a run
-        takes one sequence at a time (:meth:`Predictor.run`)."""
+        pads them into buckets of lengths (:mod:`paddle_ipu.frontends.lod_runner`)."""
         if not self._is_input:
             raise FeedError(f"{self.name!r} is an output: set_lod is for inputs")
         self._lod = check_lod(self.name, lod)
@@ -95,13 +95,9 @@ def check_lod(name: str, lod: Sequence[Sequence[int]]) -> list[list[int]]:
     return levels
 
 
-def run_sequences(
-    run: Any, feed: dict[str, np.ndarray], lods: dict[str, list[int]]
-) -> tuple[list[np.ndarray], list[list[list[int]]]]:
-    """A run of sequences (``lods``: input name -> its offsets, the same for every
-    input that has them): each sequence run on its own, as a feed of its rows (the
-    inputs without a LoD whole), the outputs' rows concatenated in order.  Each output's
-    LoD is the offsets of its rows per sequence.  Returns the outputs and their LoDs."""
+def sequence_offsets(feed: dict[str, np.ndarray], lods: dict[str, list[int]]) -> list[int]:
+    """The offsets of a run's sequences (``lods``: input name -> its offsets, the same
+    for every input that has them, covering its rows)."""
     offsets = next(iter(lods.values()))
     for name, other in lods.items():
         if other != offsets:
@@ -115,25 +111,7 @@ def run_sequences(
                 f"input {name!r}: its LoD {[offsets]} covers {offsets[-1]} rows, the data has "
                 f"{rows}"
             )
-    pieces: list[list[np.ndarray]] = []
-    for k, (start, end) in enumerate(zip(offsets, offsets[1:])):
-        if end == start:
-            raise FeedError(
-                f"sequence {k} of input(s) {sorted(lods)} is empty (LoD {[offsets]}): the "
-                "compiled graph runs sequences of at least one row"
-            )
-        one = {n: (v[start:end] if n in lods else v) for n, v in feed.items()}
-        pieces.append([np.asarray(o) for o in run(one)])
-    outputs: list[np.ndarray] = []
-    out_lods: list[list[list[int]]] = []
-    for parts in zip(*pieces):
-        if all(p.ndim for p in parts):
-            outputs.append(np.concatenate(parts, axis=0))
-            out_lods.append([list(np.cumsum([0, *[p.shape[0] for p in parts]]).tolist())])
-        else:
-            outputs.append(np.stack(parts))
-            out_lods.append([])
-    return outputs, out_lods
+    return list(offsets)
 
 
 class _Shared:
@@ -167,6 +145,8 @@ class _Shared:
         #: sequence buckets: micro-batch size -> (its executor, its executor per bucket)
         self.compiled: dict[int, tuple[Any, dict[int, Any]]] = {}
         self.shapes: Any = None
+        #: runs of sequences (set_lod), made on the first
+        self.lod: Any = None
         with quiet_info(self.quiet):
             self.package = self._compile(config.micro_batch_size)
             self.sequence = self.package.sequence
@@ -324,7 +304,28 @@ class _Shared:
         outputs = buckets[bucket].run(self.sequence.pad(feed, bucket))
         return self.sequence.unpad(self.output_names(), outputs, length)
 
+    def run_lod(
+        self, feed: dict[str, np.ndarray], lods: dict[str, list[int]]
+    ) -> tuple[list[np.ndarray], list[list[list[int]]]]:
+        """A run of sequences (``lods``: the inputs with a LoD), padded into buckets
+        (:mod:`paddle_ipu.frontends.lod_runner`): the outputs and their LoDs."""
+        if self.package.tail is not None:
+            raise NotSupportedError(
+                "inputs with a LoD, and outputs of data-dependent sizes (a host tail): a "
+                "run of sequences is not supported for such a model"
+            )
+        offsets = sequence_offsets(feed, lods)
+        with self.lock:
+            if self.lod is None:
+                from paddle_ipu.frontends.lod_runner import LodRunner
+
+                self.lod = LodRunner(self.prefix, self.config.micro_batch_size, (), self.options)
+        with quiet_info(self.quiet):
+            return self.lod.run(feed, offsets, list(lods))
+
     def close(self) -> None:
+        if self.lod is not None:
+            self.lod.close()
         if self.runtime is not None:
             self.runtime.close()
         if self.shapes is not None:
@@ -395,8 +396,8 @@ class Predictor:
                     raise FeedError(f"input {name!r} has no data: call copy_from_cpu first")
                 feed[name] = handle._value
         lods = {n: h._lod[0] for n, h in self._inputs.items() if h._lod and inputs is None}
-        if lods:  # sequences (set_lod): one at a time
-            outputs, out_lods = run_sequences(self._shared.run, feed, lods)
+        if lods:  # sequences (set_lod): padded into buckets, run as batches
+            outputs, out_lods = self._shared.run_lod(feed, lods)
         else:
             outputs, out_lods = self._shared.run(feed), []
         for k, (handle, value) in enumerate(zip(self._outputs.values(), outputs)):

@@ -231,3 +231,166 @@ def test_cli_compiles_a_model_directory(saved: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [s.name for s in load_package(tmp_path / "t.pdipu").model.inputs] == ["words"]
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# A tagger in LAC's own shape (Paddle 1.x's lexical analyser): lookup_table (version 1,
+# whose ids keep a last dimension of 1), two layers of a forward and a reverse gru over
+# fully connected projections, a fully connected emission and crf_decoding, appended as
+# Paddle 1.x's fluid layers appended them (Paddle 3.3 has no Python builder for gru,
+# crf_decoding or lookup_table), saved in the oldest format with a file per parameter;
+# it fetches the tag path and the emission.
+SAVE_CRF = """
+import os, shutil, sys, numpy as np, paddle
+paddle.enable_static()
+paddle.seed(12)
+from paddle.base.layer_helper import LayerHelper
+V, E, D, L = 60, 16, 8, 7
+U = paddle.nn.initializer.Uniform(-0.5, 0.5)
+
+def append(kind, inputs, outputs, attrs=None):
+    helper = LayerHelper(kind)
+    outs = {{k: helper.create_variable_for_type_inference(t) for k, t in outputs.items()}}
+    helper.append_op(type=kind, inputs=inputs, outputs=outs, attrs=attrs or {{}})
+    return outs
+
+def param(shape, name=None):
+    return paddle.static.create_parameter(shape, "float32", name=name, default_initializer=U)
+
+def gru(x, reverse):
+    hidden = {{k: "float32" for k in ("Hidden", "BatchGate", "BatchResetHiddenPrev",
+                                      "BatchHidden")}}
+    return append("gru", {{"Input": x, "Weight": param([D, 3 * D]), "Bias": param([1, 3 * D])}},
+                  hidden, {{"is_reverse": reverse, "gate_activation": "sigmoid",
+                            "activation": "tanh", "origin_mode": False}})["Hidden"]
+
+main, startup = paddle.static.Program(), paddle.static.Program()
+with paddle.static.program_guard(main, startup):
+    words = paddle.static.data("words", [-1, 1], "int64", lod_level=1)
+    x = append("lookup_table", {{"Ids": words, "W": param([V, E], "word_emb")}},
+               {{"Out": "float32"}}, {{"padding_idx": -1, "is_sparse": False}})["Out"]
+    for _ in range(2):
+        x = paddle.concat([gru(paddle.static.nn.fc(x, 3 * D), r) for r in (False, True)], 1)
+    emission = paddle.static.nn.fc(x, L)
+    path = append("crf_decoding", {{"Emission": emission, "Transition": param([L + 2, L], "crfw")}},
+                  {{"ViterbiPath": "int64"}})["ViterbiPath"]
+exe = paddle.static.Executor(paddle.CPUPlace())
+exe.run(startup)
+out = {out!r}
+paddle.static.save_inference_model(out + "_tmp/m", [words], [path, emission], exe, program=main)
+os.makedirs(out)
+# Paddle 3.3's save prunes gru's batch outputs, which Paddle 1.x wrote (LAC's files hold
+# them) and Paddle 3.3's own predictor needs (its InferShape crashes without them)
+with open(out + "_tmp/m.pdmodel", "rb") as f:
+    saved = paddle.static.Program.parse_from_string(f.read())
+block = saved.global_block()
+for op in block.ops:
+    if op.type == "gru":
+        for slot, width in (("BatchGate", 3 * D), ("BatchResetHiddenPrev", D),
+                            ("BatchHidden", D)):
+            if slot not in op.output_names or not op.output(slot):
+                name = op.output("Hidden")[0] + "." + slot
+                block.create_var(name=name, shape=[-1, width], dtype="float32", lod_level=1)
+                op.desc.set_output(slot, [name])
+with open(os.path.join(out, "__model__"), "wb") as f:
+    f.write(saved.desc.serialize_to_string())
+params = [v for v in main.list_vars() if v.persistable and v.name not in ("feed", "fetch")]
+paddle.static.save_vars(exe, out, main, vars=params)
+shutil.rmtree(out + "_tmp")
+print(" ".join(op.type for op in main.global_block().ops))
+"""
+
+# Paddle Inference on the CPU, stock, or (with an argument) Paddle 1.x/2.x's first API
+# -- AnalysisConfig, create_paddle_predictor, PaddleTensor with its lod, as LAC calls
+# it (paddle.fluid aliased to paddle.base, LAC's port to Paddle 3) -- with, on the IPU
+# side, config.enable_ipu(...) added.  Writes each output and its LoD.
+RUN_CRF = """
+import json, sys, numpy as np, paddle, paddle.base, paddle.base.core
+d, ids_file, offsets, out, api, ipu = sys.argv[1:7]
+ids, offsets = np.load(ids_file), json.loads(offsets)
+if ipu != "cpu":
+    import paddle_ipu
+if api == "legacy":
+    sys.modules["paddle.fluid"], sys.modules["paddle.fluid.core"] = paddle.base, paddle.base.core
+    from paddle.fluid.core import AnalysisConfig, PaddleTensor, create_paddle_predictor
+    config = AnalysisConfig(d)
+    config.disable_glog_info()
+    if ipu != "cpu":
+        config.enable_ipu(ipu_micro_batch_size=int(ipu))
+    predictor = create_paddle_predictor(config)
+    tensor = PaddleTensor(ids.reshape(-1))
+    tensor.lod = [offsets]
+    tensor.shape = [offsets[-1], 1]
+    outs = predictor.run([tensor])
+    got = {{f"out{{k}}": t.as_ndarray() for k, t in enumerate(outs)}}
+    lods = [t.lod for t in outs]
+else:
+    import paddle.inference as paddle_infer
+    config = paddle_infer.Config(d)
+    config.disable_mkldnn()
+    if ipu != "cpu":
+        config.enable_ipu(ipu_micro_batch_size=int(ipu))
+    predictor = paddle_infer.create_predictor(config)
+    words = predictor.get_input_handle("words")
+    words.reshape(list(ids.shape))
+    words.copy_from_cpu(ids)
+    words.set_lod([offsets])
+    predictor.run()
+    handles = [predictor.get_output_handle(n) for n in predictor.get_output_names()]
+    got = {{f"out{{k}}": h.copy_to_cpu() for k, h in enumerate(handles)}}
+    lods = [h.lod() for h in handles]
+np.savez(out, **got)
+print(json.dumps({{"lods": [[list(map(int, level)) for level in lod] for lod in lods]}}))
+"""
+
+# sentences of 5, 2, 7, 13, 1 and 9 words: buckets of 4, 8 and 16 rows
+CRF_LENGTHS = [5, 2, 7, 13, 1, 9]
+
+
+@pytest.fixture(scope="module")
+def crf_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("old_format_crf") / "bigru_crf"
+    proc = run_python(
+        SAVE_CRF.format(out=str(out)), {"PADDLE_IPU_AUTOLOAD": "0", "FLAGS_enable_pir_api": "0"}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = proc.stdout.strip().splitlines()[-1].split()
+    assert kinds.count("gru") == 4 and "crf_decoding" in kinds and "lookup_table" in kinds
+    return out
+
+
+def _run_crf(saved: Path, api: str, ipu: str, tmp: Path) -> tuple[dict, list]:
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, 60, size=(sum(CRF_LENGTHS), 1)).astype(np.int64)
+    np.save(tmp / "ids.npy", ids)
+    offsets = list(np.cumsum([0, *CRF_LENGTHS]).tolist())
+    script = tmp / "run.py"
+    script.write_text(RUN_CRF.format())
+    env = {**__import__("os").environ, "PADDLE_IPU_CACHE_DIR": str(tmp / "cache")}
+    if ipu == "cpu":
+        env["PADDLE_IPU_AUTOLOAD"] = "0"
+    out = tmp / f"{api}_{ipu}.npz"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(saved), str(tmp / "ids.npy"), json.dumps(offsets),
+         str(out), api, ipu],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(np.load(out)), json.loads(proc.stdout.strip().splitlines()[-1])["lods"]
+
+
+@pytest.mark.parametrize(("api", "sequences"), [("predictor", "1"), ("predictor", "4"),
+                                                ("legacy", "2")])  # fmt: skip
+def test_a_bigru_crf_tagger_runs_sentences_in_buckets_as_paddle_inference_does(
+    crf_saved: Path, api: str, sequences: str, tmp_path: Path
+) -> None:
+    """The sentences padded into buckets of lengths and run ``sequences`` at a time
+    (frontends/lod_runner.py), through Paddle Inference's handles or Paddle 1.x/2.x's
+    ``create_paddle_predictor`` API, against the same calls on Paddle's CPU predictor."""
+    want, want_lods = _run_crf(crf_saved, api, "cpu", tmp_path)
+    got, got_lods = _run_crf(crf_saved, api, sequences, tmp_path)
+    offsets = list(np.cumsum([0, *CRF_LENGTHS]).tolist())
+    assert got_lods == want_lods == [[offsets], [offsets]]
+    assert got["out0"].dtype == want["out0"].dtype == np.int64
+    np.testing.assert_array_equal(got["out0"], want["out0"])  # the tags
+    assert len(np.unique(want["out0"])) > 2  # the decode is not trivial
+    np.testing.assert_allclose(got["out1"], want["out1"], rtol=1e-5, atol=1e-5)  # emissions
