@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compiler import control_flow, converter_fixes, onnx_passes
+from paddle_ipu.compiler import control_flow, converter_fixes, loop_bounds, onnx_passes
 from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
@@ -499,6 +499,7 @@ def _finalize(
     onnx_passes.drop_dead_nodes(graph)
     onnx_passes.drop_unused_weights(graph, weights)
     control_flow.type_loops(model, _loop_names(fg))
+    loop_bounds.bound_loops(model)  # the trip counts PopART needs
     converter_fixes.boolean_where(model)
     outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
     model.producer_name = "paddle-ipu"

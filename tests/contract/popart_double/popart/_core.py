@@ -728,6 +728,39 @@ def _makedirs_and_check_writable(path: str) -> None:
         raise OSError(f"Unable to write to {path}")
 
 
+def _check_loops(proto: Any) -> None:
+    """willow/src/op/loop.cpp, the Loop's op creator: every input id of the node is
+    looked up as a tensor (``tensors.get``, an empty trip count included), and
+    ``LoopOp::connectInTensor`` reads the trip count's data through the graph (a
+    constant; Constant nodes are folded into tensors with data when the graph is
+    imported).  The loop then runs as a ``Repeat`` of that many iterations, each
+    skipped once the condition is false (popx/op/loopx.cpp) -- as ONNX Runtime runs a
+    Loop given both."""
+    import onnx
+
+    def graphs(graph: Any) -> Any:
+        yield graph
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attr.g)
+
+    for graph in graphs(proto.graph):
+        constants = {i.name for i in graph.initializer}
+        constants |= {n.output[0] for n in graph.node if n.op_type == "Constant"}
+        for node in graph.node:
+            if node.op_type != "Loop":
+                continue
+            trip = node.input[0] if node.input else ""
+            if not trip:
+                raise popart_exception("No Ir::Tensor with TensorId '' in Tensors::get(..)")
+            if trip not in constants:
+                raise popart_exception(
+                    f"Could not work out tensor data for {trip}: the trip count of a Loop "
+                    "must be a constant"
+                )
+
+
 class _Session:
     _training = False
 
@@ -746,6 +779,7 @@ class _Session:
         if not isinstance(userOptions, SessionOptions):
             raise _incompatible("userOptions", userOptions)
         self._proto = onnx.load_from_string(fnModel)
+        _check_loops(self._proto)
         self._flow, self._device, self._opts = dataFlow, deviceInfo, copy.deepcopy(userOptions)
         self._patterns = patterns if patterns is not None else Patterns()
         self._executable = False
