@@ -400,9 +400,8 @@ def _fix_pad3d(rw: _Rewriter, idx: int, info: OpInfo) -> None:
 def _fix_gru(rw: _Rewriter, idx: int, info: OpInfo) -> None:
     """A ``pd_op.rnn`` standing in for Paddle 1.x's ``gru``
     (:mod:`paddle_ipu.compiler.sequence_rewrites`, whose mark holds the attributes):
-    its ONNX GRU node gets the ``gru``'s semantics -- the reset gate applied to the
-    state before the candidate's matrix product, the direction, the activations -- and
-    the sequences' lengths, where its rows are sequences padded into a batch."""
+    its ONNX GRU node gets the ``gru``'s semantics: the reset gate applied to the
+    state before the candidate's matrix product, and the activations the mark names."""
     mark = info.use.attrs.get(GRU_MARK)
     if mark is None:
         return  # a paddle.nn.GRU: the converter's lowering is its own
@@ -413,11 +412,6 @@ def _fix_gru(rw: _Rewriter, idx: int, info: OpInfo) -> None:
             f"{len(grus)} GRU nodes for it, expected 1"
         )
     (node,) = grus
-    if len(info.use.sources) > 3 and info.use.sources[3]:
-        # sequences padded into a batch: their lengths (the converter drops them)
-        while len(node.input) < 5:
-            node.input.append("")
-        node.input[4] = rw.operand(idx, 3)
     wanted = {"linear_before_reset": 0, **json.loads(str(mark))}
     keep = [a for a in node.attribute if a.name not in wanted]
     del node.attribute[:]

@@ -1,24 +1,29 @@
 """Paddle 1.x's sequence operators, spelled in operators the converter lowers.
 
-A legacy model's LoD input runs one sequence at a time (the predictor splits it:
-:mod:`paddle_ipu.frontends.predictor`), so these operators see one sequence, of the
-length the compile is made for:
+A legacy model's LoD input reaches the compiled graph as one sequence (its rows), or,
+with a :class:`LodLayout`, as sequences padded to one length with their lengths as one
+more feed (:mod:`paddle_ipu.frontends.lod_runner`); these operators run either:
 
 - ``gru`` (``fluid.layers.dynamic_gru``; Baidu's LAC holds four): an ONNX ``GRU``.  The
   operator is written as a ``pd_op.rnn`` GRU (which the converter lowers to an ONNX
   ``GRU`` node) whose weights are the ``gru``'s laid out for it, marked with
   :data:`GRU_MARK`; :func:`paddle_ipu.compiler.converter_fixes.correct_lowerings` then
-  gives that node the ``gru``'s semantics -- the reset gate applied before the
-  candidate's matrix product (``linear_before_reset=0``), the direction, the
-  activations.  Paddle's ``gru`` weight holds the update and reset gates' matrix
-  ``[D, 2D]`` in its first ``2 D^2`` elements and the candidate's ``[D, D]`` after;
-  its input and bias hold the gates in the order update, reset, candidate.  With
-  ``origin_mode=False`` (the default) Paddle computes ``h = (1 - u) h' + u c``, ONNX
-  ``h = z h' + (1 - z) c``: the update gate's inputs are negated, ``z = sigmoid(-a) =
-  1 - u`` (so only a sigmoid update gate lowers in that mode).
-- ``crf_decoding`` (Viterbi): two loops (the forward pass keeping the best previous
-  tag per step, and the backtrack), compiled as ONNX ``Loop`` s like any
-  ``while``; with its ``Length`` input (padded rows), every row decoded to its length
+  gives that node the ``gru``'s semantics: the reset gate applied before the
+  candidate's matrix product (``linear_before_reset=0``), the activations where they
+  are not ONNX's defaults.  Paddle's ``gru`` weight holds the update and reset gates'
+  matrix ``[D, 2D]`` in its first ``2 D^2`` elements and the candidate's ``[D, D]``
+  after; its input and bias hold the gates in the order update, reset, candidate.
+  With ``origin_mode=False`` (the default) Paddle computes ``h = (1 - u) h' + u c``,
+  ONNX ``h = z h' + (1 - z) c``: the update gate's inputs are negated, ``z =
+  sigmoid(-a) = 1 - u`` (so only a sigmoid update gate lowers in that mode).  A
+  reverse ``gru`` is a forward GRU over each sequence read backwards within its
+  length, its outputs put back the same way; padding after a sequence then never
+  reaches its rows.  A ``gru`` whose input is a fully connected layer's output takes
+  that layer's input, its matrix as the GRU's own.
+- ``crf_decoding`` (Viterbi): the forward pass keeping each tag's best score and best
+  previous tag per step (written out step by step when the number of steps is known
+  at compile time, up to :data:`UNROLL_STEPS`; else a loop), and the backtrack by
+  doubling; with its ``Length`` input (padded rows), every row decoded to its length
   and zeros after, as Paddle's kernel does; with its ``Label``, 1 where the path
   equals it.  Ties go to the first tag, as the kernel's strict comparisons do.
 """
@@ -222,12 +227,13 @@ def rewrite_gru(block: Any, nested: bool = False, padded: Padded | None = None) 
             )
         before = {o.id() for o in block.ops}
         paddle.pir.set_insertion_point(op)
-        out, rnn = _gru_as_rnn(x, h0, weight, bias, d, origin, lengths)
-        mark: dict[str, Any] = {
-            "direction": "reverse" if attrs.get("is_reverse", False) else "forward",
-            "activations": [_ACTIVATIONS[gate], _ACTIVATIONS[act]],
-        }
-        if "Affine" in mark["activations"]:  # identity: 1 x + 0 (read in order)
+        reverse = bool(attrs.get("is_reverse", False))
+        out, rnn = _gru_as_rnn(x, h0, weight, bias, d, origin, reverse, lengths)
+        mark: dict[str, Any] = {}
+        activations = [_ACTIVATIONS[gate], _ACTIVATIONS[act]]
+        if activations != ["Sigmoid", "Tanh"]:  # ONNX's defaults: PopART takes only them
+            mark["activations"] = activations
+        if "Affine" in activations:  # identity: 1 x + 0 (read in order)
             mark["activation_alpha"] = [1.0, 1.0]
             mark["activation_beta"] = [0.0, 0.0]
         rnn.set_str_attr(GRU_MARK, json.dumps(mark))
@@ -237,12 +243,12 @@ def rewrite_gru(block: Any, nested: bool = False, padded: Padded | None = None) 
 
 
 def _gru_as_rnn(
-    x: Any, h0: Any, weight: Any, bias: Any, d: int, origin: bool, lengths: Any
+    x: Any, h0: Any, weight: Any, bias: Any, d: int, origin: bool, reverse: bool, lengths: Any
 ) -> tuple[Any, Any]:
     """The ``gru`` over ``x`` ``[rows, 3 D]`` as a ``pd_op.rnn`` GRU: its ``[rows, D]``
     result, and the ``rnn`` operator.  The rows are one sequence, or (``lengths``) that
     many sequences each padded to ``rows / len(lengths)``, run as a batch with their
-    lengths (the converter fix makes them the ONNX GRU's ``sequence_lens``).
+    lengths (a reverse gru reads each backwards within its length: :func:`_backwards`).
 
     ``rnn`` takes its gates in the order reset, update, candidate, with the input's
     matrix ``[3 D, input]`` and the state's ``[3 D, D]`` (each row one unit's weights),
@@ -284,17 +290,20 @@ def _gru_as_rnn(
     count = 1 if lengths is None else int(shape_of(lengths)[0])
     width = int(shape_of(x)[-1])
     if lengths is None:  # time-major: [steps, 1, width]
-        steps, sequence_length = paddle.reshape(x, [-1, 1, width]), None
+        steps = paddle.reshape(x, [-1, 1, width])
     else:  # [count, steps, width] -> time-major
         steps = paddle.transpose(paddle.reshape(x, [count, -1, width]), [1, 0, 2])
-        sequence_length = paddle.cast(lengths, "int32")
+    if reverse:  # each sequence backwards, within its length (the padding after it)
+        steps = _backwards(steps, lengths)
     start = paddle.reshape(h0, [1, 1, d]) if is_real(h0) else paddle.zeros([1, count, d])
     rnn: Any = paddle._C_ops.rnn
     out = rnn(
-        steps, [start], [input_w, hidden_w, input_b, hidden_b], sequence_length,
+        steps, [start], [input_w, hidden_w, input_b, hidden_b], None,
         paddle.zeros([0], "uint8"), 0.0, False, width, d, 1, "GRU", 0, True,
     )[0]  # fmt: skip
     op = out.get_defining_op()
+    if reverse:
+        out = _backwards(out, lengths)
     if lengths is not None:
         out = paddle.transpose(out, [1, 0, 2])
     return paddle.reshape(out, [-1, d]), op
@@ -308,6 +317,23 @@ def _source(value: Any, names: tuple[str, ...]) -> Any:
             break
         op = op.operand_source(0).get_defining_op()
     return op if op is not None and op.name() in names else None
+
+
+def _backwards(steps: Any, lengths: Any) -> Any:
+    """``steps`` ``[time, count, width]`` with each sequence's steps in reverse order
+    within its length (``lengths``; None: all of them), the padding after it in place:
+    a reverse GRU is a forward one over these, its outputs put back the same way.  (An
+    ONNX GRU's own ``reverse`` direction and ``sequence_lens`` would do it on ONNX
+    Runtime; PopART spells the direction ``backward``, keeps its outputs reversed and
+    ignores ``sequence_lens``: willow/src/op/gru.cpp, popx/op/grux.cpp.)"""
+    time = paddle.arange(0, paddle.shape(steps)[0], 1, "int64")
+    if lengths is None:  # (flip needs the number of steps at compile time)
+        return paddle.gather(steps, paddle.max(time) - time, axis=0)
+    time = paddle.unsqueeze(time, 1)
+    sizes = paddle.unsqueeze(lengths, 0)
+    index = paddle.where(time < sizes, sizes - 1 - time, time + paddle.zeros_like(sizes))
+    index = paddle.expand(paddle.unsqueeze(index, 2), paddle.shape(steps))
+    return paddle.take_along_axis(steps, index, 0)
 
 
 def _projection(x: Any, d: int) -> tuple[Any, Any, Any] | None:

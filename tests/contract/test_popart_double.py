@@ -393,3 +393,61 @@ def test_a_loop_without_a_bound_is_refused_by_name(popart_double: ModuleType) ->
             deviceInfo=popart_double.DeviceManager().createIpuModelDevice({}),
             userOptions=popart_double.SessionOptions(),
         )
+
+
+def test_a_bigru_crf_over_padded_sequences_runs_on_the_double_as_on_the_host(
+    popart_double: ModuleType,
+) -> None:
+    """Paddle 1.x's gru (forward and reverse) and crf_decoding over two sequences padded
+    into a batch (a LoD layout, frontends/lod_runner.py): the GRUs reach PopART in the
+    form its importer takes -- forward, no activations attribute, no sequence_lens, a
+    reverse one reading each sequence backwards within its length (gru.cpp, grux.cpp)
+    -- and give the host backend's outputs."""
+    import paddle
+
+    from paddle_ipu.backends import create_session
+    from paddle_ipu.compiler import compile_program
+    from paddle_ipu.compiler.sequence_rewrites import LENGTHS_FEED, LodLayout
+
+    paddle.enable_static()
+    paddle.seed(5)
+    d, tags, count, steps = 4, 5, 2, 8
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 6], "float32")
+
+        def param(*shape: int) -> Any:
+            return paddle.create_parameter(list(shape), "float32")
+
+        hidden = [
+            paddle._C_ops.gru(paddle.matmul(x, param(6, 3 * d)) + param(3 * d), None,
+                              param(d, 3 * d), param(1, 3 * d), "tanh", "sigmoid",
+                              reverse, False, True)
+            for reverse in (False, True)
+        ]  # fmt: skip
+        emission = paddle.matmul(paddle.concat(hidden, axis=1), param(2 * d, tags))
+        path = paddle._C_ops.crf_decoding(emission, param(tags + 2, tags), None, None)
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        model = compile_program(
+            main, ["x"], [path, emission], scope=scope, micro_batch_size=count * steps,
+            lod=LodLayout(count, ("x",)),
+        )  # fmt: skip
+    import onnx
+
+    grus = [n for n in onnx.load_from_string(model.onnx).graph.node if n.op_type == "GRU"]
+    assert len(grus) == 2
+    for node in grus:
+        assert {a.name for a in node.attribute} <= {"hidden_size", "linear_before_reset",
+                                                    "direction"}  # fmt: skip
+        assert len(node.input) <= 4 or not node.input[4]
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((count * steps, 6)).astype(np.float32),
+            LENGTHS_FEED: np.array([5, 8], np.int64)}  # fmt: skip
+    host = create_session("host", model, SessionConfig())
+    host.prepare_device()
+    double = adapter.create_session(model, SessionConfig())
+    double.prepare_device()
+    want, got = host.run(feed), double.run(feed)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)

@@ -728,6 +728,25 @@ def _makedirs_and_check_writable(path: str) -> None:
         raise OSError(f"Unable to write to {path}")
 
 
+def _check_gru(node: Any) -> None:
+    """willow/src/op/gru.cpp's op creator and definition, popx/op/grux.cpp's grow: no
+    ``activations`` (nor their alpha, beta) or ``clip``, ``linear_before_reset`` 0 only,
+    the direction ``forward`` or ``backward`` (ONNX's ``reverse`` reaches neither branch
+    of grow, ``bidirectional`` raises); ``sequence_lens`` is ignored with a warning --
+    the double drops it before its ONNX Runtime run, as PopART computes without it."""
+    attrs = {a.name: a for a in node.attribute}
+    for name in ("activations", "activation_alpha", "activation_beta", "clip"):
+        if name in attrs:
+            raise popart_exception(f"GRUOp attribute `{name}' is not supported")
+    if "linear_before_reset" in attrs and attrs["linear_before_reset"].i != 0:
+        raise popart_exception("GRUOp attribute `linear_before_reset' must be 0")
+    direction = attrs["direction"].s.decode() if "direction" in attrs else "forward"
+    if direction not in ("forward", "backward"):
+        raise popart_exception(f"GRU direction {direction!r} is not implemented")
+    if len(node.input) > 4 and node.input[4]:
+        node.input[4] = ""  # "Gru optional input `sequence_lens' will be ignored"
+
+
 def _check_loops(proto: Any) -> None:
     """willow/src/op/loop.cpp, the Loop's op creator: every input id of the node is
     looked up as a tensor (``tensors.get``, an empty trip count included), and
@@ -749,6 +768,8 @@ def _check_loops(proto: Any) -> None:
         constants = {i.name for i in graph.initializer}
         constants |= {n.output[0] for n in graph.node if n.op_type == "Constant"}
         for node in graph.node:
+            if node.op_type == "GRU":
+                _check_gru(node)
             if node.op_type != "Loop":
                 continue
             trip = node.input[0] if node.input else ""
@@ -779,7 +800,7 @@ class _Session:
         if not isinstance(userOptions, SessionOptions):
             raise _incompatible("userOptions", userOptions)
         self._proto = onnx.load_from_string(fnModel)
-        _check_loops(self._proto)
+        _check_loops(self._proto)  # and the GRUs (_check_gru)
         self._flow, self._device, self._opts = dataFlow, deviceInfo, copy.deepcopy(userOptions)
         self._patterns = patterns if patterns is not None else Patterns()
         self._executable = False
