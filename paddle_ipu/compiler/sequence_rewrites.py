@@ -332,8 +332,23 @@ def _backwards(steps: Any, lengths: Any) -> Any:
     time = paddle.unsqueeze(time, 1)
     sizes = paddle.unsqueeze(lengths, 0)
     index = paddle.where(time < sizes, sizes - 1 - time, time + paddle.zeros_like(sizes))
-    index = paddle.expand(paddle.unsqueeze(index, 2), paddle.shape(steps))
-    return paddle.take_along_axis(steps, index, 0)
+    count, width = (int(d) for d in shape_of(steps)[1:])
+    # step index[t, n] of sequence n: row index[t, n] * count + n of the steps' rows
+    rows = index * count + paddle.unsqueeze(paddle.arange(0, count, 1, "int64"), 0)
+    flat = paddle.gather(paddle.reshape(steps, [-1, width]), paddle.reshape(rows, [-1]), axis=0)
+    return paddle.reshape(flat, [-1, count, width])
+
+
+def _pick(table: Any, index: Any, rows: int, tags: int) -> Any:
+    """``table[t, n, index[t, n, j]]`` (``take_along_axis`` on the last axis) for
+    ``table`` ``[steps, rows, tags]``, as a ``Gather`` of its elements: ONNX's
+    ``GatherElements``, which take_along_axis lowers to, is not among the operators
+    PopART's importer lists (graphcore/popart willow/src/op), its ``Gather`` is."""
+    time = paddle.unsqueeze(paddle.arange(0, paddle.shape(table)[0], 1, "int64"), 1)
+    cells = (time * rows + paddle.arange(0, rows, 1, "int64")) * tags  # (t, n)'s first
+    flat = paddle.unsqueeze(cells, 2) + index
+    picked = paddle.gather(paddle.reshape(table, [-1]), paddle.reshape(flat, [-1]), axis=0)
+    return paddle.reshape(picked, paddle.shape(index))
 
 
 def _projection(x: Any, d: int) -> tuple[Any, Any, Any] | None:
@@ -527,7 +542,7 @@ def _backtrack(
         later = paddle.gather(maps, paddle.minimum(ahead, steps - 1), axis=0)
         beyond = paddle.expand(paddle.reshape(ahead >= steps, [-1, 1, 1]), shape)
         later = paddle.where(beyond, every, later)
-        return paddle.take_along_axis(maps, later, 2)
+        return _pick(maps, later, rows, tags)
 
     if known > 0:
         d = 1
@@ -545,6 +560,6 @@ def _backtrack(
         one = paddle.full([1], 1, "int64")
         _, maps = paddle.static.nn.while_loop(more, again, [one, maps])
     ends = paddle.expand(paddle.reshape(last, [1, rows, 1]), [shape[0], rows, 1])
-    path = paddle.reshape(paddle.take_along_axis(maps, ends, 2), [-1, rows])
+    path = paddle.reshape(_pick(maps, ends, rows, tags), [-1, rows])
     real = paddle.unsqueeze(time, 1) < paddle.unsqueeze(lengths, 0)
     return paddle.where(real, path, paddle.zeros_like(path))
