@@ -342,8 +342,8 @@ def _backwards(steps: Any, lengths: Any) -> Any:
 def _pick(table: Any, index: Any, rows: int, tags: int) -> Any:
     """``table[t, n, index[t, n, j]]`` (``take_along_axis`` on the last axis) for
     ``table`` ``[steps, rows, tags]``, as a ``Gather`` of its elements: ONNX's
-    ``GatherElements``, which take_along_axis lowers to, is not among the operators
-    PopART's importer lists (graphcore/popart willow/src/op), its ``Gather`` is."""
+    ``GatherElements``, which take_along_axis lowers to, has no op creator in PopART's
+    sources (graphcore/popart willow/src/op: gather.cpp registers Gather only)."""
     time = paddle.unsqueeze(paddle.arange(0, paddle.shape(table)[0], 1, "int64"), 1)
     cells = (time * rows + paddle.arange(0, rows, 1, "int64")) * tags  # (t, n)'s first
     flat = paddle.unsqueeze(cells, 2) + index
