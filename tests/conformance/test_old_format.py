@@ -307,14 +307,14 @@ RUN_CRF = """
 import json, sys, numpy as np, paddle, paddle.base, paddle.base.core
 d, ids_file, offsets, out, api, ipu = sys.argv[1:7]
 ids, offsets = np.load(ids_file), json.loads(offsets)
-if ipu != "cpu":
+if ipu != "cpu":  # "plain": paddle_ipu loaded, the Config left on the CPU
     import paddle_ipu
 if api == "legacy":
     sys.modules["paddle.fluid"], sys.modules["paddle.fluid.core"] = paddle.base, paddle.base.core
     from paddle.fluid.core import AnalysisConfig, PaddleTensor, create_paddle_predictor
     config = AnalysisConfig(d)
     config.disable_glog_info()
-    if ipu != "cpu":
+    if ipu not in ("cpu", "plain"):
         config.enable_ipu(ipu_micro_batch_size=int(ipu))
     predictor = create_paddle_predictor(config)
     tensor = PaddleTensor(ids.reshape(-1))
@@ -327,7 +327,7 @@ else:
     import paddle.inference as paddle_infer
     config = paddle_infer.Config(d)
     config.disable_mkldnn()
-    if ipu != "cpu":
+    if ipu not in ("cpu", "plain"):
         config.enable_ipu(ipu_micro_batch_size=int(ipu))
     predictor = paddle_infer.create_predictor(config)
     words = predictor.get_input_handle("words")
@@ -394,3 +394,16 @@ def test_a_bigru_crf_tagger_runs_sentences_in_buckets_as_paddle_inference_does(
     np.testing.assert_array_equal(got["out0"], want["out0"])  # the tags
     assert len(np.unique(want["out0"])) > 2  # the decode is not trivial
     np.testing.assert_allclose(got["out1"], want["out1"], rtol=1e-5, atol=1e-5)  # emissions
+
+
+def test_the_first_predictor_api_on_the_cpu_is_paddles_with_paddle_ipu_loaded(
+    crf_saved: Path, tmp_path: Path
+) -> None:
+    """AnalysisConfig / create_paddle_predictor, which ``import paddle_ipu`` points at
+    its router: a Config that did not enable the IPU runs on Paddle's own predictor,
+    with the same results as in a process without paddle-ipu."""
+    want, want_lods = _run_crf(crf_saved, "legacy", "cpu", tmp_path)
+    got, got_lods = _run_crf(crf_saved, "legacy", "plain", tmp_path)
+    assert got_lods == want_lods
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
