@@ -7,7 +7,7 @@ which returns ``PaddleTensor`` s (read through ``lod``, ``data.int64_data()``,
 ``as_ndarray()``).  :class:`LegacyPredictor` is that predictor over
 :class:`~paddle_ipu.frontends.predictor.Predictor`: the inputs are taken in the
 model's input order, as Paddle's ``AnalysisPredictor`` takes them by default, each
-with its LoD (one sequence at a time, as ``set_lod`` on a handle); the outputs are
+with its LoD (given to the handle's ``set_lod``: its sequences); the outputs are
 Paddle's own ``PaddleTensor`` s, named after the model's outputs, with their LoD.  Its
 zero-copy methods (``get_input_tensor``, ``zero_copy_run``) are the handles' API.
 """

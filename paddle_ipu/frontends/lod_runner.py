@@ -4,7 +4,7 @@ IPU: the sequences padded into buckets of lengths and run as batches.
 A model saved with LoD inputs (Baidu's LAC: sentences of word ids, a BiGRU, a CRF)
 takes its sequences as one tensor of rows and their offsets.  The compiled graph takes
 static shapes, so the sequences of a run are grouped by the bucket of lengths that
-holds each (powers of two from 4, or the Config's ``set_ipu_sequence_buckets``), each
+holds each (powers of two from 4), each
 padded with zero rows to the bucket's length, ``sequences`` at a time (the Config's
 micro-batch size; a last group is filled with one-row sequences whose rows are
 dropped), and their lengths given to the graph as one more input: the sequence
@@ -30,12 +30,27 @@ import numpy as np
 
 from paddle_ipu.errors import FeedError, NotSupportedError
 
-__all__ = ["LodRunner", "bucket_of"]
+__all__ = ["LodRunner", "bucket_of", "sequence_operators"]
 
 log = logging.getLogger("paddle_ipu")
 
 #: the smallest default bucket; the others double it
 FIRST_BUCKET = 4
+
+#: operators that read their input's rows as sequences (its LoD): a run of such a model
+#: without one has no sequences to give them (Paddle's CPU predictor crashes there)
+SEQUENCE_OPERATORS = frozenset({"gru", "crf_decoding"})
+
+
+def sequence_operators(prefix: str) -> list[str]:
+    """The :data:`SEQUENCE_OPERATORS` the saved legacy program at ``prefix`` holds (in
+    any block), sorted; none for a PIR program or one that is not there."""
+    path = Path(prefix + ".pdmodel")
+    if not path.is_file():
+        return []
+    from paddle_ipu._internals.paddle_api import legacy_op_types
+
+    return sorted(legacy_op_types(path.read_bytes()) & SEQUENCE_OPERATORS)
 
 
 def bucket_of(length: int, buckets: Sequence[int]) -> int:

@@ -147,6 +147,10 @@ class _Shared:
         self.shapes: Any = None
         #: runs of sequences (set_lod), made on the first
         self.lod: Any = None
+        from paddle_ipu.frontends.lod_runner import sequence_operators
+
+        #: the model's operators that need their input's sequences (a LoD)
+        self.sequence_ops = sequence_operators(prefix)
         with quiet_info(self.quiet):
             self.package = self._compile(config.micro_batch_size)
             self.sequence = self.package.sequence
@@ -398,6 +402,12 @@ class Predictor:
         lods = {n: h._lod[0] for n, h in self._inputs.items() if h._lod and inputs is None}
         if lods:  # sequences (set_lod): padded into buckets, run as batches
             outputs, out_lods = self._shared.run_lod(feed, lods)
+        elif self._shared.sequence_ops:
+            raise FeedError(
+                f"the model's {', '.join(self._shared.sequence_ops)} read(s) the input rows "
+                "as sequences: give the inputs' sequence offsets with set_lod([offsets]) on "
+                "the input handles (and run() without a list of inputs)"
+            )
         else:
             outputs, out_lods = self._shared.run(feed), []
         for k, (handle, value) in enumerate(zip(self._outputs.values(), outputs)):

@@ -407,3 +407,30 @@ def test_the_first_predictor_api_on_the_cpu_is_paddles_with_paddle_ipu_loaded(
     assert got_lods == want_lods
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_run_of_a_sequence_model_without_its_lod_is_refused(
+    crf_saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose gru / crf_decoding read the rows as sequences, run without
+    ``set_lod``: refused, naming them (Paddle's CPU predictor crashes there; each
+    micro-batch of rows taken as a sequence would give other tags)."""
+    from paddle_ipu.errors import FeedError
+    from paddle_ipu.inference import Config, create_predictor
+
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(tmp_path / "cache"))
+    config = Config(str(crf_saved))
+    config.enable_ipu()
+    predictor = create_predictor(config)
+    try:
+        words = predictor.get_input_handle("words")
+        words.copy_from_cpu(np.arange(7, dtype=np.int64).reshape(7, 1))
+        with pytest.raises(FeedError, match=r"crf_decoding, gru read\(s\).*set_lod"):
+            predictor.run()
+        with pytest.raises(FeedError, match="set_lod"):
+            predictor.run([np.arange(7, dtype=np.int64).reshape(7, 1)])
+        words.set_lod([[0, 3, 7]])
+        predictor.run()
+        assert predictor.get_output_handle(predictor.get_output_names()[0]).lod() == [[0, 3, 7]]
+    finally:
+        predictor.close()
