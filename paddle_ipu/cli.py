@@ -101,6 +101,7 @@ def _load_or_compile(
     from pathlib import Path
 
     from paddle_ipu.errors import OptionError
+    from paddle_ipu.serving.old_format import resolve
     from paddle_ipu.serving.package import load_package
     from paddle_ipu.serving.saved_model import compile_model
 
@@ -113,7 +114,7 @@ def _load_or_compile(
             )
         return load_package(model)
     package, _ = compile_model(
-        model,
+        resolve(model),  # a __model__ directory too
         micro_batch_size=micro_batch,
         progress=None if quiet else progress_printer(),
         seq_buckets=seq_buckets,
@@ -202,11 +203,12 @@ def _pad_values(items: Sequence[str]) -> dict[str, float]:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from paddle_ipu.serving.old_format import resolve
     from paddle_ipu.serving.saved_model import compile_model
 
     t0 = time.perf_counter()
     package, cached = compile_model(
-        args.model_prefix,
+        resolve(args.model_prefix),  # a __model__ directory too
         micro_batch_size=args.micro_batch,
         batches_per_step=args.batches_per_step,
         enable_fp16=args.fp16,
@@ -595,7 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto", help="host, popart or auto (default)")
 
     p = sub.add_parser("compile", help="compile a saved inference model into a portable package")
-    p.add_argument("model_prefix", help="the path prefix given to save_inference_model")
+    p.add_argument(
+        "model_prefix", help="a save_inference_model path prefix (or a __model__ directory)"
+    )
     p.add_argument("-o", "--output", required=True, help="the package file to write")
     p.add_argument("--micro-batch", type=int, default=1, help="rows per micro-batch (1)")
     p.add_argument("--batches-per-step", type=int, default=1)

@@ -38,6 +38,9 @@ request padded to the shortest that holds it and its outputs cut back (see
 
 from __future__ import annotations
 
+from typing import Any
+
+from paddle_ipu.frontends.legacy_predictor import LegacyPredictor
 from paddle_ipu.frontends.predictor import Predictor, Tensor
 from paddle_ipu.frontends.predictor_config import (
     DECISIONS,
@@ -53,8 +56,29 @@ __all__ = [
     "FIXED_ANSWERS",
     "NO_EFFECT",
     "REFUSED",
+    "AnalysisConfig",
     "Config",
+    "LegacyPredictor",
     "Predictor",
     "Tensor",
+    "create_paddle_predictor",
     "create_predictor",
 ]
+
+
+# Paddle 1.x/2.x's first predictor API (paddle.fluid.core's names; its predictor is in
+# paddle_ipu/frontends/legacy_predictor.py): AnalysisConfig was Config already.
+AnalysisConfig = Config
+
+
+def create_paddle_predictor(config: Config) -> LegacyPredictor:
+    """Compile the Config's model for the IPU: a predictor of ``run([PaddleTensor])``."""
+    return LegacyPredictor(Predictor(config))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PaddleTensor":  # Paddle's own class, the legacy predictor's data
+        from paddle_ipu._internals import paddle_api
+
+        return paddle_api.paddle_core().PaddleTensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

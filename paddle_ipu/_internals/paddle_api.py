@@ -154,6 +154,18 @@ def legacy_program_type() -> Any:
     return paddle.base.framework.Program
 
 
+def legacy_op_types(serialized: bytes) -> set[str]:
+    """The operator types of a serialized legacy program (a ``.pdmodel``), in any block,
+    read from its protobuf alone (``paddle.base.proto.framework_pb2.ProgramDesc``)."""
+    try:
+        from paddle.base.proto import framework_pb2
+
+        desc = framework_pb2.ProgramDesc.FromString(serialized)  # type: ignore[attr-defined]
+    except (ImportError, AttributeError) as exc:
+        raise _missing("paddle.base.proto.framework_pb2.ProgramDesc", exc) from None
+    return {op.type for block in desc.blocks for op in block.ops}
+
+
 def set_legacy_op_attr(op: Any, name: str, value: Any) -> None:
     """Set an attribute of a legacy-IR operator (``Operator._set_attr``)."""
     try:
@@ -162,7 +174,36 @@ def set_legacy_op_attr(op: Any, name: str, value: Any) -> None:
         raise _missing("Operator._set_attr()", exc) from None
 
 
+def insert_legacy_op(block: Any, index: int, **op: Any) -> Any:
+    """Insert a legacy-IR operator at ``index`` of ``block`` (``Block._insert_op``:
+    ``type``, ``inputs``, ``outputs``, ``attrs``)."""
+    try:
+        return block._insert_op(index, **op)
+    except AttributeError as exc:
+        raise _missing("Block._insert_op()", exc) from None
+
+
+def remove_legacy_op(block: Any, index: int) -> None:
+    """Remove the legacy-IR operator at ``index`` of ``block`` (``Block._remove_op``)."""
+    try:
+        block._remove_op(index)
+    except AttributeError as exc:
+        raise _missing("Block._remove_op()", exc) from None
+
+
 # -- PIR ------------------------------------------------------------------------------
+
+
+def retype_like(value: Any, like: Any) -> None:
+    """Give PIR ``value`` the element type of ``like``, keeping its shape
+    (``Value.set_type`` of ``pir.create_shaped_type``)."""
+    import paddle
+
+    try:
+        make = paddle.base.libpaddle.pir.create_shaped_type
+        value.set_type(make(like.type(), list(value.shape)))
+    except AttributeError as exc:
+        raise _missing("pir.create_shaped_type() / Value.set_type()", exc) from None
 
 
 def pir_ops() -> Any:
@@ -559,7 +600,7 @@ def _probe_python_ops() -> str:
 @interface(
     _DEP,
     "core.VarDesc.VarType.FP16/FP32, framework.Program, Operator._set_attr, "
-    "Variable.desc.set_dtype",
+    "Variable.desc.set_dtype, proto.framework_pb2.ProgramDesc",
     "legacy IR",
 )
 def _probe_legacy() -> str:
@@ -578,7 +619,8 @@ def _probe_legacy() -> str:
         half = paddle.static.data("half", [2], "float16")
         set_legacy_var_dtype(half, legacy_fp32_type())
         assert half.dtype == legacy_fp32_type()
-    return "the float16 type, Program class and attribute setter as checked"
+        assert "scale" in legacy_op_types(main.desc.serialize_to_string())
+    return "the float16 type, Program class, attribute setter and ProgramDesc as checked"
 
 
 @interface(

@@ -30,7 +30,10 @@ Replaced (module: names):
   ``set_ipu_config``, ``load_ipu_config`` ... working) and ``create_predictor`` (the IPU
   predictor of :mod:`paddle_ipu.inference` for a Config whose ``enable_ipu()`` was
   called, Paddle's for every other): made by
-  :func:`paddle_ipu.frontends.paddle_config.paddle_config`;
+  :func:`paddle_ipu.frontends.paddle_config.paddle_config`; ``paddle.base.core``
+  (1.x/2.x's ``paddle.fluid.core``): ``AnalysisConfig`` (that same Config) and
+  ``create_paddle_predictor`` (for an IPU Config the ``run([PaddleTensor])``
+  predictor, :class:`paddle_ipu.inference.LegacyPredictor`; Paddle's for every other);
 - ``paddle.pir.Operation._set_attr``: Paddle 2.x's way to put IPU hints
   (``__available_memory``, ``serialize_factor``) on an operator
   (:mod:`paddle_ipu.compat.op_attrs`);
@@ -48,7 +51,7 @@ from typing import Any
 from paddle_ipu._internals import paddle_api
 from paddle_ipu.compat import names, op_attrs
 from paddle_ipu.frontends.ipu_backend import IpuBackend
-from paddle_ipu.frontends.paddle_config import paddle_config
+from paddle_ipu.frontends.paddle_config import legacy_create, paddle_config
 from paddle_ipu.frontends.program import FP16_ATTR, IpuCompiledProgram
 from paddle_ipu.strategy import IpuStrategy
 
@@ -272,6 +275,13 @@ def install() -> None:
         config, create = paddle_config(paddle.inference.Config, paddle.inference.create_predictor)
         _replace(paddle.inference, "Config", config)
         _replace(paddle.inference, "create_predictor", create)
+        # paddle.fluid.core's names of the same (Paddle 1.x/2.x scripts: AnalysisConfig
+        # was Config; create_paddle_predictor ran [PaddleTensor])
+        core = paddle_api.paddle_core()
+        if hasattr(core, "create_paddle_predictor"):
+            legacy = legacy_create(config, core.create_paddle_predictor)
+            _replace(core, "AnalysisConfig", config)
+            _replace(core, "create_paddle_predictor", legacy)
         names.install(_replace)
         op_attrs.install(_replace)
 

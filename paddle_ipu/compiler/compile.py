@@ -23,7 +23,13 @@ import numpy as np
 import onnx
 
 from paddle_ipu._internals import paddle_api
-from paddle_ipu.compiler import converter_fixes, custom_regions, onnx_passes
+from paddle_ipu.compiler import (
+    control_flow,
+    converter_fixes,
+    custom_regions,
+    loop_bounds,
+    onnx_passes,
+)
 from paddle_ipu.compiler.legacy_reader import LegacyReader, is_legacy
 from paddle_ipu.compiler.lowering import check_opset, export_onnx
 from paddle_ipu.compiler.model import CompiledModel, ShardSpec, TensorSpec
@@ -32,6 +38,7 @@ from paddle_ipu.compiler.pir_reader import PirReader
 from paddle_ipu.compiler.ranges import attach_ranges
 from paddle_ipu.compiler.reader import ForwardGraph, ProgramReader
 from paddle_ipu.compiler.scratch import check_working_dir, scratch_folder
+from paddle_ipu.compiler.sequence_rewrites import LodLayout
 from paddle_ipu.compiler.weights import serialize_with_weights
 from paddle_ipu.errors import CompileError, NotSupportedError, OptionError
 
@@ -72,6 +79,7 @@ def compile_program(
     onnx_dump_path: str = "",
     enable_fp16: bool = False,
     isolate: bool = True,
+    lod: LodLayout | None = None,
 ) -> CompiledModel:
     """Compile the forward part of ``program`` into one ONNX graph.
 
@@ -103,6 +111,10 @@ def compile_program(
         enable_fp16: not supported by this compiler; the executor converts.
         isolate: run the converter in a child process (keep True; False is for
             debugging the converter itself).
+        lod: the rows of the LoD feeds it names are ``lod.sequences`` sequences padded
+            to ``micro_batch_size / lod.sequences`` rows each; their lengths are one
+            more input (:mod:`.sequence_rewrites`).  None: a LoD feed's rows are one
+            sequence.
 
     Raises:
         UnsupportedOpError: the forward graph uses operators that do not lower;
@@ -129,6 +141,11 @@ def compile_program(
             "compile_program(enable_fp16=True) is not supported: compile in fp32; "
             "the fp16 conversion is done after compiling"
         )
+    if lod is not None and (lod.sequences < 1 or micro_batch_size % lod.sequences):
+        raise OptionError(
+            f"a LoD layout of {lod.sequences} sequences needs a micro-batch of a multiple "
+            f"of it (their padded rows), got {micro_batch_size}"
+        )
     requested = check_opset(opset)
     check_working_dir()
     with static_mode():
@@ -146,6 +163,7 @@ def compile_program(
             enable_pipelining=enable_pipelining,
             onnx_dump_path=onnx_dump_path,
             isolate=isolate,
+            lod=lod,
         )
 
 
@@ -255,13 +273,16 @@ def _compile(
     enable_pipelining: bool,
     onnx_dump_path: str,
     isolate: bool,
+    lod: LodLayout | None = None,
 ) -> CompiledModel:
     reader = reader_for(program)
     # Without sequence buckets (whose lengths are set after the conversion), a program
     # with open dimensions besides the batch is made static for input_shapes, or refused
     # by name before anything lowers.
     shapes = input_shapes if input_shapes is not None or sequence_length is not None else {}
-    fg = reader.read(program, list(feed_list), list(fetch_list), scope, shapes, micro_batch_size)
+    fg = reader.read(
+        program, list(feed_list), list(fetch_list), scope, shapes, micro_batch_size, lod
+    )
     check_supported(info.use for info in fg.ops)
     check_static_shapes([info.use for info in fg.ops], {f.name for f in fg.feeds})
 
@@ -354,9 +375,21 @@ def _finalize(
     converter_fixes.omit_empty_resize_inputs(graph)
     onnx_passes.drop_dead_nodes(graph)
     onnx_passes.drop_unused_weights(graph, weights)
+    control_flow.type_loops(model, _loop_names(fg))
+    loop_bounds.bound_loops(model)  # the trip counts PopART needs
+    converter_fixes.boolean_where(model)
     outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
     model.producer_name = "paddle-ipu"
     return inputs, outputs, weights, shards, owner
+
+
+def _loop_names(fg: ForwardGraph) -> dict[str, str]:
+    """The ONNX name of each ``pd_op.while``'s first result -> the operator, for errors."""
+    return {
+        info.onnx_names[0]: info.use.describe()
+        for info in fg.ops
+        if info.type == "pd_op.while" and info.onnx_names
+    }
 
 
 def reader_for(program: Any) -> ProgramReader:

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu.compiler.onnx_passes import node_reads
+
 _CONVS = ("Conv", "ConvTranspose")
 _VIEWS = ("Reshape", "Unsqueeze", "Squeeze", "Identity")
 _AFFINE = ("Add", "Sub", "Mul", "Div")
@@ -174,7 +176,7 @@ class _Graph:
         self.consts = _Constants(graph, excluded)
         self.readers: dict[str, list[Any]] = {}
         for node in graph.node:
-            for name in node.input:
+            for name in node_reads(node):  # a Loop's body reads weights too
                 self.readers.setdefault(name, []).append(node)
         self.outputs = {o.name for o in graph.output}
         self.taken = {n for node in graph.node for n in (*node.input, *node.output)}
@@ -402,7 +404,7 @@ def _drop_unread(graph: Any, excluded: Collection[str]) -> None:
     read); the excluded (synced) weights are left as they are."""
     outputs = {o.name for o in graph.output}
     while True:
-        read = {n for node in graph.node for n in node.input} | outputs
+        read = {n for node in graph.node for n in node_reads(node)} | outputs
         dead = [
             node
             for node in graph.node
@@ -414,7 +416,7 @@ def _drop_unread(graph: Any, excluded: Collection[str]) -> None:
         keep = [node for node in graph.node if id(node) not in ids]
         del graph.node[:]
         graph.node.extend(keep)
-    read = {n for node in graph.node for n in node.input} | outputs
+    read = {n for node in graph.node for n in node_reads(node)} | outputs
     inits = [i for i in graph.initializer if i.name in read or i.name in excluded]
     del graph.initializer[:]
     graph.initializer.extend(inits)

@@ -18,6 +18,7 @@ as they are) are in :mod:`paddle_ipu.compiler.program_rewrites`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from paddle_ipu.compiler.onnx_passes import all_names, unique_name
 from paddle_ipu.compiler.reader import FetchInfo, OpInfo
+from paddle_ipu.compiler.sequence_rewrites import GRU_MARK
 from paddle_ipu.errors import CompileError
 
 
@@ -395,7 +397,30 @@ def _fix_pad3d(rw: _Rewriter, idx: int, info: OpInfo) -> None:
     rw.replace(idx, nodes)
 
 
+def _fix_gru(rw: _Rewriter, idx: int, info: OpInfo) -> None:
+    """A ``pd_op.rnn`` standing in for Paddle 1.x's ``gru``
+    (:mod:`paddle_ipu.compiler.sequence_rewrites`, whose mark holds the attributes):
+    its ONNX GRU node gets the ``gru``'s semantics: the reset gate applied to the
+    state before the candidate's matrix product, and the activations the mark names."""
+    mark = info.use.attrs.get(GRU_MARK)
+    if mark is None:
+        return  # a paddle.nn.GRU: the converter's lowering is its own
+    grus = [n for n in rw.graph.node if rw.owner.get(n.name) == idx and n.op_type == "GRU"]
+    if len(grus) != 1:
+        raise CompileError(
+            f"cannot lower {info.use.describe()} (a gru): the converter emitted "
+            f"{len(grus)} GRU nodes for it, expected 1"
+        )
+    (node,) = grus
+    wanted = {"linear_before_reset": 0, **json.loads(str(mark))}
+    keep = [a for a in node.attribute if a.name not in wanted]
+    del node.attribute[:]
+    node.attribute.extend(keep)
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in wanted.items())
+
+
 _CORRECTIONS = {
+    "pd_op.rnn": _fix_gru,
     "pd_op.pad3d": _fix_pad3d,
     "pd_op.batch_norm": _fix_half_norm,
     "pd_op.batch_norm_": _fix_half_norm,
@@ -445,3 +470,63 @@ def repair_fetch_aliases(
         own = names[fetch.result] if fetch.result < len(names) else ""
         if own and own != out.name and own in produced:
             out.name = own
+
+
+def _elem_types(graph: onnx.GraphProto, out: dict[str, int]) -> dict[str, int]:
+    for info in (*graph.input, *graph.value_info, *graph.output):
+        if info.type.tensor_type.elem_type:
+            out[info.name] = info.type.tensor_type.elem_type
+    for init in graph.initializer:
+        out[init.name] = init.data_type
+    for node in graph.node:
+        attr = node.attribute[0] if len(node.attribute) == 1 else None
+        if node.op_type == "Constant" and attr is not None and attr.name == "value":
+            out[node.output[0]] = attr.t.data_type
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _elem_types(a.g, out)
+    return out
+
+
+def boolean_where(model: onnx.ModelProto) -> int:
+    """``Where`` over booleans -- the converter's lowering of ``select_input``, which
+    merges a legacy ``conditional_block``'s result with its default -- has no kernel in
+    ONNX Runtime: it becomes ``Or(And(c, x), And(Not(c), y))``, in every graph and
+    subgraph.  Returns how many were rewritten."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False)
+    types = _elem_types(inferred.graph, {})
+    taken = set(types)
+    boolean = onnx.TensorProto.BOOL
+
+    def fix(graph: onnx.GraphProto) -> int:
+        count = 0
+        nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    count += fix(a.g)
+            ins = list(node.input)
+            if (
+                node.op_type != "Where"
+                or len(ins) != 3
+                or any(types.get(n) != boolean for n in ins[1:])
+            ):
+                nodes.append(node)
+                continue
+            c, x, y = ins
+            names = [unique_name(f"{node.name}.{part}", taken) for part in ("a", "not", "b")]
+            taken.update(names)
+            nodes += [
+                helper.make_node("And", [c, x], [names[0]], name=names[0]),
+                helper.make_node("Not", [c], [names[1]], name=names[1]),
+                helper.make_node("And", [names[1], y], [names[2]], name=names[2]),
+                helper.make_node("Or", [names[0], names[2]], list(node.output), name=node.name),
+            ]
+            count += 1
+        del graph.node[:]
+        graph.node.extend(nodes)
+        return count
+
+    return fix(model.graph)

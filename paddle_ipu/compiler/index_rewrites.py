@@ -230,10 +230,14 @@ def rewrite_set_value_with_tensor(block: Any) -> dict[int, Any]:
         axes = [int(a) for a in attrs.get("axes", [])]
         bounds = [_constant_ints(op.operand_source(k)) for k in (2, 3, 4)]
         what = f"{op.name()}(axes={axes}) on {_describe_operand(op, 0)}"
+        if bounds[0] is None or bounds[1] is None:
+            before = {o.id() for o in block.ops}
+            out = _set_at_run_time_index(op, x, values, shape, axes, bounds[2], what)
+            replaced.update(_replace_result(block, op, out, before))
+            continue
         if any(b is None for b in bounds):
             raise UnsupportedOpError(
-                f"{what}: its starts, ends or steps are computed at run time; only "
-                "constant slices lower (x[a:b] = v with Python ints)"
+                f"{what}: its steps are computed at run time; only constant steps lower"
             )
         starts, ends, steps = (b or [] for b in bounds)
         if list(attrs.get("none_axes", [])) or any(st != 1 for st in steps):
@@ -269,6 +273,61 @@ def rewrite_set_value_with_tensor(block: Any) -> dict[int, Any]:
         mask = _region_mask(x, shape, axes, [starts, ends, steps])
         replaced.update(_replace_result(block, op, paddle.where(mask, v, x), before))
     return replaced
+
+
+def _set_at_run_time_index(
+    op: Any, x: Any, values: Any, shape: list[int], axes: list[int], steps: Any, what: str
+) -> Any:
+    """``x[..., start:end, ...] = values`` on one axis of static size whose bounds are
+    computed at run time (a decoder loop writing step ``i``'s output at ``[:, i]``):
+    ``where(start <= arange(size) < end, values, x)``, the values broadcast along the
+    axis -- which holds them when they have one row there (the region one row long,
+    as a step's index writes it); more rows at a run-time place are refused."""
+    attrs = op.attrs()
+    if len(axes) != 1 or list(attrs.get("none_axes", [])) or (steps or [1]) != [1]:
+        raise UnsupportedOpError(
+            f"{what}: slices computed at run time lower on one axis with step 1 only"
+        )
+    axis = axes[0]
+    if shape[axis] < 0:
+        raise UnsupportedOpError(
+            f"{what}: the sliced axis has an unknown size; a slice computed at run time "
+            "needs it static"
+        )
+    decrease = sorted(int(a) for a in attrs.get("decrease_axes", []))
+    vshape = list(shape_of(values))
+    if axis not in decrease and (len(vshape) != len(shape) or vshape[axis] != 1):
+        raise UnsupportedOpError(
+            f"{what}: assigns {vshape} at a place computed at run time; only one row along "
+            "the axis lowers (x[:, i] = v)"
+        )
+    paddle.pir.set_insertion_point(op)
+    size = shape[axis]
+
+    def bound(k: int) -> Any:
+        source = op.operand_source(k)
+        maker = source.get_defining_op()
+        if maker is not None and maker.name() == "builtin.combine":  # [tensor, ...]
+            source = maker.operand_source(0)
+        elif maker is not None and maker.name() == "pd_op.full_int_array":
+            source = paddle.full([1], int(maker.attrs()["value"][0]), "int64")
+        b = paddle.cast(paddle.reshape(source, [1]), "int64")
+        return paddle.where(b < 0, b + size, b)  # a negative bound counts from the end
+
+    index = paddle.arange(0, size, 1, dtype="int64")
+    mask = paddle.logical_and(index >= bound(2), index < bound(3))
+    view = [1] * len(shape)
+    view[axis] = size
+    mask = paddle.reshape(mask, view)
+    v = values
+    for a in decrease:
+        v = paddle.unsqueeze(v, a)
+    if v.dtype != x.dtype:
+        v = paddle.cast(v, x.dtype)
+    # where broadcasts the mask and the values through zeros_like (shapes read at run
+    # time); expand_as would write x's declared shape, -1 in a batch left open, as a
+    # constant target the converter cannot resolve
+    return paddle.where(mask, v, x)
 
 
 def rewrite_unfold(block: Any) -> dict[int, Any]:

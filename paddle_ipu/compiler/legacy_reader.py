@@ -23,6 +23,7 @@ extraction and gradient program.  What the translation loses is put back here:
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -282,14 +283,76 @@ def _element(program: Any, legacy: Any, name: str, value: Any) -> Any:
     return parts[index]
 
 
+#: legacy operators without a PIR counterpart -> what to use instead
+_REPLACEMENTS = {
+    "multiclass_nms": (
+        "; PaddleDetection's later exporters write multiclass_nms3 (which runs on the host "
+        "after the compiled graph): export the detector again, or with -o exclude_nms=True "
+        "and NMS after the predictor"
+    ),
+}
+
+
+def _version() -> str:
+    import paddle
+
+    return str(paddle.__version__)
+
+
+def _lookup_tables_v1(program: Any) -> Any:
+    """Paddle 1.x's ``lookup_table`` (ids with a last dimension of 1, which its output
+    drops) as ``lookup_table_v2`` of the ids squeezed, in a copy of ``program`` (or
+    ``program`` itself without one).  Paddle's translation to PIR gives the ``v1``
+    operator the declared output shape and then squeezes it once more: a LAC-shaped
+    ``[-1, 1]`` of word ids became ``[128]``, and the fully connected layer after it
+    reshaped that to ``[128, 1]``."""
+    if not any(op.type == "lookup_table" for op in program.global_block().ops):
+        return program
+    copy = program.clone()
+    block = copy.global_block()
+    for index in reversed(range(len(block.ops))):
+        op = block.ops[index]
+        if op.type != "lookup_table":
+            continue
+        ids = block.var(op.input("Ids")[0])
+        if list(ids.shape)[-1:] != [1]:
+            continue  # the kernel refuses it: left for Paddle to say so
+        name = f"{ids.name}.squeezed.{index}"
+        squeezed = block.create_var(name=name, shape=list(ids.shape)[:-1], dtype=ids.dtype)
+        shape = block.create_var(name=name + ".xshape", shape=[0, *ids.shape], dtype=ids.dtype)
+        attrs = {a: op.attr(a) for a in ("padding_idx", "is_sparse", "is_distributed")}
+        outputs = {"Out": [block.var(op.output("Out")[0])]}
+        weight = block.var(op.input("W")[0])
+        paddle_api.remove_legacy_op(block, index)
+        paddle_api.insert_legacy_op(
+            block, index, type="lookup_table_v2", inputs={"Ids": [squeezed], "W": [weight]},
+            outputs=outputs, attrs=attrs,
+        )  # fmt: skip
+        paddle_api.insert_legacy_op(
+            block, index, type="squeeze2", inputs={"X": [ids]},
+            outputs={"Out": [squeezed], "XShape": [shape]}, attrs={"axes": [-1]},
+        )  # fmt: skip
+    return copy
+
+
 def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any]) -> Translation:
     """``program`` (legacy IR) as a PIR program, with feeds and fetches resolved."""
     import paddle
 
     _prime_pir()
+    program = _lookup_tables_v1(program)
     try:
         pir_program, values = paddle.pir.translate_to_pir_with_param_map(program.desc)
     except Exception as exc:
+        missing = re.search(r"Op (\w+) should have corresponding OpInfo (\S+)", str(exc))
+        if missing:
+            op, pir = missing.group(1), missing.group(2).rstrip(".")
+            raise CompileError(
+                f"the legacy program uses operator {op!r}, which Paddle {_version()} has no "
+                f"PIR operator for ({pir} does not exist): Paddle's translation of the "
+                f"program to PIR, which the IPU compiler reads it by, stops there"
+                f"{_REPLACEMENTS.get(op, '')}"
+            ) from exc
         raise CompileError(
             f"Paddle could not translate the legacy program to PIR: {type(exc).__name__}: {exc}"
         ) from exc
@@ -308,12 +371,13 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
         if not block.has_var(name):
             raise CompileError(f"fetch {name!r} is not a variable of the program")
         var = block.var(name)
-        if var.persistable or name in feeds:
-            # Parameters and data keep their names in PIR.
+        found = values.get(name)
+        if var.persistable or (name in feeds and len(found or []) <= 1):
+            # Parameters and data keep their names in PIR (a feed a later operator
+            # writes -- a while loop's carried value -- is fetched as written last).
             fetches.append(name)
             fetch_names.append("")
             continue
-        found = values.get(name)
         if not found:
             raise CompileError(
                 f"fetch {name!r}: the legacy program's translation to PIR has no value for it"
@@ -332,6 +396,9 @@ def translate(program: Any, feed_list: Sequence[Any], fetch_list: Sequence[Any])
     if scheduler is not None:
         pir_program.lr_scheduler = scheduler
     return Translation(pir_program, feeds, fetches, fetch_names, values)
+
+
+_CONTROL_FLOW = frozenset({"while", "conditional_block", "conditional_block_infer"})
 
 
 def specialised_copy(
@@ -402,12 +469,19 @@ class LegacyReader:
         scope: Any = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         batch: int = 1,
+        lod: Any = None,
     ) -> PirForwardGraph:
         import dataclasses
 
         from paddle_ipu.compiler.pir_reader import PirReader
 
-        if input_shapes:
+        # Paddle's InferShape knows no control flow: a program with loops or branches is
+        # made static through its PIR translation instead (specialise's CPU runs)
+        flow = any(op.type in _CONTROL_FLOW for op in program.global_block().ops)
+        shapes: Mapping[str, Sequence[int]] | None = None if input_shapes is None else {}
+        if input_shapes and flow:
+            shapes = input_shapes
+        elif input_shapes:
             program = specialised_copy(program, feed_list, input_shapes, batch)
         translation = translate(program, feed_list, fetch_list)
         self.translation = translation
@@ -417,8 +491,9 @@ class LegacyReader:
                 translation.feed_list,
                 translation.fetch_list,
                 scope,
-                None if input_shapes is None else {},  # specialised above, if asked
+                shapes,  # specialised above, if asked (and without control flow)
                 batch,
+                lod,
             )
         fields = {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}
         fields["fetches"] = [

@@ -187,7 +187,7 @@ _HINTS = frozenset({"__available_memory", "__serialize_matmul_factor"})
 
 def _graph(model: CompiledModel) -> Graph:
     """The compiled graph with the static shapes shape inference gives its tensors."""
-    from paddle_ipu.compiler.onnx_passes import _constants_as_initializers
+    from paddle_ipu.compiler.onnx_passes import constants_as_initializers
     from paddle_ipu.compiler.weights import split_weights
 
     proto, _ = split_weights(model.onnx, model.weights)
@@ -205,7 +205,7 @@ def _graph(model: CompiledModel) -> Graph:
     # operands (Reshape targets, Slice bounds) read from initializers, and the
     # converter's value_info (which can hold shapes of its placeholder weights,
     # compile._placeholders) dropped
-    _constants_as_initializers(proto.graph)
+    constants_as_initializers(proto.graph)
     del proto.graph.value_info[:]
     for out in proto.graph.output:
         out.type.tensor_type.ClearField("shape")

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -173,6 +173,56 @@ def _marked(node: onnx.NodeProto) -> bool:
     return any(a.name == "__ipu_custom_op" for a in node.attribute)
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+
+
+def _defined(graph: onnx.GraphProto) -> set[str]:
+    names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        names.update(node.output)
+    return names
+
+
+def outer_reads(graph: onnx.GraphProto) -> list[str]:
+    """The names a subgraph (a Loop's body, an If's branch) reads from the graphs
+    around it, nested subgraphs included."""
+    defined = _defined(graph)
+    out: list[str] = []
+    for node in graph.node:
+        for name in node_reads(node):
+            if name and name not in defined and name not in out:
+                out.append(name)
+    for o in graph.output:
+        if o.name not in defined and o.name not in out:
+            out.append(o.name)
+    return out
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """The names ``node`` reads: its inputs, and what its subgraphs read from around
+    them (a Loop body's weights)."""
+    names = [i for i in node.input if i]
+    for sub in _subgraphs(node):
+        names += [n for n in outer_reads(sub) if n not in names]
+    return names
+
+
+def _rename_reads(node: onnx.NodeProto, mapping: dict[str, str]) -> None:
+    """Rename what ``node``'s subgraphs read from around them (``mapping``: old ->
+    new), where a subgraph does not define the name itself."""
+    for sub in _subgraphs(node):
+        defined = _defined(sub)
+        for inner in sub.node:
+            for i, n in enumerate(inner.input):
+                if n in mapping and n not in defined:
+                    inner.input[i] = mapping[n]
+            _rename_reads(inner, {k: v for k, v in mapping.items() if k not in defined})
+        for o in sub.output:
+            if o.name in mapping and o.name not in defined:
+                o.name = mapping[o.name]
+
+
 def drop_identities(graph: onnx.GraphProto) -> None:
     """Remove Identity nodes whose output is not a graph output.
 
@@ -186,6 +236,8 @@ def drop_identities(graph: onnx.GraphProto) -> None:
         for i, n in enumerate(node.input):
             if n in alias:
                 node.input[i] = alias[n]
+        if alias:
+            _rename_reads(node, alias)
         # (a custom op's marked Identity stays: custom_regions reads its marks)
         if node.op_type == "Identity" and node.output[0] not in outputs and not _marked(node):
             alias[node.output[0]] = node.input[0]
@@ -203,7 +255,7 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
     for node in reversed(graph.node):
         if any(o in needed for o in node.output):
             keep.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(node_reads(node))
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(reversed(keep))
@@ -215,7 +267,7 @@ def drop_unused_weights(graph: onnx.GraphProto, weights: dict[str, str]) -> None
     ``paddle.nn.LSTM`` / ``GRU`` pass an empty ``dropout_state`` parameter that the
     converter does not use.  ONNX Runtime drops an unused initializer while it
     loads the graph and then fails to find it when the session supplies its value."""
-    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    used = {i for node in graph.node for i in node_reads(node)} | {o.name for o in graph.output}
     unused = [i.name for i in graph.initializer if i.name in weights and i.name not in used]
     if not unused:
         return
@@ -238,6 +290,7 @@ def rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
         for i, n in enumerate(node.input):
             if n == old:
                 node.input[i] = new
+        _rename_reads(node, {old: new})
         for i, n in enumerate(node.output):
             if n == old:
                 node.output[i] = new
@@ -358,7 +411,7 @@ def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
     return value
 
 
-def _constants_as_initializers(graph: onnx.GraphProto) -> None:
+def constants_as_initializers(graph: onnx.GraphProto) -> None:
     keep: list[onnx.NodeProto] = []
     for node in graph.node:
         value = constant_value(node)
@@ -392,7 +445,7 @@ _FOLD_LIMIT = 4096  # elements: shape arithmetic only, never real tensors
 def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    _constants_as_initializers(probe.graph)
+    constants_as_initializers(probe.graph)
     inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -427,57 +480,101 @@ def fold_shape_arithmetic(
     Each round folds what one shape inference resolves; a folded Reshape target can
     make the next shape static, so the rounds go on until nothing changes (a chain
     of channel shuffles needs one round per shuffle).  ``max_rounds`` caps them
-    (None: every node can fold at most once, so at most one round per node)."""
-    from onnx.reference import ReferenceEvaluator
-
+    (None: every node can fold at most once, so at most one round per node).  Then
+    the subgraphs' constant-only nodes fold (:func:`fold_subgraph`)."""
     graph = model.graph
     rounds = max_rounds if max_rounds is not None else len(graph.node) + 1
+    const: dict[str, np.ndarray] = {}
     for _ in range(rounds):
-        shapes = _static_shapes(model)
-        const: dict[str, np.ndarray] = {
+        const = {
             i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
         }
-        changed = False
-        for pos, node in enumerate(graph.node):
-            if node.op_type == "Constant":
-                value_t = constant_value(node)
-                if value_t is not None:
-                    const[node.output[0]] = numpy_helper.to_array(value_t)
+        if not fold_nodes(graph, const, _static_shapes(model)):
+            break
+    for node in graph.node:
+        for sub in _subgraphs(node):
+            fold_subgraph(sub, const)
+
+
+def fold_nodes(
+    graph: onnx.GraphProto,
+    const: dict[str, np.ndarray],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> bool:
+    """One pass over ``graph``'s nodes: each whose inputs are small constants (in
+    ``const``, which gains every Constant node's value and each fold's), or a Shape of a
+    value of static shape (``shapes``), becomes a Constant node.  Whether any did."""
+    changed = False
+    for pos, node in enumerate(graph.node):
+        if node.op_type == "Constant":
+            value_t = constant_value(node)
+            if value_t is not None:
+                const[node.output[0]] = numpy_helper.to_array(value_t)
+            continue
+        if node.op_type not in _FOLDABLE or len(node.output) != 1 or _marked(node):
+            continue
+        value: np.ndarray | None = None
+        if node.op_type == "Shape":
+            shape = (shapes or {}).get(node.input[0])
+            if shape is None:
                 continue
-            if node.op_type not in _FOLDABLE or len(node.output) != 1 or _marked(node):
+            attrs = {a.name: a.i for a in node.attribute}
+            start = attrs.get("start", 0)
+            end = attrs.get("end", len(shape))
+            value = np.array(shape[start:end] if "end" in attrs else shape[start:], np.int64)
+        else:
+            value = _evaluate(node, const)
+            if value is None:
                 continue
-            value: np.ndarray | None = None
-            if node.op_type == "Shape":
-                shape = shapes.get(node.input[0])
-                if shape is None:
-                    continue
-                attrs = {a.name: a.i for a in node.attribute}
-                start = attrs.get("start", 0)
-                end = attrs.get("end", len(shape))
-                value = np.array(shape[start:end] if "end" in attrs else shape[start:], np.int64)
-            else:
-                ins = [n for n in node.input if n]
-                if not ins or any(n not in const for n in ins):
-                    continue
-                if any(const[n].size > _FOLD_LIMIT for n in ins):
-                    continue
-                try:
-                    feeds: dict[str, Any] = {n: const[n] for n in ins}
-                    results: Any = ReferenceEvaluator(node).run(None, feeds)
-                    value = np.asarray(results[0])
-                except Exception:
-                    continue
-                if value.size > _FOLD_LIMIT:
-                    continue
-            out = node.output[0]
-            const[out] = value
-            folded = helper.make_node(
-                "Constant", [], [out], name=node.name, value=numpy_helper.from_array(value, out)
-            )
-            graph.node[pos].CopyFrom(folded)
-            changed = True
-        if not changed:
-            return
+        out = node.output[0]
+        const[out] = value
+        folded = helper.make_node(
+            "Constant", [], [out], name=node.name, value=numpy_helper.from_array(value, out)
+        )
+        graph.node[pos].CopyFrom(folded)
+        changed = True
+    return changed
+
+
+def fold_subgraph(
+    sub: onnx.GraphProto,
+    outer: Mapping[str, np.ndarray],
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> bool:
+    """Fold a subgraph's nodes (a Loop's body, an If's branch; :func:`fold_nodes`) that
+    compute from small constants -- its own, or those of the graphs around it
+    (``outer``) -- or take the Shape of a value of static shape (``shapes``), its own
+    subgraphs' too: a body's Squeeze axes cast from a constant, which ONNX shape
+    inference reads only as a constant.  Whether any did."""
+    const = {k: v for k, v in outer.items() if k not in _defined(sub)}
+    const.update({i.name: numpy_helper.to_array(i) for i in sub.initializer})
+    changed = fold_nodes(sub, const, shapes)
+    for node in sub.node:
+        for inner in _subgraphs(node):
+            changed = fold_subgraph(inner, const, shapes) or changed
+    return changed
+
+
+def _evaluate(node: onnx.NodeProto, const: dict[str, np.ndarray]) -> np.ndarray | None:
+    """``node``'s output when every input is a small constant (else None)."""
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [n for n in node.input if n]
+    if not ins or any(n not in const for n in ins):
+        return None
+    if any(const[n].size > _FOLD_LIMIT for n in ins):
+        return None
+    try:
+        results: Any = ReferenceEvaluator(node).run(None, {n: const[n] for n in ins})
+        value = np.asarray(results[0])
+    except Exception:
+        return None
+    return None if value.size > _FOLD_LIMIT else value
+
+
+#: doc_string of a value_info whose shape a pass declared that ONNX shape inference
+#: cannot find (a Loop's carried value: :mod:`.control_flow`); infer_outputs keeps it
+DECLARED_SHAPE = "paddle_ipu: loop-carried shape"
 
 
 def infer_outputs(
@@ -487,13 +584,16 @@ def infer_outputs(
     graph = model.graph
     for out in graph.output:
         out.type.tensor_type.ClearField("shape")
+    # the Loops' carried values keep the shapes control_flow.type_loops declared
+    kept = [v for v in graph.value_info if v.doc_string == DECLARED_SHAPE]
     del graph.value_info[:]
+    graph.value_info.extend(kept)
     # Shape inference reads constant operands (Reshape targets, Slice bounds)
     # from initializers more reliably than from Constant nodes: infer on a copy
     # whose constants are initializers, and keep the model itself as it is.
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
-    _constants_as_initializers(probe.graph)
+    constants_as_initializers(probe.graph)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     except Exception as exc:

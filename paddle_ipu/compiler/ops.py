@@ -12,7 +12,7 @@ on the first one it meets.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,15 @@ _PIR_TO_CONVERTER: dict[str, str] = {
 
 # Operators paddle2onnx has no converter for that the program rewrites
 # (paddle_ipu.compiler.program_rewrites) spell in operators it has, before the check.
-REWRITTEN = frozenset({"accuracy", "identity_loss", "mean_all", "bce_loss", "kldiv_loss"})
+REWRITTEN = frozenset(
+    {"accuracy", "identity_loss", "mean_all", "bce_loss", "kldiv_loss", "gru", "crf_decoding"}
+)
+
+# Control flow: the converter lowers a ``pd_op.while`` to an ONNX Loop and a
+# ``pd_op.if`` to an ONNX If, the operators of their blocks converted into the
+# Loop's body and the If's branches (each checked as an operator of its own:
+# OpUse.nested).
+CONTROL_FLOW = frozenset({"pd_op.while", "pd_op.if"})
 
 # Operators that carry the program's structure rather than computing anything:
 # the converter handles them itself.
@@ -178,7 +186,7 @@ def _short(pir_op: str) -> str:
 
 
 def is_supported(pir_op: str) -> bool:
-    if pir_op in STRUCTURAL_OPS:
+    if pir_op in STRUCTURAL_OPS or pir_op in CONTROL_FLOW:
         return True
     if _short(pir_op) in DENIED:
         return False
@@ -187,7 +195,7 @@ def is_supported(pir_op: str) -> bool:
 
 def refusal(use: OpUse) -> str:
     """Why this use of an operator is refused ("" when it lowers)."""
-    if use.op in STRUCTURAL_OPS:
+    if use.op in STRUCTURAL_OPS or use.op in CONTROL_FLOW:
         return ""
     reason = DENIED.get(_short(use.op))
     if reason:
@@ -219,9 +227,14 @@ class OpUse:
     result_types: list[tuple[str, tuple[int, ...]] | None] = field(default_factory=list)
     # Whether anything (another operator or a fetch) reads each result.
     results_used: list[bool] = field(default_factory=list)
+    # A control-flow operator's (CONTROL_FLOW) blocks' operators, in program order.
+    nested: list[OpUse] = field(default_factory=list)
+    # For an operator of such a block: the control-flow operator it is in.
+    inside: str = ""
 
     def describe(self) -> str:
-        text = f"op #{self.index} {self.op}({', '.join(self.operands)})"
+        where = f" (in the block of {self.inside})" if self.inside else ""
+        text = f"op #{self.index}{where} {self.op}({', '.join(self.operands)})"
         if self.results:
             text += f" -> {', '.join(self.results)}"
         if self.feeds_fetches:
@@ -229,10 +242,16 @@ class OpUse:
         return text
 
 
+def _with_nested(uses: Iterable[OpUse]) -> Iterator[OpUse]:
+    for use in uses:
+        yield use
+        yield from _with_nested(use.nested)
+
+
 def check_supported(uses: Iterable[OpUse]) -> None:
     """Raise one UnsupportedOpError naming every operator that does not lower."""
     bad: dict[str, list[tuple[OpUse, str]]] = {}
-    for use in uses:
+    for use in _with_nested(uses):
         why = refusal(use)
         if why:
             bad.setdefault(use.op, []).append((use, why))

@@ -18,7 +18,7 @@ import paddle
 
 from paddle_ipu._internals import p2o_api, paddle_api
 from paddle_ipu.compiler import custom_ops
-from paddle_ipu.compiler.ops import STRUCTURAL_OPS, OpUse
+from paddle_ipu.compiler.ops import CONTROL_FLOW, STRUCTURAL_OPS, OpUse
 from paddle_ipu.compiler.pir_values import (
     HINT_ATTRS,
     IPU_INDEX_ATTR,
@@ -27,14 +27,24 @@ from paddle_ipu.compiler.pir_values import (
     dtype_name,
     has_name,
     is_real,
+    nested_ops,
     op_hints,
     op_int_attr,
     plain_attrs,
+    reads,
     shape_of,
     type_desc,
 )
 from paddle_ipu.compiler.program_rewrites import rewrite_for_converter
 from paddle_ipu.compiler.reader import FeedInfo, FetchInfo, OpInfo
+from paddle_ipu.compiler.sequence_rewrites import (
+    GRU_MARK,
+    LENGTHS_FEED,
+    LodLayout,
+    Padded,
+    add_lengths_feed,
+    check_row_wise,
+)
 from paddle_ipu.compiler.specialise import specialise
 from paddle_ipu.errors import CompileError
 
@@ -149,6 +159,7 @@ class PirReader:
         scope: Any = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         batch: int = 1,
+        lod: LodLayout | None = None,
     ) -> PirForwardGraph:
         if not fetch_list:
             raise CompileError("fetch_list is empty: nothing to compile")
@@ -172,8 +183,21 @@ class PirReader:
         _set_is_test(cblock)
         if input_shapes is not None:
             specialise(cblock, dict(zip(feed_names, cfeeds)), input_shapes, scope, batch)
-        replaced = rewrite_for_converter(cblock)
+        padded = None
+        if lod is not None:  # sequences padded into a batch, with their lengths
+            missing = sorted(set(lod.feeds) - set(feed_names))
+            if missing:
+                raise CompileError(f"the LoD feeds {missing} are not in feed_list {feed_names}")
+            check_row_wise(cblock, lod, dict(zip(feed_names, cfeeds)))
+            lengths = add_lengths_feed(clone, lod)
+            padded = Padded(lengths, batch // lod.sequences)
+            cfeeds.append(lengths)
+            feed_names.append(LENGTHS_FEED)
+        replaced = rewrite_for_converter(cblock, padded=padded)
         cfetches = [replaced.get(v.id, v) for v in cfetches]
+        # what a rewrite left unread (a fully connected layer a gru took over) goes, as
+        # Paddle's save drops it: the converter numbers the operators it is given
+        _prune(cblock, cfetches, {v.get_defining_op().id() for v in cfeeds})
 
         kept_ids = {op.id() for op in cblock.ops}
         used = [v.get_defining_op().id() in kept_ids and not v.use_empty() for v in cfeeds]
@@ -191,8 +215,9 @@ class PirReader:
         ops, index_of = _describe_ops(cblock, cfetches, fetch_names)
         # Placement lives in OpInfo now; the serialiser rejects unknown attributes
         # on some operators, so the clone drops them.
+        # So does the mark of a gru's stand-in, which OpInfo keeps for the converter fix.
         for op in cblock.ops:
-            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR, *HINT_ATTRS, *custom_ops.ATTRS):
+            for attr in (IPU_INDEX_ATTR, IPU_STAGE_ATTR, GRU_MARK, *HINT_ATTRS, *custom_ops.ATTRS):
                 if op.has_attr(attr):
                     op.erase_attr(attr)
         fetches: list[FetchInfo] = []
@@ -292,9 +317,8 @@ def _prune(block: Any, targets: Sequence[Any], keep: set[int]) -> None:
             continue
         if op.id() in keep or any(r.id in needed for r in op.results()):
             alive[i] = True
-            for src in op.operands_source():
-                if is_real(src):
-                    needed.add(src.id)
+            for src in reads(op):  # a loop body's captured values too
+                needed.add(src.id)
     for i in range(len(ops) - 1, -1, -1):
         if not alive[i]:
             block.remove_op(ops[i])
@@ -354,6 +378,8 @@ def _describe_op(
         operand_types=[dense_type(v) for v in operands],
         result_types=[dense_type(r) for r in op.results()],
     )
+    if op.name() in CONTROL_FLOW:
+        use.nested = [_nested_use(inner, idx, name) for inner in nested_ops(op)]
     return OpInfo(
         use=use,
         onnx_names=[p2o_api.result_name(name, k, j) for j in range(op.num_results())],
@@ -361,6 +387,21 @@ def _describe_op(
         ipu_stage=op_int_attr(op, IPU_STAGE_ATTR),
         hints=op_hints(op),
         custom=_custom_attrs(op),
+    )
+
+
+def _nested_use(op: Any, idx: int, parent: str) -> OpUse:
+    """An operator of a control-flow operator's block, for the checks."""
+    operands = list(op.operands_source())
+    return OpUse(
+        index=idx,
+        op=op.name(),
+        operands=[type_desc(v) if is_real(v) else "None" for v in operands],
+        results=[type_desc(r) for r in op.results()],
+        attrs=plain_attrs(op),
+        operand_types=[dense_type(v) for v in operands],
+        result_types=[dense_type(r) for r in op.results()],
+        inside=f"op #{idx} {parent}",
     )
 
 
@@ -403,7 +444,7 @@ def _describe_ops(
                 continue
             seen.add(op.id())
             reach.setdefault(op.id(), set()).add(label)
-            stack.extend(v for v in op.operands_source() if is_real(v))
+            stack.extend(reads(op))
     fetched = {v.id for v in fetches}
     for op in block.ops:
         idx = index_of.get(op.id(), -1)

@@ -157,3 +157,34 @@ def op_hints(op: Any) -> dict[str, Any]:
     if SERIALIZE_MODE_ATTR in attrs:
         hints[SERIALIZE_MODE_ATTR] = str(attrs[SERIALIZE_MODE_ATTR])
     return hints
+
+
+def nested_ops(op: Any) -> list[Any]:
+    """Every operator inside ``op``'s blocks (a ``pd_op.while`` body, a ``pd_op.if``
+    branch), at any depth, in program order."""
+    out: list[Any] = []
+    for block in op.blocks():
+        for inner in block.ops:
+            out.append(inner)
+            out.extend(nested_ops(inner))
+    return out
+
+
+def reads(op: Any) -> list[Any]:
+    """The values ``op`` reads: its operands, and for a control-flow operator the
+    values of the enclosing program its blocks use directly (PIR captures them
+    without listing them as operands: a loop body's weights, a branch's inputs)."""
+    values = [v for v in op.operands_source() if is_real(v)]
+    inner = nested_ops(op)
+    if not inner:
+        return values
+    defined = {id_ for o in inner for id_ in (r.id for r in o.results())}
+    for block in op.blocks():
+        defined.update(a.id for a in block.args())
+    seen = {v.id for v in values}
+    for o in inner:
+        for v in o.operands_source():
+            if is_real(v) and v.id not in defined and v.id not in seen:
+                seen.add(v.id)
+                values.append(v)
+    return values

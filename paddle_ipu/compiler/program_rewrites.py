@@ -20,7 +20,15 @@ cannot lower as they are (2.1, PIR), replaced by equivalent ops it lowers correc
   one aborted the converter): a mask of the region and a ``where``; with a tensor of
   values (``set_value_with_tensor``) the values padded to the input's shape too;
 - ``unfold`` (im2col) had no static output shape: a depthwise convolution with
-  one-hot kernels.
+  one-hot kernels;
+- a ``while`` loop's carried operands: copies, whose names the converter's Loop body
+  cannot confuse with the values the body reads from the program;
+- reads of a value after an in-place write into it (a loop body's ``buf[:, i:i + 1] =
+  v``): reads of the written value;
+- Paddle 1.x's ``gru`` and ``crf_decoding`` (:mod:`.sequence_rewrites`): an ONNX GRU
+  and the Viterbi decode in loops.
+
+They run on the blocks of control-flow operators (a loop's body, a branch) too.
 
 Each runs on the clone the reader works on, and returns what it replaced (old value
 id -> new value), so the fetches follow.  The fixes of the converter's output are in
@@ -52,6 +60,7 @@ from paddle_ipu.compiler.pir_values import (
     op_int_attr,
     shape_of,
 )
+from paddle_ipu.compiler.sequence_rewrites import rewrite_crf_decoding, rewrite_gru
 from paddle_ipu.errors import UnsupportedOpError
 
 # Reductions whose "all axes" form (an empty axis list) the converter cannot
@@ -548,12 +557,77 @@ def rewrite_constants(block: Any) -> dict[int, Any]:
     return replaced
 
 
-def rewrite_for_converter(block: Any) -> dict[int, Any]:
-    """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block``; returns
-    old value id -> new value."""
+_IN_PLACE_WRITES = frozenset({"pd_op.set_value_with_tensor_", "pd_op.set_value_"})
+
+
+def rewrite_in_place_reads(block: Any, nested: bool = False) -> dict[int, Any]:
+    """After an in-place write (``x[:, i:i + 1] = v``: ``set_value_with_tensor_``), the
+    operators of the block that read ``x`` read the written value instead.
+
+    Paddle's executor writes into ``x``'s memory, so a loop body that yields ``x`` (its
+    state, which Python's ``x[...] = v`` leaves bound to the old value) yields what was
+    written; ONNX has no memory to write into, and the yield would hand the next
+    iteration the state from before the write."""
+    ops = list(block.ops)
+    own = {r.id for o in ops for r in o.results()} | {a.id for a in block.args()}
+    for pos, op in enumerate(ops):
+        if op.name() not in _IN_PLACE_WRITES:
+            continue
+        source, written = op.operand_source(0), op.result(0)
+        if nested and source.id not in own:
+            raise UnsupportedOpError(
+                f"{op.name()} in the block of a while or if writes into a value of the "
+                "program around it (a buffer the loop does not carry, written in place at "
+                "each step): ONNX's loop has no memory to write into; carry the buffer "
+                "through the loop (pass it in the loop's variables and return it)"
+            )
+        later = {o.id() for o in ops[pos + 1 :]}
+        for user in list(source.all_used_ops()):
+            if user.id() not in later:
+                continue
+            for k in range(user.num_operands()):
+                if user.operand_source(k).id == source.id:
+                    user.operand(k).set_source(written)
+    return {}
+
+
+def rewrite_loop_operands(block: Any) -> dict[int, Any]:
+    """Each loop-carried operand of a ``pd_op.while`` -> a copy of its own (``assign``).
+
+    The converter names the Loop body's inputs after the operands the loop starts
+    from: a body that also reads the first operand's value itself (``h = f(h) + x``
+    started from ``h = x``), or a value carried twice, would read the body's input
+    where it meant the program's value.  A copy has a name only the loop uses."""
+    for op in list(block.ops):
+        if op.name() != "pd_op.while":
+            continue
+        paddle.pir.set_insertion_point(op)
+        for k in range(1, op.num_operands()):
+            source = op.operand_source(k)
+            if is_real(source) and source.is_dense_tensor_type():
+                op.operand(k).set_source(PIR_OPS.assign(source))
+    return {}
+
+
+def rewrite_for_converter(block: Any, nested: bool = False, padded: Any = None) -> dict[int, Any]:
+    """Every rewrite above (and those of :mod:`.index_rewrites`), on ``block`` and on
+    the blocks of its control-flow operators; returns old value id -> new value.
+    ``padded``: a LoD layout's sequences (:class:`.sequence_rewrites.Padded`)."""
+    replaced = _rewrite_block(block, nested, padded)
+    for op in list(block.ops):
+        for inner in op.blocks():
+            replaced.update(rewrite_for_converter(inner, nested=True))
+    return replaced
+
+
+def _rewrite_block(block: Any, nested: bool, padded: Any = None) -> dict[int, Any]:
+    rewrite_in_place_reads(block, nested)
     with insertion_guard():
-        # first: these add reductions over all axes, which the next one spells out
-        replaced = rewrite_identity_loss(block)
+        # first: Paddle 1.x's sequence operators, in operators the rest rewrite further
+        replaced = rewrite_gru(block, nested, padded)
+        replaced.update(rewrite_crf_decoding(block, padded))
+        # these add reductions over all axes, which the next one spells out
+        replaced.update(rewrite_identity_loss(block))
         replaced.update(rewrite_losses(block))
         replaced.update(rewrite_empty_axis_reductions(block))
         replaced.update(rewrite_softplus(block))
@@ -568,4 +642,5 @@ def rewrite_for_converter(block: Any) -> dict[int, Any]:
         replaced.update(rewrite_set_value(block))
         replaced.update(rewrite_set_value_with_tensor(block))
         replaced.update(rewrite_unfold(block))
+        replaced.update(rewrite_loop_operands(block))
     return replaced

@@ -97,8 +97,11 @@ class ProgramReader(Protocol):
         scope: Any = None,
         input_shapes: Mapping[str, Sequence[int]] | None = None,
         batch: int = 1,
+        lod: Any = None,
     ) -> ForwardGraph:
         """The forward graph of ``program``; with ``input_shapes`` (feed name -> full
         shape; an open batch dimension is ``batch``), made static for them first
-        (:mod:`.specialise`)."""
+        (:mod:`.specialise`); with ``lod`` (a :class:`.sequence_rewrites.LodLayout`),
+        its LoD feeds' rows are sequences padded into a batch, whose lengths are one
+        more feed."""
         ...

@@ -3,7 +3,9 @@
 A detector exported with its post-processing ends in non-maximum suppression
 (PaddleDetection's exporter writes ``multiclass_nms3`` unless told ``-o
 exclude_nms=True``): how many boxes it keeps depends on the data, and the IPU compiles
-static shapes.  :func:`split_tail` cuts such a PIR program in two:
+static shapes.  So does a decoder's output cut to the steps its loop took
+(``buf[:, :step + 1]``, a slice whose bounds the data decides: :data:`DATA_BOUNDED`).
+:func:`split_tail` cuts such a PIR program in two:
 
 - the *static part*: every operator the fetches need up to the first data-dependent
   operator, compiled for the IPU as usual; its outputs (:attr:`TailSplit.static_fetches`)
@@ -24,8 +26,11 @@ its fetches.
 The tail stays small by construction, and the split is refused (naming the operator
 and the exporter's switch) where it would not be: where weights or a convolution or
 matrix product run after a data-dependent operator (the data-dependent result feeds
-back into the model's own compute), and where the tail reads a value without the batch
-dimension that it cannot compute itself.
+back into the model's own compute, a loop or a branch among them).  A value the tail
+reads without the batch dimension (a decoder's step count, shared by its rows) is handed
+over as the compiled graph computes it for one run: such a model takes requests of one
+run's rows (:func:`paddle_ipu.executor.feeds.check_row_split`, and the host tail checks
+the shapes it is handed).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from paddle_ipu.compiler.pir_values import is_real
+from paddle_ipu.compiler.pir_values import is_dense, is_real, reads, type_text
 from paddle_ipu.errors import CompileError
 
 log = logging.getLogger("paddle_ipu")
@@ -57,14 +62,51 @@ DATA_DEPENDENT: dict[str, str] = {
     "pd_op.unique": "the number of distinct values depends on the data",
 }
 
+#: operators whose result size depends on the data when their bounds do (operand
+#: indices of the bounds), and why: a slice ``buf[:, :step + 1]`` whose end a decoder's
+#: loop counts (a table or text decoder cut to the tokens it produced)
+DATA_BOUNDED: dict[str, tuple[tuple[int, ...], str]] = {
+    "pd_op.slice": ((1, 2), "a slice whose bounds are computed from the data (a decoder's "
+                    "step count) has a size that depends on the data"),
+    "pd_op.strided_slice": ((1, 2, 3), "a strided slice whose bounds are computed from the "
+                            "data has a size that depends on the data"),
+}  # fmt: skip
+
+#: the legacy operators of DATA_BOUNDED, and the inputs that carry their bounds as tensors
+_LEGACY_BOUNDS: dict[str, tuple[str, ...]] = {
+    "slice": ("StartsTensor", "EndsTensor", "StartsTensorList", "EndsTensorList"),
+    "strided_slice": (
+        "StartsTensor", "EndsTensor", "StridesTensor",
+        "StartsTensorList", "EndsTensorList", "StridesTensorList",
+    ),
+}  # fmt: skip
+
+
+def reason(name: str) -> str:
+    """Why operator ``name`` (of DATA_DEPENDENT or DATA_BOUNDED) has a data-dependent size."""
+    if name in DATA_DEPENDENT:
+        return DATA_DEPENDENT[name]
+    return DATA_BOUNDED[name][1]
+
+
 #: the tail's feeds that the compiled graph gives: this prefix and the output's index
 COMPILED_PREFIX = "paddle_ipu_compiled_"
 
-#: the exporter switch named in every refusal
+#: the exporter switch named in a refusal of an NMS tail
 EXPORT_HINT = (
     "export the detector without it -- PaddleDetection's exporter takes -o exclude_nms=True "
     "-- and run NMS on the boxes and scores it then returns, after the predictor"
 )
+#: what to do instead, in a refusal of another data-dependent tail
+_OTHER_HINT = (
+    "export the model with outputs of a fixed size (the whole buffer and the count), and "
+    "cut them after the predictor"
+)
+
+
+def _hint(first: str) -> str:
+    return EXPORT_HINT if DATA_DEPENDENT.get(first) == _NMS else _OTHER_HINT
+
 
 # Operators that are the model's own compute: after a data-dependent operator they
 # would run on the host, so the split is refused instead.
@@ -76,6 +118,7 @@ _COMPUTE = frozenset(
     }
 )  # fmt: skip
 _STRUCTURE = frozenset({"pd_op.data", "pd_op.feed", "pd_op.fetch", "builtin.parameter"})
+_SHAPE_OF = frozenset({"pd_op.shape", "pd_op.shape64"})
 # Operators without a tensor result the tail cannot take as a feed, pulled into it.
 _LISTS = frozenset({"builtin.combine", "builtin.split", "builtin.slice"})
 
@@ -104,15 +147,34 @@ class TailSplit:
         return (
             f"{len(self.ops)} operator(s) from {', '.join(sorted(set(self.first)))} to the "
             f"outputs run on the host with Paddle's CPU kernels after the compiled graph "
-            f"({', '.join(kinds)}): {DATA_DEPENDENT[self.first[0]]}, and the IPU compiles "
+            f"({', '.join(kinds)}): {reason(self.first[0])}, and the IPU compiles "
             f"static shapes; the compiled graph computes the {len(self.static_fetches)} "
             "value(s) they read"
         )
 
 
-def _batch_dim(feeds: Sequence[Any]) -> int | None:
-    dims = {int(v.shape[0]) for v in feeds if len(v.shape)}
-    return dims.pop() if len(dims) == 1 else None
+def _batch_spellings(feeds: Sequence[Any]) -> frozenset[int]:
+    """How the feeds spell their batch dimension: ``-1`` (open), or a static size.
+    Exporters mix the two -- PaddleDetection's PicoDet configs declare the image
+    ``[1, 3, 416, 416]`` and the exporter its ``scale_factor`` ``[-1, 2]`` -- so ``1``
+    and ``-1`` together are both the batch.  Any other mix has no batch dimension the
+    split can rely on (empty)."""
+    dims = frozenset(int(v.shape[0]) for v in feeds if v.is_dense_tensor_type() and len(v.shape))
+    if len(dims) == 1 or dims == frozenset({-1, 1}):
+        return dims
+    return frozenset()
+
+
+def _from_feed_values(ops: Sequence[Any], feeds: Sequence[Any]) -> set[int]:
+    """The ids of the values computed from the feeds' values (a shape alone carries no
+    row of the batch: ``shape(image)[2]`` is the same for every row)."""
+    out = {v.id for v in feeds}
+    for op in ops:
+        if op.name() in _SHAPE_OF:
+            continue
+        if any(v.id in out for v in reads(op)):
+            out.update(r.id for r in op.results())
+    return out
 
 
 def split_tail(
@@ -132,9 +194,11 @@ def split_tail(
     for op in ops:
         for r in op.results():
             producer[r.id] = op
+    spellings = _batch_spellings(feeds)
+    rows = _from_feed_values(ops, feeds)
     first: list[str] = []
     for op in ops:
-        if op.name() in DATA_DEPENDENT:
+        if _data_dependent(op, rows):
             first.append(op.name())
             tail_ids.add(op.id())
             continue
@@ -145,7 +209,11 @@ def split_tail(
             tail_ids.add(op.id())
     if not first:
         return None
-    batch = _batch_dim(feeds)
+    hint = _hint(first[0])
+
+    def batched(value: Any) -> bool:
+        return _batched(value, spellings) and value.id in rows
+
     # Pull in what only the tail reads and that the compiled graph cannot hand over:
     # lists, constants, values without the batch dimension.
     changed = True
@@ -161,30 +229,28 @@ def split_tail(
                 continue
             if any(u.name() == "pd_op.fetch" for u in users):
                 continue  # a fetch of the static part: the compiled graph gives it
-            cheap = op.name() not in _COMPUTE and not any(
-                _is_parameter(v, producer) for v in op.operands_source()
+            cheap = (
+                op.name() not in _COMPUTE
+                and not _has_blocks(op)  # a loop or a branch: the model's compute
+                and not any(_is_parameter(v, producer) for v in reads(op))
             )
             handover = (
                 op.name() not in _LISTS
                 and op.num_operands() > 0
-                and all(_batched(r, batch) for r in op.results())
+                and all(batched(r) for r in op.results())
             )
             if cheap and not handover:
                 tail_ids.add(op.id())
                 changed = True
     tail_ops = [op for op in ops if op.id() in tail_ids]
-    heavy = [op.name() for op in tail_ops if op.name() in _COMPUTE]
-    weights = [
-        op.name()
-        for op in tail_ops
-        if any(_is_parameter(v, producer) for v in op.operands_source())
-    ]
+    heavy = [op.name() for op in tail_ops if op.name() in _COMPUTE or _has_blocks(op)]
+    weights = [op.name() for op in tail_ops if any(_is_parameter(v, producer) for v in reads(op))]
     if heavy or weights:
         what = sorted(set(heavy + weights))
         raise CompileError(
-            f"{first[0]}: {DATA_DEPENDENT[first[0]]}, and its result feeds the model's own "
+            f"{first[0]}: {reason(first[0])}, and its result feeds the model's own "
             f"compute ({', '.join(what)} after it), which the IPU compiles for static shapes: "
-            f"the tail after it cannot run on the host alone; {EXPORT_HINT}"
+            f"the tail after it cannot run on the host alone; {hint}"
         )
     # What the tail reads from outside: the model's feeds by name, the rest from the
     # compiled graph.
@@ -198,13 +264,16 @@ def split_tail(
         src = _source_op(v, producer)
         if src is None or src.id() in tail_ids:
             return
-        if not _batched(v, batch):
+        if not is_dense(v):
             raise CompileError(
-                f"{first[0]}: {DATA_DEPENDENT[first[0]]}; the host tail after it reads a value "
-                f"of {src.name()} of shape {list(v.shape)}, without the batch dimension, that "
-                f"the compiled graph would compute: the split is not supported here; "
-                f"{EXPORT_HINT}"
+                f"{first[0]}: {reason(first[0])}; the host tail after it reads a "
+                f"{type_text(v)} of {src.name()} that the compiled graph would compute, "
+                f"which is not a tensor: the split is not supported here; {hint}"
             )
+        # A value without the batch dimension (a decoder's step count, shared by the
+        # rows) is handed over as the compiled graph computes it for its micro-batch:
+        # a request is then not split into micro-batches (feeds.check_row_split, and
+        # HostTail.run checks its shape).
         cut.append(v)
         cut_ids.add(v.id)
 
@@ -236,6 +305,34 @@ def split_tail(
     return split
 
 
+def _has_blocks(op: Any) -> bool:
+    """A control-flow operator (a loop, a branch): blocks of the model's compute."""
+    return any(True for _ in op.blocks())
+
+
+def _data_dependent(op: Any, rows: set[int]) -> bool:
+    """Whether ``op``'s result size depends on the data: an operator of DATA_DEPENDENT,
+    or one of DATA_BOUNDED whose bounds are computed from the feeds' values (``rows``)."""
+    name = op.name()
+    if name in DATA_DEPENDENT:
+        return True
+    if name not in DATA_BOUNDED:
+        return False
+    operands = op.operands_source()
+    return any(
+        k < len(operands) and is_real(operands[k]) and operands[k].id in rows
+        for k in DATA_BOUNDED[name][0]
+    )
+
+
+def _legacy_candidate(op: Any) -> bool:
+    """A legacy operator that may be data-dependent (its PIR translation decides)."""
+    if "pd_op." + op.type in DATA_DEPENDENT:
+        return True
+    bounds = _LEGACY_BOUNDS.get(op.type, ())
+    return any(op.input(k) for k in bounds if k in op.input_names)
+
+
 def _source_op(value: Any, producer: dict[int, Any]) -> Any:
     if not is_real(value) or value.id not in producer:
         return None
@@ -247,13 +344,13 @@ def _is_parameter(value: Any, producer: dict[int, Any]) -> bool:
     return op is not None and op.name() == "builtin.parameter"
 
 
-def _batched(value: Any, batch: int | None) -> bool:
-    """Whether ``value`` has the batch dimension first (what the compiled graph's outputs
-    must have: it runs micro-batches)."""
-    if batch is None or not value.is_dense_tensor_type():
+def _batched(value: Any, spellings: frozenset[int]) -> bool:
+    """Whether ``value``'s first dimension is spelled as the feeds spell the batch
+    (what the compiled graph's outputs must have first: it runs micro-batches)."""
+    if not spellings or not value.is_dense_tensor_type():
         return False
     shape = list(value.shape)
-    return bool(shape) and int(shape[0]) == batch
+    return bool(shape) and int(shape[0]) in spellings
 
 
 def _tail_program(
@@ -275,6 +372,7 @@ def _tail_program(
     first_op = new_ops[0]
     feeds: list[Any] = []
     names: list[str] = []
+    handed: dict[int, Any] = {}  # a cut value's id -> the data op that stands for it
     with paddle.static.program_guard(clone):
         for i, value in enumerate(cut):
             name = f"{COMPILED_PREFIX}{i}"
@@ -284,6 +382,7 @@ def _tail_program(
             keep.add(data.get_defining_op().id())
             feeds.append(data)
             names.append(name)
+            handed[value.id] = data
     used_feeds = []
     for vid, name in feed_ids.items():
         old = next(v for op in old_ops for v in op.results() if v.id == vid)
@@ -291,7 +390,9 @@ def _tail_program(
         if any(u.id() in keep for u in new.all_used_ops()) or any(f.id == vid for f in fetches):
             keep.add(new.get_defining_op().id())
             used_feeds.append((name, new))
-    outputs = [mapping.look_up(v) for v in fetches]
+    # a fetch the compiled graph computes (a loop's count beside the cut buffer) is
+    # handed over as it is
+    outputs = [handed[v.id] if v.id in handed else mapping.look_up(v) for v in fetches]
     for op in reversed(list(block.ops)):
         if op.name() == "pd_op.fetch" or op.id() not in keep:
             block.remove_op(op)
@@ -315,7 +416,7 @@ def _split_legacy(
     compiler reads it by: :mod:`.legacy_reader`): the tail is cut from the translation;
     the static part's fetches are the legacy variables that hold what it reads."""
     block = program.global_block()
-    if not any("pd_op." + op.type in DATA_DEPENDENT for op in block.ops):
+    if not any(_legacy_candidate(op) for op in block.ops):
         return None
     from paddle_ipu.compiler.legacy_reader import pir_mode, translate
 
@@ -337,7 +438,8 @@ def _split_legacy(
             )
         split = split_tail(translation.program, [data[n] for n in feed_names], pir_fetches,
                            fetch_names)  # fmt: skip
-    assert split is not None
+    if split is None:  # slices with tensor bounds, none computed from the data
+        return None
     # the legacy variable whose final value each cut value is (the static part is
     # compiled from the legacy program, by these names)
     final = {vs[-1].id: name for name, vs in translation.values.items() if vs}
@@ -346,10 +448,10 @@ def _split_legacy(
         name = final.get(value.id)
         if name is None:
             raise CompileError(
-                f"{split.first[0]}: {DATA_DEPENDENT[split.first[0]]}; the host tail after it "
+                f"{split.first[0]}: {reason(split.first[0])}; the host tail after it "
                 f"reads a value of shape {list(value.shape)} that no variable of the legacy "
                 f"program holds: the split is not supported here; save the model again under "
-                f"PIR, or {EXPORT_HINT}"
+                f"PIR, or {_hint(split.first[0])}"
             )
         names.append(name)
     split.static_fetches = names

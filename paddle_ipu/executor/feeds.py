@@ -571,3 +571,25 @@ def check_typed_request(
             )
         values[name] = array
     return values
+
+
+def check_tail_input(
+    name: str, got: tuple[int, ...], declared: tuple[int, ...], compiled_prefix: str
+) -> None:
+    """An input of a package's host tail (serving/host_tail.py) of the shape its program
+    declares (-1: any size); ``compiled_prefix`` begins the names of the compiled
+    graph's outputs.  Those without the batch dimension (a decoder's step count) have
+    the shape of one run: a request split into micro-batches hands over several."""
+    if len(got) == len(declared) and all(d < 0 or d == g for d, g in zip(declared, got)):
+        return
+    what = (
+        f"the compiled graph's output {name[len(compiled_prefix) :]}"
+        if name.startswith(compiled_prefix)
+        else f"feed {name!r}"
+    )
+    raise FeedError(
+        f"the package's host tail reads {what} as shape {list(declared)} (-1: any size) "
+        f"and got {list(got)}: a value without the batch dimension is computed once per "
+        "run of the compiled graph, so a request to this model must be exactly one run's "
+        "rows (its micro-batch size times batches_per_step)"
+    )

@@ -13,9 +13,10 @@ import functools
 from typing import Any
 
 from paddle_ipu.errors import NotSupportedError
+from paddle_ipu.frontends.legacy_predictor import LegacyPredictor
 from paddle_ipu.frontends.predictor_config import Config, create_predictor
 
-__all__ = ["paddle_config"]
+__all__ = ["legacy_create", "paddle_config"]
 
 
 #: The IPU methods of :class:`Config` that Paddle's own Config gets (:func:`paddle_config`),
@@ -108,18 +109,39 @@ def paddle_config(paddle_config_type: Any, paddle_create: Any) -> tuple[Any, Any
         config: Any = given
         if not (isinstance(given, paddles_config) and config.use_ipu()):
             return paddle_create(given)
-        settings = config._ipu_settings()
-        if config.model_from_memory():
-            raise NotSupportedError(
-                "a model set with set_model_buffer: use paddle_ipu.inference.Config, whose "
-                "set_model_buffer the IPU predictor reads"
-            )
-        if config.model_dir():
-            settings.set_model(config.model_dir())
-        else:
-            settings.set_model(config.prog_file(), config.params_file() or None)
-        return create_predictor(settings)
+        return _ipu_predictor(config)
 
     create.__doc__ = paddle_create.__doc__
     create.__name__ = "create_predictor"
     return paddles_config, create
+
+
+def _ipu_predictor(config: Any) -> Any:
+    """The IPU predictor of a Paddle Config whose ``enable_ipu()`` was called."""
+    settings = config._ipu_settings()
+    if config.model_from_memory():
+        raise NotSupportedError(
+            "a model set with set_model_buffer: use paddle_ipu.inference.Config, whose "
+            "set_model_buffer the IPU predictor reads"
+        )
+    if config.model_dir():
+        settings.set_model(config.model_dir())
+    else:
+        settings.set_model(config.prog_file(), config.params_file() or None)
+    return create_predictor(settings)
+
+
+def legacy_create(config_type: Any, paddle_create: Any) -> Any:
+    """``paddle.base.core.create_paddle_predictor`` (Paddle 1.x/2.x's
+    ``paddle.fluid.core``): for a Config (``AnalysisConfig``, made by
+    :func:`paddle_config`) whose ``enable_ipu()`` was called, the IPU predictor's
+    ``run([PaddleTensor])`` form (:class:`~paddle_ipu.frontends.legacy_predictor.LegacyPredictor`);
+    every other Config goes to Paddle."""
+
+    def create_paddle_predictor(config: Any) -> Any:
+        if not (isinstance(config, config_type) and config.use_ipu()):
+            return paddle_create(config)
+        return LegacyPredictor(_ipu_predictor(config))
+
+    create_paddle_predictor.__doc__ = paddle_create.__doc__
+    return create_paddle_predictor

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._util.logs import quiet_info
-from paddle_ipu.errors import FeedError, FetchError, OptionError
+from paddle_ipu.errors import FeedError, FetchError, NotSupportedError, OptionError
 
 __all__ = ["Predictor", "Tensor"]
 
@@ -31,6 +31,7 @@ class Tensor:
         self._shape = list(shape)
         self._is_input = is_input
         self._value: np.ndarray | None = None
+        self._lod: list[list[int]] = []
 
     def reshape(self, shape: Sequence[int]) -> None:
         if not self._is_input:
@@ -53,9 +54,66 @@ class Tensor:
     def shape(self) -> list[int]:
         return list(self._shape)
 
+    def set_lod(self, lod: Sequence[Sequence[int]]) -> None:
+        """The input's sequences (Paddle's LoD: offsets into the rows, level 1): a run
+        pads them into buckets of lengths (:mod:`paddle_ipu.frontends.lod_runner`)."""
+        if not self._is_input:
+            raise FeedError(f"{self.name!r} is an output: set_lod is for inputs")
+        self._lod = check_lod(self.name, lod)
+
+    def lod(self) -> list[list[int]]:
+        """The sequences' offsets: an input's as set, an output's after a run of
+        sequences (where its rows come per sequence)."""
+        return [list(level) for level in self._lod]
+
     def type(self) -> np.dtype:
         """The element type (a numpy dtype)."""
         return self._dtype
+
+
+def check_lod(name: str, lod: Sequence[Sequence[int]]) -> list[list[int]]:
+    """A LoD as Paddle's ``set_lod`` takes it, checked: one level of offsets from 0,
+    non-decreasing (``[[0, 3, 5]]``: rows 0-2 and 3-4)."""
+    try:
+        levels = [[int(x) for x in level] for level in lod]
+    except (TypeError, ValueError):
+        raise FeedError(
+            f"input {name!r}: set_lod takes a list of lists of row offsets ([[0, 3, 5]]), "
+            f"received {lod!r}"
+        ) from None
+    if not levels:
+        return []
+    if len(levels) > 1:
+        raise NotSupportedError(
+            f"input {name!r}: a LoD of {len(levels)} levels; the predictor runs one level of "
+            "sequences (a nested LoD is not supported)"
+        )
+    offsets = levels[0]
+    if len(offsets) < 2 or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise FeedError(
+            f"input {name!r}: a LoD's offsets start at 0 and do not decrease ([[0, 3, 5]]), "
+            f"received {levels}"
+        )
+    return levels
+
+
+def sequence_offsets(feed: dict[str, np.ndarray], lods: dict[str, list[int]]) -> list[int]:
+    """The offsets of a run's sequences (``lods``: input name -> its offsets, the same
+    for every input that has them, covering its rows)."""
+    offsets = next(iter(lods.values()))
+    for name, other in lods.items():
+        if other != offsets:
+            raise FeedError(
+                f"inputs with different sequences: {name!r} has LoD {[other]}, "
+                f"{next(iter(lods))!r} {[offsets]}; the predictor runs one set of sequences"
+            )
+        rows = int(feed[name].shape[0]) if feed[name].ndim else -1
+        if rows != offsets[-1]:
+            raise FeedError(
+                f"input {name!r}: its LoD {[offsets]} covers {offsets[-1]} rows, the data has "
+                f"{rows}"
+            )
+    return list(offsets)
 
 
 class _Shared:
@@ -89,6 +147,12 @@ class _Shared:
         #: sequence buckets: micro-batch size -> (its executor, its executor per bucket)
         self.compiled: dict[int, tuple[Any, dict[int, Any]]] = {}
         self.shapes: Any = None
+        #: runs of sequences (set_lod), made on the first
+        self.lod: Any = None
+        from paddle_ipu.frontends.lod_runner import sequence_operators
+
+        #: the model's operators that need their input's sequences (a LoD)
+        self.sequence_ops = sequence_operators(prefix)
         with quiet_info(self.quiet):
             self.package = self._compile(config.micro_batch_size)
             self.sequence = self.package.sequence
@@ -246,7 +310,28 @@ class _Shared:
         outputs = buckets[bucket].run(self.sequence.pad(feed, bucket))
         return self.sequence.unpad(self.output_names(), outputs, length)
 
+    def run_lod(
+        self, feed: dict[str, np.ndarray], lods: dict[str, list[int]]
+    ) -> tuple[list[np.ndarray], list[list[list[int]]]]:
+        """A run of sequences (``lods``: the inputs with a LoD), padded into buckets
+        (:mod:`paddle_ipu.frontends.lod_runner`): the outputs and their LoDs."""
+        if self.package.tail is not None:
+            raise NotSupportedError(
+                "inputs with a LoD, and outputs of data-dependent sizes (a host tail): a "
+                "run of sequences is not supported for such a model"
+            )
+        offsets = sequence_offsets(feed, lods)
+        with self.lock:
+            if self.lod is None:
+                from paddle_ipu.frontends.lod_runner import LodRunner
+
+                self.lod = LodRunner(self.prefix, self.config.micro_batch_size, (), self.options)
+        with quiet_info(self.quiet):
+            return self.lod.run(feed, offsets, list(lods))
+
     def close(self) -> None:
+        if self.lod is not None:
+            self.lod.close()
         if self.runtime is not None:
             self.runtime.close()
         if self.shapes is not None:
@@ -318,10 +403,21 @@ class Predictor:
                 if handle._value is None:
                     raise FeedError(f"input {name!r} has no data: call copy_from_cpu first")
                 feed[name] = handle._value
-        outputs = self._shared.run(feed)
-        for handle, value in zip(self._outputs.values(), outputs):
+        lods = {n: h._lod[0] for n, h in self._inputs.items() if h._lod and inputs is None}
+        if lods:  # sequences (set_lod): padded into buckets, run as batches
+            outputs, out_lods = self._shared.run_lod(feed, lods)
+        elif self._shared.sequence_ops:
+            raise FeedError(
+                f"the model's {', '.join(self._shared.sequence_ops)} read(s) the input rows "
+                "as sequences: give the inputs' sequence offsets with set_lod([offsets]) on "
+                "the input handles (and run() without a list of inputs)"
+            )
+        else:
+            outputs, out_lods = self._shared.run(feed), []
+        for k, (handle, value) in enumerate(zip(self._outputs.values(), outputs)):
             handle._value = np.asarray(value)
             handle._shape = list(handle._value.shape)
+            handle._lod = out_lods[k] if out_lods else []
         return [np.array(v, copy=True) for v in outputs] if inputs is not None else None
 
     def clone(self) -> Predictor:

@@ -62,6 +62,8 @@ class Config:
         self._prog_file = ""
         self._params_file = ""
         self._from_memory = False
+        #: a model of the oldest format: (program file, combined parameters file or None)
+        self._old_format: tuple[str, str | None] | None = None
         self._buffers: Any = None  # the temporary directory of set_model_buffer
         self._ipu = False
         self.device_num = 1
@@ -99,8 +101,17 @@ class Config:
     # -- the model ----------------------------------------------------------------
     def set_model(self, model: str | os.PathLike[str], params: Any = None) -> None:
         """``set_model(model_dir)`` or ``set_model(prog_file, params_file)``."""
+        from paddle_ipu.serving import old_format
+
         path = str(model)
         self._from_memory = False
+        self._old_format = None
+        if old_format.is_old_format(path):  # __model__ and its parameters, Paddle 1.x/2.x
+            given = str(params) if params is not None and str(params) != "" else None
+            self._old_format = (path, given)
+            self._prefix = None
+            self._prog_file, self._params_file, self._model_dir = path, given or "", ""
+            return
         if params is not None and str(params) != "":  # "": a model without parameters
             m, p = Path(path), Path(str(params))
             if m.with_suffix("") != p.with_suffix(""):
@@ -110,6 +121,10 @@ class Config:
                 )
             self._prefix = str(m.with_suffix(""))
             self._prog_file, self._params_file, self._model_dir = str(m), str(p), ""
+        elif Path(path).is_dir() and old_format.find_model(path) is not None:
+            self._old_format = (str(old_format.find_model(path)), None)
+            self._prefix = None
+            self._model_dir, self._prog_file, self._params_file = path, "", ""
         elif Path(path).is_dir():
             found = sorted(
                 {f.with_suffix("") for ext in ("*.json", "*.pdmodel") for f in Path(path).glob(ext)}
@@ -171,6 +186,7 @@ class Config:
         prefix.with_suffix(suffix).write_bytes(prog)
         prefix.with_suffix(".pdiparams").write_bytes(params)
         self._prefix = str(prefix)
+        self._old_format = None
         self._from_memory = True
         self._model_dir, self._prog_file, self._params_file = "", "", ""
 
@@ -178,7 +194,13 @@ class Config:
         return self._from_memory
 
     def model_prefix(self) -> str | None:
-        """The path prefix the model is compiled from (paddle_ipu's own)."""
+        """The path prefix the model is compiled from (paddle_ipu's own).  A model of
+        the oldest format (``__model__`` and its parameters) is saved again as a
+        ``.pdmodel`` prefix the first time (:mod:`paddle_ipu.serving.old_format`)."""
+        if self._prefix is None and self._old_format is not None:
+            from paddle_ipu.serving.old_format import saved_prefix
+
+            self._prefix = saved_prefix(*self._old_format)
         return self._prefix
 
     # -- the IPU ------------------------------------------------------------------

@@ -23,6 +23,7 @@ import numpy as np
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.tail import COMPILED_PREFIX
 from paddle_ipu.errors import PackageError
+from paddle_ipu.executor import feeds
 
 __all__ = ["HostTail"]
 
@@ -46,7 +47,7 @@ class HostTail:
         self.ops = list(ops)
         #: which operators run on the host and why (the compile log's line)
         self.note = note
-        self._loaded: tuple[Any, dict[str, np.dtype]] | None = None
+        self._loaded: tuple[Any, dict[str, np.dtype], dict[str, tuple[int, ...]]] | None = None
         self._lock = threading.Lock()
         #: seconds spent in the tail's runs, and how many (for the docs' measurement)
         self.seconds = 0.0
@@ -73,7 +74,7 @@ class HostTail:
         except (KeyError, TypeError, ValueError) as exc:
             raise PackageError(f"the package's host tail is not readable: {exc}") from exc
 
-    def _load(self) -> tuple[Any, dict[str, np.dtype]]:
+    def _load(self) -> tuple[Any, dict[str, np.dtype], dict[str, tuple[int, ...]]]:
         if self._loaded is not None:
             return self._loaded
         import paddle
@@ -99,7 +100,10 @@ class HostTail:
         # the dtype each feed is declared with (the compiled graph may hand an integer
         # value over in another width, as the IPU computes it)
         wanted = {str(f): np.dtype(dtypes.name_of(data[str(f)].dtype)) for f in feeds}
-        self._loaded = (runner, wanted)
+        # and the shape (-1: open); Paddle's executor does not check a feed's shape,
+        # and its kernels can crash on one they do not expect
+        shapes = {str(f): tuple(int(d) for d in data[str(f)].shape) for f in feeds}
+        self._loaded = (runner, wanted, shapes)
         return self._loaded
 
     def run(
@@ -121,9 +125,12 @@ class HostTail:
                     f"not give (it gives {sorted(feed)}) and the compiled graph does not take"
                 )
         with self._lock:
-            runner, names = self._load()
+            runner, names, shapes = self._load()
             start = time.perf_counter()
-            feed_ = {n: np.ascontiguousarray(given[n], dtype) for n, dtype in names.items()}
+            # (np.ascontiguousarray would make a 0-d value [1])
+            feed_ = {n: np.asarray(given[n], dtype, order="C") for n, dtype in names.items()}
+            for name, value in feed_.items():
+                feeds.check_tail_input(name, value.shape, shapes[name], COMPILED_PREFIX)
             if runner.fast:  # Paddle's cached interpreter: in either mode, as it is
                 out = runner.run(feed_)
             else:  # Executor.run, which wants static mode

@@ -317,3 +317,137 @@ def test_executor_on_the_double_keeps_paddles_beta1_pow(
     for name in pows:
         # beta2_pow has no device tensor: it follows the step count too.
         np.testing.assert_allclose(net.array(name), cpu.array(name), rtol=1e-6, err_msg=name)
+
+
+# Loops: PopART takes a Loop's trip count M as a constant (willow/src/op/loop.cpp) ---------
+
+
+def _loop_program(bounded: bool) -> tuple[Any, Any]:
+    """A loop whose trip count the data decides: a state updated until its mean passes
+    a limit fed at run time -- at most 12 steps when ``bounded`` (a counter in the
+    condition), else with nothing but the data to end it."""
+    import paddle
+
+    from paddle_ipu.compiler import compile_program
+
+    paddle.enable_static()
+    paddle.seed(3)
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [2, 4], "float32")
+        limit = paddle.static.data("limit", [1], "float32")
+        w = paddle.create_parameter([4, 4], "float32")
+        steps = paddle.full([1], 12, "int64")
+
+        def cond(i: Any, h: Any) -> Any:
+            below = paddle.mean(h).reshape([1]) < limit
+            return paddle.logical_and(i < steps, below) if bounded else below
+
+        def body(i: Any, h: Any) -> list[Any]:
+            return [i + 1, paddle.tanh(paddle.matmul(h, w)) + x]
+
+        _, h = paddle.static.nn.while_loop(cond, body, [paddle.zeros([1], "int64"), x])
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        model = compile_program(main, ["x", "limit"], [h], scope=scope)
+    return model, h
+
+
+def test_a_bounded_loop_runs_on_the_double_as_on_the_host(popart_double: ModuleType) -> None:
+    """The compiler gives the Loop the trip count its condition bounds (12); PopART's
+    Repeat of 12 iterations, each skipped once the condition is false, gives the
+    host's results whatever number of iterations the data asks for."""
+    import onnx
+
+    from paddle_ipu.backends import create_session
+
+    model, _ = _loop_program(bounded=True)
+    graph = onnx.load_from_string(model.onnx).graph
+    (loop,) = [n for n in graph.node if n.op_type == "Loop"]
+    trip = next(n for n in graph.node if n.output and n.output[0] == loop.input[0])
+    assert numpy_helper.to_array(trip.attribute[0].t) == 12
+    host = create_session("host", model, SessionConfig())
+    host.prepare_device()
+    double = adapter.create_session(model, SessionConfig())
+    double.prepare_device()
+    x = np.random.default_rng(0).random((2, 4), dtype=np.float32)
+    for limit in (0.2, 1.1, 5.0):  # 1 step, a few, all 12
+        feed = {"x": x, "limit": np.float32([limit])}
+        want = host.run(feed)
+        got = double.run(feed)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+def test_a_loop_without_a_bound_is_refused_by_name(popart_double: ModuleType) -> None:
+    """No counter in the condition: the compiled Loop keeps no trip count, the adapter
+    refuses it naming the Loop, and PopART's importer (the double's) refuses such a
+    graph given to it directly."""
+    model, _ = _loop_program(bounded=False)
+    with pytest.raises(NotSupportedError, match=r"Loop\(s\) \['Loop\.0'\] have no trip count"):
+        adapter.create_session(model, SessionConfig()).prepare_device()
+    with pytest.raises(popart_double.popart_exception, match="TensorId ''"):
+        popart_double.InferenceSession(
+            fnModel=model.onnx,
+            dataFlow=popart_double.DataFlow(1, {}),
+            deviceInfo=popart_double.DeviceManager().createIpuModelDevice({}),
+            userOptions=popart_double.SessionOptions(),
+        )
+
+
+def test_a_bigru_crf_over_padded_sequences_runs_on_the_double_as_on_the_host(
+    popart_double: ModuleType,
+) -> None:
+    """Paddle 1.x's gru (forward and reverse) and crf_decoding over two sequences padded
+    into a batch (a LoD layout, frontends/lod_runner.py): the GRUs reach PopART in the
+    form its importer takes -- forward, no activations attribute, no sequence_lens, a
+    reverse one reading each sequence backwards within its length (gru.cpp, grux.cpp)
+    -- and give the host backend's outputs."""
+    import paddle
+
+    from paddle_ipu.backends import create_session
+    from paddle_ipu.compiler import compile_program
+    from paddle_ipu.compiler.sequence_rewrites import LENGTHS_FEED, LodLayout
+
+    paddle.enable_static()
+    paddle.seed(5)
+    d, tags, count, steps = 4, 5, 2, 8
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    scope = paddle.static.Scope()
+    with paddle.static.scope_guard(scope), paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", [-1, 6], "float32")
+
+        def param(*shape: int) -> Any:
+            return paddle.create_parameter(list(shape), "float32")
+
+        hidden = [
+            paddle._C_ops.gru(paddle.matmul(x, param(6, 3 * d)) + param(3 * d), None,
+                              param(d, 3 * d), param(1, 3 * d), "tanh", "sigmoid",
+                              reverse, False, True)
+            for reverse in (False, True)
+        ]  # fmt: skip
+        emission = paddle.matmul(paddle.concat(hidden, axis=1), param(2 * d, tags))
+        path = paddle._C_ops.crf_decoding(emission, param(tags + 2, tags), None, None)
+        paddle.static.Executor(paddle.CPUPlace()).run(startup)
+        model = compile_program(
+            main, ["x"], [path, emission], scope=scope, micro_batch_size=count * steps,
+            lod=LodLayout(count, ("x",)),
+        )  # fmt: skip
+    import onnx
+
+    grus = [n for n in onnx.load_from_string(model.onnx).graph.node if n.op_type == "GRU"]
+    assert len(grus) == 2
+    for node in grus:
+        assert {a.name for a in node.attribute} <= {"hidden_size", "linear_before_reset",
+                                                    "direction"}  # fmt: skip
+        assert len(node.input) <= 4 or not node.input[4]
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((count * steps, 6)).astype(np.float32),
+            LENGTHS_FEED: np.array([5, 8], np.int64)}  # fmt: skip
+    host = create_session("host", model, SessionConfig())
+    host.prepare_device()
+    double = adapter.create_session(model, SessionConfig())
+    double.prepare_device()
+    want, got = host.run(feed), double.run(feed)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)

@@ -440,3 +440,104 @@ def test_a_model_repository_does_not_serve_a_data_dependent_output(
     assert (entry["name"], entry["state"]) == ("det", "UNAVAILABLE"), entry
     assert "data-dependent sizes" in entry["reason"], entry
     assert oracle[1]["names"][0] in entry["reason"], entry
+
+
+# PaddleDetection 2.x's other NMS operators, appended as its exporter appended them.
+NMS_KINDS = {
+    "multiclass_nms3": PRELUDE["legacy"],
+    "matrix_nms": PRELUDE["legacy"].split("def nms")[0]
+    + """
+def nms(boxes, scores):
+    helper = LayerHelper("matrix_nms")
+    out, index, num = (helper.create_variable_for_type_inference(t)
+                       for t in ("float32", "int32", "int32"))
+    helper.append_op(
+        type="matrix_nms", inputs={"BBoxes": boxes, "Scores": scores},
+        attrs={"background_label": -1, "score_threshold": 0.3, "post_threshold": 0.3,
+               "nms_top_k": 1000, "keep_top_k": 100, "normalized": False,
+               "use_gaussian": False, "gaussian_sigma": 2.0},
+        outputs={"Out": out, "Index": index, "RoisNum": num},
+    )
+    return out, index, num
+""",
+    "multiclass_nms": PRELUDE["legacy"].split("def nms")[0]
+    + """
+def nms(boxes, scores):
+    helper = LayerHelper("multiclass_nms")
+    out = helper.create_variable_for_type_inference("float32")
+    helper.append_op(
+        type="multiclass_nms", inputs={"BBoxes": boxes, "Scores": scores},
+        attrs={"background_label": -1, "score_threshold": 0.3, "nms_top_k": 1000,
+               "nms_threshold": 0.45, "keep_top_k": 100, "nms_eta": 1.0,
+               "normalized": False},
+        outputs={"Out": out},
+    )
+    return out, None, paddle.shape(out)[:1]
+""",
+}
+
+# Paddle Inference on the CPU, in a process without paddle-ipu: the oracle's outputs.
+CPU_RUN = """
+import sys, numpy as np, paddle.inference as paddle_infer
+config = paddle_infer.Config({prefix!r} + ".pdmodel", {prefix!r} + ".pdiparams")
+config.disable_mkldnn()
+predictor = paddle_infer.create_predictor(config)
+feed = dict(np.load({feed!r}))
+for name in predictor.get_input_names():
+    predictor.get_input_handle(name).copy_from_cpu(feed[name])
+predictor.run()
+np.savez({out!r}, *[predictor.get_output_handle(n).copy_to_cpu()
+                    for n in predictor.get_output_names()])
+"""
+
+
+@pytest.mark.parametrize("kind", ["multiclass_nms3", "matrix_nms"])
+def test_a_legacy_export_with_a_static_batch_of_one_runs_its_tail_on_the_host(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PicoDet's export spelling: the image declared ``[1, 3, H, W]`` (its reader's
+    fixed shape), ``scale_factor`` ``[-1, 2]``: both spell the batch."""
+    from paddle_ipu import inference
+
+    prefix = tmp_path / kind
+    save = SAVE.format(prelude=NMS_KINDS[kind], prefix=str(prefix))
+    save = save.replace('"image", [-1, 3, -1, -1]', '"image", [1, 3, 16, 16]')
+    env = {"PADDLE_IPU_AUTOLOAD": "0", "FLAGS_enable_pir_api": "0"}
+    proc = run_python(save, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rng = np.random.default_rng(0)
+    feed = {"image": rng.random((1, 3, 16, 16), dtype=np.float32),
+            "scale_factor": np.float32([[1.5, 0.5]])}  # fmt: skip
+    np.savez(tmp_path / "feed.npz", **feed)
+    cpu = run_python(
+        CPU_RUN.format(prefix=str(prefix), feed=str(tmp_path / "feed.npz"),
+                       out=str(tmp_path / "cpu.npz")), {"PADDLE_IPU_AUTOLOAD": "0"},
+    )  # fmt: skip
+    assert cpu.returncode == 0, cpu.stderr[-3000:]
+    want = np.load(tmp_path / "cpu.npz")
+    assert int(want["arr_1"].sum()) > 0  # NMS keeps some boxes
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(tmp_path / "cache"))
+    config = inference.Config(str(prefix) + ".pdmodel", str(prefix) + ".pdiparams")
+    config.enable_ipu()
+    predictor = inference.create_predictor(config)
+    try:
+        bbox, num = predictor.run([feed["image"], feed["scale_factor"]])
+    finally:
+        predictor.close()
+    _same_detections(bbox, want["arr_0"], "bbox")
+    _same_detections(num, want["arr_1"], "bbox_num")
+
+
+def test_a_legacy_operator_without_a_pir_counterpart_is_named(tmp_path: Path) -> None:
+    from paddle_ipu.errors import CompileError
+    from paddle_ipu.serving.saved_model import compile_model
+
+    prefix = tmp_path / "v1"
+    save = SAVE.format(prelude=NMS_KINDS["multiclass_nms"], prefix=str(prefix))
+    proc = run_python(save, {"PADDLE_IPU_AUTOLOAD": "0", "FLAGS_enable_pir_api": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with pytest.raises(CompileError) as info:
+        compile_model(str(prefix), cache=False, input_shapes=[{"image": [1, 3, 16, 16]}])
+    text = str(info.value)
+    assert "'multiclass_nms'" in text and "pd_op.multiclass_nms" in text
+    assert "multiclass_nms3" in text

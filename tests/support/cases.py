@@ -731,6 +731,90 @@ add(
     lambda x, lab: paddle._C_ops.kldiv_loss(x, lab, "batchmean", False),
 )
 
+# Paddle 1.x's sequence operators (fluid.layers.dynamic_gru, crf_decoding): Paddle 3
+# has no public builder; a legacy program translated to PIR holds them, as these build
+# them.  Paddle's kernels read a LoD; the compiled graph takes the rows as one sequence
+# (several, padded into a batch, are the predictor's: tests/conformance/test_old_format.py).
+_GRU = {"x": "f:6x12", "w": "u:4x12", "b": "u:1x12"}
+_ONE = {"x": [6]}
+for _name, (_act, _gate, _reverse, _origin) in {
+    "gru": ("tanh", "sigmoid", False, False),
+    "gru.reverse": ("tanh", "sigmoid", True, False),
+    "gru.origin_mode": ("tanh", "sigmoid", False, True),
+    "gru.origin_mode_reverse": ("tanh", "sigmoid", True, True),
+    "gru.relu": ("relu", "sigmoid", False, False),
+    "gru.identity": ("identity", "sigmoid", True, False),
+    "gru.sigmoid": ("sigmoid", "sigmoid", False, False),
+    "gru.tanh_gate": ("tanh", "tanh", False, True),  # a tanh update gate: origin mode only
+    "gru.relu_gate": ("tanh", "relu", True, True),
+}.items():
+    add(
+        _name,
+        "gru",
+        _GRU,
+        lambda x, w, b, a=(_act, _gate, _reverse, _origin): paddle._C_ops.gru(
+            x, None, w, b, a[0], a[1], a[2], a[3], True
+        ),
+        lod=_ONE,
+    )
+add(
+    "gru.h0",
+    "gru",
+    {**_GRU, "h": "f:1x4"},
+    lambda x, w, b, h: paddle._C_ops.gru(x, h, w, b, "tanh", "sigmoid", False, False, True),
+    lod=_ONE,
+)
+add(
+    "gru.no_bias",
+    "gru",
+    {"x": "f:6x12", "w": "u:4x12"},
+    lambda x, w: paddle._C_ops.gru(x, None, w, None, "tanh", "sigmoid", True, False, True),
+    lod=_ONE,
+)
+add(
+    "gru.projected",  # dynamic_gru's input as its users wrote it: a fully connected layer
+    "gru",
+    {"x": "f:6x5", "p": "u:5x12", "q": "u:12", "w": "u:4x12", "b": "u:1x12"},
+    lambda x, p, q, w, b: paddle._C_ops.gru(
+        paddle.matmul(x, p) + q, None, w, b, "tanh", "sigmoid", False, False, True
+    ),
+    lod=_ONE,
+)
+_CRF = {"e": "f:7x5", "w": "f:7x5"}
+add(
+    "crf_decoding",
+    "crf_decoding",
+    _CRF,
+    lambda e, w: paddle._C_ops.crf_decoding(e * 3.0, w, None, None),
+    lod={"e": [7]},
+)
+add(
+    "crf_decoding.label",
+    "crf_decoding",
+    {**_CRF, "l": "i5:7x1"},
+    lambda e, w, lab: paddle._C_ops.crf_decoding(e * 3.0, w, lab, None),
+    lod={"e": [7], "l": [7]},
+)
+add(
+    "crf_decoding.length",  # padded rows and their lengths (0 to 6 of 6)
+    "crf_decoding",
+    {"e": "f:4x6x5", "w": "f:7x5", "n": "i7:4"},
+    lambda e, w, n: paddle._C_ops.crf_decoding(e * 3.0, w, None, n),
+)
+add(
+    "crf_decoding.length_label",
+    "crf_decoding",
+    {"e": "f:4x6x5", "w": "f:7x5", "l": "i5:4x6", "n": "i7:4"},
+    lambda e, w, lab, n: paddle._C_ops.crf_decoding(e * 3.0, w, lab, n),
+)
+add(
+    "crf_decoding.long",  # past UNROLL_STEPS: the decode's forward pass is a loop
+    "crf_decoding",
+    {"e": "f:300x5", "w": "f:7x5"},
+    lambda e, w: paddle._C_ops.crf_decoding(e * 3.0, w, None, None),
+    lod={"e": [300]},
+)
+
 # Refused at compile time with UnsupportedOpError naming the operator (and the
 # attribute value, where only some values are refused).
 add("refused.unique", "unique", X, paddle.unique)
@@ -757,6 +841,13 @@ add(
         boxes, scores, None, 0.1, 100, 5, 0.5, True, 1.0, -1, True
     )[0],
 )
+add(
+    "refused.gru_tanh_update",  # 1 - u for a tanh gate: not ONNX's GRU
+    "gru",
+    _GRU,
+    lambda x, w, b: paddle._C_ops.gru(x, None, w, b, "tanh", "tanh", False, False, True),
+    lod=_ONE,
+)
 REFUSED: dict[str, str] = {
     "refused.multiclass_nms3": "exclude_nms=True",
     "refused.unique": "pd_op.unique",
@@ -771,6 +862,7 @@ REFUSED: dict[str, str] = {
     "max_pool3d_with_index": "return_mask=True",
     "refused.bilinear_interp_fractional_scale": "scale_factor=[1.5, 1.5]",
     "refused.pool2d_adaptive_avg_nhwc_uneven": "data_format='NHWC'",
+    "refused.gru_tanh_update": "gate_activation='tanh' with origin_mode=False",
 }
 
 # Cases whose fp32 graph matches but that the host backend cannot run in fp16 (a
@@ -788,13 +880,14 @@ FP16_OVERFLOWS: dict[str, str] = {
 }
 
 # Listed operators with no case here, and why.
+_ARRAYS = "tensor arrays exist only inside control flow (while and if compile); no own case"
 NOT_COVERED: dict[str, str] = {
-    "array_length": "tensor arrays exist only inside control flow, which is not compiled",
-    "array_read": "tensor arrays exist only inside control flow, which is not compiled",
-    "array_to_tensor": "tensor arrays exist only inside control flow, which is not compiled",
-    "array_write_": "tensor arrays exist only inside control flow, which is not compiled",
-    "create_array": "tensor arrays exist only inside control flow, which is not compiled",
-    "select_input": "made by control flow (paddle.static.nn.cond), which is not compiled",
+    "array_length": _ARRAYS,
+    "array_read": _ARRAYS,
+    "array_to_tensor": _ARRAYS,
+    "array_write_": _ARRAYS,
+    "create_array": _ARRAYS,
+    "select_input": "made by the legacy IR's conditional_block; no case of its own",
     "builtin.combine": "structural: the list operand of concat, stack, add_n, meshgrid (covered)",
     "builtin.split": "structural: the list result of split, unbind, unstack (covered)",
     "builtin.slice": "structural: one element of a list result (covered through split)",

@@ -45,6 +45,9 @@ class Case:
     # the same graph) still runs; this only marks the report.
     attrs: str = ""
     tol16: float = FP16_TOL
+    # Paddle 1.x's sequence operators read a LoD: feed name -> its sequences' lengths
+    # for Paddle's run (the compiled graph takes the rows as one sequence: give one)
+    lod: dict[str, list[int]] = field(default_factory=dict)
 
 
 def make_input(spec: str, rng: np.random.Generator) -> np.ndarray:
@@ -71,6 +74,7 @@ class Built:
     fetches: list[Any]
     arrays: dict[str, np.ndarray]
     ops: list[str] = field(default_factory=list)
+    lod: dict[str, list[int]] = field(default_factory=dict)
 
 
 def build(case: Case, seed: int = 0) -> Built:
@@ -82,16 +86,25 @@ def build(case: Case, seed: int = 0) -> Built:
         out = case.fn(*feeds)
     fetches = list(out) if isinstance(out, (list, tuple)) else [out]
     ops = [op.name() for op in main.global_block().ops]
-    return Built(main, feeds, fetches, arrays, ops)
+    return Built(main, feeds, fetches, arrays, ops, dict(case.lod))
 
 
 def run_paddle(built: Built) -> list[np.ndarray]:
     scope = paddle.static.Scope()
     with paddle.static.scope_guard(scope):
         exe = paddle.static.Executor(paddle.CPUPlace())
-        return [
-            np.asarray(v) for v in exe.run(built.main, feed=built.arrays, fetch_list=built.fetches)
-        ]
+        if not built.lod:
+            return [
+                np.asarray(v)
+                for v in exe.run(built.main, feed=built.arrays, fetch_list=built.fetches)
+            ]
+        feed: dict[str, object] = dict(built.arrays)
+        for name, lengths in built.lod.items():  # a LoD tensor, as Paddle 1.x fed it
+            feed[name] = paddle.base.create_lod_tensor(
+                built.arrays[name], [lengths], paddle.CPUPlace()
+            )
+        out = exe.run(built.main, feed=feed, fetch_list=built.fetches, return_numpy=False)
+        return [np.array(v) for v in out]
 
 
 def run_compiled(

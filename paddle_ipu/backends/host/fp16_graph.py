@@ -307,7 +307,18 @@ def _external_arrays(model: onnx.ModelProto, data_path: str) -> dict[str, np.nda
     (ONNX Runtime reads shapes and small constants when it loads a graph)."""
     arrays: dict[str, np.ndarray] = {}
     raw = np.fromfile(data_path, dtype=np.uint8) if os.path.exists(data_path) else None
-    for init in model.graph.initializer:
+
+    def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+        yield graph
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attr.g)
+
+    # a Loop's body or an If's branch keeps its constants inline: the session supplies
+    # the main graph's only
+    every = [(init, g is model.graph) for g in graphs(model.graph) for init in g.initializer]
+    for init, main in every:
         if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in init.external_data}
@@ -320,7 +331,7 @@ def _external_arrays(model: onnx.ModelProto, data_path: str) -> dict[str, np.nda
             if length
             else np.zeros(shape, dtype)
         )
-        if dtype == np.float32 and array.size >= INLINE_ELEMENTS:
+        if main and dtype == np.float32 and array.size >= INLINE_ELEMENTS:
             arrays[init.name] = array
         else:
             init.CopyFrom(numpy_helper.from_array(array, init.name))

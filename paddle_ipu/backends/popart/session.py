@@ -147,6 +147,29 @@ def available() -> tuple[bool, str]:
     return True, f"popart{detail}"
 
 
+def _check_trip_counts(graph: bytes) -> None:
+    """Refuse, naming them, the ONNX Loops without a trip count: PopART's importer
+    takes a Loop's ``M`` as a constant and runs the loop for at most that many
+    iterations (willow/src/op/loop.cpp, popx/op/loopx.cpp's ``Repeat``); the compiler
+    gives a Loop the bound its condition puts on it
+    (:mod:`paddle_ipu.compiler.loop_bounds`) where it can."""
+    if b"Loop" not in graph:  # an op type is stored as its bytes: no loop, no parse
+        return
+    import onnx
+
+    from paddle_ipu.compiler.loop_bounds import unbounded
+
+    names = unbounded(onnx.load_from_string(graph))
+    if names:
+        raise NotSupportedError(
+            f"the compiled graph's ONNX Loop(s) {names} have no trip count: PopART runs a "
+            "Loop for at most its trip count M, a constant, and the model's condition does "
+            "not bound its iterations the way the compiler reads a bound (a counter that "
+            "grows by a constant from a constant start, compared with a constant: i < n); "
+            "bound the loop in the model that way"
+        )
+
+
 def create_session(model: CompiledModel, config: SessionConfig) -> PopartSession:
     """The backend factory the registry calls."""
     ok, reason = available()
@@ -259,6 +282,7 @@ class PopartSession(Session):
         """The model's ONNX with each custom operator's region replaced by its PopART
         node (:func:`paddle_ipu.compiler.custom_regions.fuse`), through the fp16
         compiler pass when enable_fp16 is on (the same pass the host backend runs)."""
+        _check_trip_counts(self.model.onnx)
         graph = self.model.onnx
         if b"__ipu_custom_op" in graph:
             import onnx

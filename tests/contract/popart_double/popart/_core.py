@@ -864,6 +864,60 @@ def _lower_builtins(proto: Any) -> None:
     proto.opset_import.extend(kept)
 
 
+def _check_gru(node: Any) -> None:
+    """willow/src/op/gru.cpp's op creator and definition, popx/op/grux.cpp's grow: no
+    ``activations`` (nor their alpha, beta) or ``clip``, ``linear_before_reset`` 0 only,
+    the direction ``forward`` or ``backward`` (ONNX's ``reverse`` reaches neither branch
+    of grow, ``bidirectional`` raises); ``sequence_lens`` is ignored with a warning --
+    the double drops it before its ONNX Runtime run, as PopART computes without it."""
+    attrs = {a.name: a for a in node.attribute}
+    for name in ("activations", "activation_alpha", "activation_beta", "clip"):
+        if name in attrs:
+            raise popart_exception(f"GRUOp attribute `{name}' is not supported")
+    if "linear_before_reset" in attrs and attrs["linear_before_reset"].i != 0:
+        raise popart_exception("GRUOp attribute `linear_before_reset' must be 0")
+    direction = attrs["direction"].s.decode() if "direction" in attrs else "forward"
+    if direction not in ("forward", "backward"):
+        raise popart_exception(f"GRU direction {direction!r} is not implemented")
+    if len(node.input) > 4 and node.input[4]:
+        node.input[4] = ""  # "Gru optional input `sequence_lens' will be ignored"
+
+
+def _check_loops(proto: Any) -> None:
+    """willow/src/op/loop.cpp, the Loop's op creator: every input id of the node is
+    looked up as a tensor (``tensors.get``, an empty trip count included), and
+    ``LoopOp::connectInTensor`` reads the trip count's data through the graph (a
+    constant; Constant nodes are folded into tensors with data when the graph is
+    imported).  The loop then runs as a ``Repeat`` of that many iterations, each
+    skipped once the condition is false (popx/op/loopx.cpp) -- as ONNX Runtime runs a
+    Loop given both."""
+    import onnx
+
+    def graphs(graph: Any) -> Any:
+        yield graph
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attr.g)
+
+    for graph in graphs(proto.graph):
+        constants = {i.name for i in graph.initializer}
+        constants |= {n.output[0] for n in graph.node if n.op_type == "Constant"}
+        for node in graph.node:
+            if node.op_type == "GRU":
+                _check_gru(node)
+            if node.op_type != "Loop":
+                continue
+            trip = node.input[0] if node.input else ""
+            if not trip:
+                raise popart_exception("No Ir::Tensor with TensorId '' in Tensors::get(..)")
+            if trip not in constants:
+                raise popart_exception(
+                    f"Could not work out tensor data for {trip}: the trip count of a Loop "
+                    "must be a constant"
+                )
+
+
 class _Session:
     _training = False
 
@@ -882,6 +936,7 @@ class _Session:
         if not isinstance(userOptions, SessionOptions):
             raise _incompatible("userOptions", userOptions)
         self._proto = onnx.load_from_string(fnModel)
+        _check_loops(self._proto)  # and the GRUs (_check_gru)
         self._flow, self._device, self._opts = dataFlow, deviceInfo, copy.deepcopy(userOptions)
         self._patterns = patterns if patterns is not None else Patterns()
         self._executable = False
