@@ -443,6 +443,11 @@ def _server_options(args: argparse.Namespace) -> dict[str, Any]:
         "access_log": args.access_log,
         "warmup": args.warmup,
         "drain_grace_s": args.drain_grace_s,
+        "header_timeout_s": args.header_timeout_s,
+        "idle_timeout_s": args.idle_timeout_s,
+        "max_connections": args.max_connections,
+        "max_header_kb": args.max_header_kb,
+        "max_headers": args.max_headers,
     }
 
 
@@ -543,22 +548,9 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
     out = ["serve", args.model, "--workers", "1", "--reuse-port", "--instances", str(args.workers)]
     if args.spin:
         out.append("--spin")
-    for flag in (
-        "port",
-        "host",
-        "name",
-        "micro_batch",
-        "timeout_ms",
-        "num_buffers",
-        "backend",
-        "grpc_port",
-        "threads",
-        "request_timeout_ms",
-        "max_body_mb",
-        "access_log",
-        "warmup",
-        "drain_grace_s",
-    ):
+    # The model's options, and every server option but the one set above.
+    model = ("name", "micro_batch", "timeout_ms", "num_buffers", "backend")
+    for flag in (*model, *(k for k in _server_options(args) if k != "reuse_port")):
         value = getattr(args, flag)
         if value is not None:
             out += ["--" + flag.replace("_", "-"), str(value)]
@@ -722,6 +714,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="on SIGTERM: readiness 503 at once, listeners close after this long (0)",
     )
+    # The bounds on clients (docs/serving.md#limits-and-timeouts: nginx's and Envoy's).
+    for flag, kind, default, text in (
+        ("--header-timeout-s", float, 60.0, "a request's headers must come within (60; 0: none)"),
+        ("--idle-timeout-s", float, 75.0, "close connections idle or stalled this long (75)"),
+        ("--max-connections", int, 1024, "open connections at most; more are refused (1024)"),
+        ("--max-header-kb", int, 64, "a request's header block at most, KiB (64)"),
+        ("--max-headers", int, 100, "a request's header fields at most (100)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--spin",
         action="store_true",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "clock.h"
 #include "front_end.h"
 #include "grpc_call.h"
 #include "grpc_connection.h"
@@ -114,8 +115,15 @@ void GrpcConnection::StreamInfer(int32_t id, Stream& s, std::string msg) {
     auto io = wio.lock();
     if (!io) return;
     asio::post(io->ioc, [weak, id, seq, call = std::move(call)] {
-      const int code = call->Complete();  // counted even if the client went away
-      if (auto c = weak.lock()) c->StreamDone(id, seq, call, code);
+      auto c = weak.lock();
+      auto done = [&] {
+        const int code = call->Complete();  // counted even if the client went away
+        if (c) c->StreamDone(id, seq, call, code);
+        return 0;
+      };
+      if (!c) return (void)done();
+      if (c->Guard(id, done) != 0) c->Close();
+      c->Flush();
     });
   };
   std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, std::move(done));
@@ -126,8 +134,7 @@ void GrpcConnection::StreamInfer(int32_t id, Stream& s, std::string msg) {
   const double t = call->EffectiveTimeout(0);
   if (t > 0) {
     p.timer = std::make_unique<asio::steady_timer>(io_->ioc);
-    p.timer->expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(t)));
+    p.timer->expires_after(SteadyDuration(t));
     p.timer->async_wait([call, t](boost::system::error_code ec) {
       if (!ec) call->Expire(t);
     });
@@ -198,8 +205,13 @@ ssize_t GrpcConnection::ReadStream(nghttp2_session* session, int32_t id, uint8_t
   }
   if (s->ending || (s->remote_done && s->pending.empty())) {
     *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    const std::string status = std::to_string(s->ending ? s->code : kOk);
-    const std::string text = PercentEncode(s->message);
+    std::string status, text;
+    try {
+      status = std::to_string(s->ending ? s->code : kOk);
+      text = PercentEncode(s->message);
+    } catch (const std::exception&) {  // out of memory: the stream is reset instead
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
     const nghttp2_nv trailers[] = {
         {reinterpret_cast<uint8_t*>(const_cast<char*>("grpc-status")),
          reinterpret_cast<uint8_t*>(const_cast<char*>(status.data())), 11, status.size(),
