@@ -52,7 +52,14 @@ void ModelOfTarget(std::string_view t, std::string_view* model, std::string_view
 }  // namespace
 
 Connection::Connection(tcp::socket sock, Listener* io, Server* srv)
-    : sock_(std::move(sock)), timer_(io->ioc), io_timer_(io->ioc), io_(io), srv_(srv) {
+    : sock_(std::move(sock)),
+      timer_(io->ioc),
+      io_timer_(io->ioc),
+      io_(io),
+      srv_(srv),
+      // What waits to be parsed: a header block, or a chunk's header line (which no
+      // other limit bounds), and a read's worth past it.
+      buf_(static_cast<size_t>(srv->limits().max_header_bytes) + 65536) {
   srv_->connections += 1;
   io_->connections.insert(this);
 }

@@ -155,7 +155,7 @@ int GrpcCall::Complete() {
 
 const std::string& GrpcCall::response() const { return job_->grpc.body; }
 
-std::string GrpcCall::message() const { return ValidUtf8(message_); }
+std::string GrpcCall::message() const { return ValidUtf8(Bounded(message_, 2048)); }
 
 bool GrpcCall::Cancel() {
   RequestPtr r;

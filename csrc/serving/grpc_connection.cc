@@ -6,11 +6,11 @@
 #include <string_view>
 
 #include "clock.h"
-#include "server.h"
 #include "front_end.h"
 #include "grpc_call.h"
 #include "listener.h"
 #include "server.h"
+#include "text.h"
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -23,6 +23,13 @@ namespace {
 
 // The send buffer is flushed to the socket once it holds this much.
 constexpr size_t kWriteChunk = 256 * 1024;
+
+// A grpc-message's bytes before percent-encoding (at most three times as many after):
+// within a client's metadata limit (gRPC's default: 8 KiB).
+constexpr size_t kMessageLimit = 2048;
+
+// Messages of this size or more are parsed on the server's decode threads.
+constexpr size_t kDecodeHere = 1 << 20;
 
 nghttp2_nv Header(std::string_view name, std::string_view value) {
   return {reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -127,7 +134,7 @@ void GrpcConnection::ArmIdle() {
 bool GrpcConnection::CallsUnderWay() const {
   for (const auto& entry : streams_) {
     const Stream& s = *entry.second;
-    if (!s.answered && (s.call || s.python)) return true;
+    if (!s.answered && (s.call || s.python || s.decoding)) return true;
     if (!s.pending.empty()) return true;
   }
   return false;
@@ -391,7 +398,7 @@ int GrpcConnection::OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* 
       }
       return 0;
     }
-    if (end && !s->answered && !s->call && !s->python) c->Dispatch(id, *s);
+    if (end && !s->answered && !s->call && !s->python && !s->decoding) c->Dispatch(id, *s);
     return 0;
   });
 }
@@ -503,20 +510,56 @@ std::function<void(std::shared_ptr<GrpcCall>)> GrpcConnection::InferCallback(int
   };
 }
 
+void GrpcConnection::Decode(int32_t id, std::string msg, const std::string& trace,
+                            std::function<void(std::shared_ptr<GrpcCall>)> done,
+                            std::function<void(std::shared_ptr<GrpcCall>)> then) {
+  if (msg.size() < kDecodeHere) return then(srv_->GrpcInfer(std::move(msg), trace, std::move(done)));
+  // A large message (a typed tensor of tens of MB parses in about a second) is routed,
+  // parsed and queued on a decode thread; this IO thread goes on meanwhile.
+  srv_->Decode([self = shared_from_this(), id, msg = std::move(msg), trace,
+                done = std::move(done), then = std::move(then)]() mutable {
+    std::shared_ptr<GrpcCall> call;
+    try {
+      call = self->srv_->GrpcInfer(std::move(msg), trace, done);
+    } catch (const std::exception& e) {  // out of memory routing it
+      call = self->srv_->GrpcRefused(
+          {500, std::string("the server failed handling the call: ") + e.what()}, trace, done);
+    }
+    Listener* io = self->io_;
+    asio::post(io->ioc, [self = std::move(self), id, call = std::move(call),
+                         then = std::move(then)] {
+      if (self->Guard(id, [&] { return then(call), 0; }) != 0) self->Close();
+      self->Flush();
+    });
+  });
+}
+
 void GrpcConnection::Infer(int32_t id, Stream& s, std::string msg) {
-  std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, InferCallback(id));
-  s.call = call;
+  s.decoding = true;
+  Decode(id, std::move(msg), s.trace, InferCallback(id),
+         [this, id](std::shared_ptr<GrpcCall> call) { Queued(id, std::move(call)); });
+}
+
+void GrpcConnection::Queued(int32_t id, std::shared_ptr<GrpcCall> call) {
+  Stream* s = closed_ ? nullptr : Find(id);
+  if (!s) {  // the client went away while it was decoded
+    call->Cancel();
+    return;
+  }
+  s->decoding = false;
+  if (s->answered) return;  // answered already (refused, or done, before this)
+  s->call = call;
   // The server's own timeout ends a little before the client's deadline, so that the
   // server answers DEADLINE_EXCEEDED itself rather than racing the client's reset.
   double deadline = 0;
-  if (s.deadline_s > 0) {
-    deadline = std::max(s.deadline_s - std::min(0.02, 0.1 * s.deadline_s), 1e-6);
+  if (s->deadline_s > 0) {
+    deadline = std::max(s->deadline_s - std::min(0.02, 0.1 * s->deadline_s), 1e-6);
   }
   const double t = call->EffectiveTimeout(deadline);
   if (t > 0) {
-    s.timer = std::make_unique<asio::steady_timer>(io_->ioc);
-    s.timer->expires_after(SteadyDuration(t));
-    s.timer->async_wait([call, t](boost::system::error_code ec) {
+    s->timer = std::make_unique<asio::steady_timer>(io_->ioc);
+    s->timer->expires_after(SteadyDuration(t));
+    s->timer->async_wait([call, t](boost::system::error_code ec) {
       if (!ec) call->Expire(t);
     });
   }
@@ -588,7 +631,7 @@ void GrpcConnection::Fail(int32_t id, Stream& s, int code, const std::string& me
                           bool retry) {
   // Trailers-only: the status in the response's one HEADERS frame.
   const std::string status = std::to_string(code);
-  const std::string text = PercentEncode(message);
+  const std::string text = PercentEncode(Bounded(message, kMessageLimit));
   const nghttp2_nv headers[] = {Header(":status", "200"),
                                 Header("content-type", "application/grpc"),
                                 Header("grpc-status", status), Header("grpc-message", text),

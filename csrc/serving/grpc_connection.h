@@ -78,6 +78,7 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
     bool answered = false;  // a response was submitted
     bool finished = false;  // its status (trailers) was submitted
     std::shared_ptr<GrpcCall> call;  // ModelInfer, while queued or running
+    bool decoding = false;           // ModelInfer, while a decode thread parses it
     bool python = false;             // handed to the Python side
     std::unique_ptr<boost::asio::steady_timer> timer;
     // The response's one message: its 5-byte prefix and its bytes (`owned`, or the
@@ -137,6 +138,14 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   // A request is complete (its END_STREAM came): route it.
   void Dispatch(int32_t id, Stream& s);
   void Infer(int32_t id, Stream& s, std::string msg);
+  // Routes, parses and queues a ModelInfer message (Server::GrpcInfer; `done`: the
+  // call's callback), on a decode thread when it is large, then runs `then` with the
+  // call on this IO thread (stream `id` may be gone by then).
+  void Decode(int32_t id, std::string msg, const std::string& trace,
+              std::function<void(std::shared_ptr<GrpcCall>)> done,
+              std::function<void(std::shared_ptr<GrpcCall>)> then);
+  // A unary call was queued (or refused): its deadline's timer.
+  void Queued(int32_t id, std::shared_ptr<GrpcCall> call);
   // A ModelInfer call's `done`: posts its answer to InferDone on this IO thread.
   std::function<void(std::shared_ptr<GrpcCall>)> InferCallback(int32_t id);
   void Unary(int32_t id, Stream& s, std::string msg);

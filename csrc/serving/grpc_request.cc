@@ -259,7 +259,7 @@ Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r) 
       }
     }
     int64_t count = 0, bytes = 0;
-    if (Error e = TensorSize(t.name, in.shape, d, &count, &bytes)) return e;
+    if (Error e = TensorSize(t.name, in.shape, d, m.max_body, &count, &bytes)) return e;
     if (Error e = CheckShape(m, t, in.shape, r, &first)) return e;
     r->in_shapes[k] = in.shape;
     std::string_view data;

@@ -12,6 +12,7 @@
 #include "grpc_connection.h"
 #include "listener.h"
 #include "server.h"
+#include "text.h"
 
 namespace asio = boost::asio;
 
@@ -126,19 +127,32 @@ void GrpcConnection::StreamInfer(int32_t id, Stream& s, std::string msg) {
       c->Flush();
     });
   };
-  std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, std::move(done));
-  Stream::Pending& p = s.pending[seq];
-  p.call = call;
-  // The request's timeout parameter, or the server's request timeout (the stream's
-  // own deadline ends the stream: the client resets it).
-  const double t = call->EffectiveTimeout(0);
-  if (t > 0) {
-    p.timer = std::make_unique<asio::steady_timer>(io_->ioc);
-    p.timer->expires_after(SteadyDuration(t));
-    p.timer->async_wait([call, t](boost::system::error_code ec) {
-      if (!ec) call->Expire(t);
-    });
-  }
+  s.pending[seq];  // under way; its call once decoded
+  Decode(id, std::move(msg), s.trace, std::move(done),
+         [this, id, seq](std::shared_ptr<GrpcCall> call) {
+           Stream* st = closed_ ? nullptr : Find(id);
+           Stream::Pending* pending = nullptr;
+           if (st) {
+             auto it = st->pending.find(seq);
+             if (it != st->pending.end()) pending = &it->second;
+           }
+           if (!pending) {  // the stream ended, or the call was answered already
+             call->Cancel();
+             return;
+           }
+           Stream::Pending& p = *pending;
+           p.call = call;
+           // The request's timeout parameter, or the server's request timeout (the
+           // stream's own deadline ends the stream: the client resets it).
+           const double t = call->EffectiveTimeout(0);
+           if (t > 0) {
+             p.timer = std::make_unique<asio::steady_timer>(io_->ioc);
+             p.timer->expires_after(SteadyDuration(t));
+             p.timer->async_wait([call, t](boost::system::error_code ec) {
+               if (!ec) call->Expire(t);
+             });
+           }
+         });
 }
 
 void GrpcConnection::StreamDone(int32_t id, uint64_t seq, const std::shared_ptr<GrpcCall>& call,
@@ -183,7 +197,7 @@ void GrpcConnection::CancelAll(Stream& s) {
   calls.swap(s.pending);
   for (auto& entry : calls) {
     if (entry.second.timer) entry.second.timer->cancel();
-    entry.second.call->Cancel();
+    if (entry.second.call) entry.second.call->Cancel();  // (none while decoded)
   }
 }
 
@@ -208,7 +222,7 @@ ssize_t GrpcConnection::ReadStream(nghttp2_session* session, int32_t id, uint8_t
     std::string status, text;
     try {
       status = std::to_string(s->ending ? s->code : kOk);
-      text = PercentEncode(s->message);
+      text = PercentEncode(Bounded(s->message, 2048));  // (as Fail's, grpc_connection.cc)
     } catch (const std::exception&) {  // out of memory: the stream is reset instead
       return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }

@@ -159,7 +159,7 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
                        (sv ? Short(*sv) : "None")};
     }
     int64_t count = 0, bytes = 0;
-    if (Error e = TensorSize(name, dims, d, &count, &bytes)) return e;
+    if (Error e = TensorSize(name, dims, d, m.max_body, &count, &bytes)) return e;
     if (Error e = CheckShape(m, t, dims, r, &first)) return e;
     r->in_shapes[k] = dims;
     const json::object* params = ObjectMember(o, "parameters");

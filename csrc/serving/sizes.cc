@@ -9,7 +9,7 @@ namespace paddle_ipu {
 namespace serving {
 
 Error TensorSize(std::string_view name, const std::vector<int64_t>& dims, DType dtype,
-                 int64_t* count, int64_t* bytes) {
+                 int64_t max_body, int64_t* count, int64_t* bytes) {
   const int64_t elem = ElemSize(dtype);
   int64_t nonzero = elem > 0 ? elem : 1;  // the bytes the dims would take without zeros
   bool empty = false;
@@ -20,6 +20,12 @@ Error TensorSize(std::string_view name, const std::vector<int64_t>& dims, DType 
       return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " of " +
                        V2Name(dtype) + " is larger than a 64-bit size can count"};
     }
+  }
+  if (empty && nonzero > max_body) {
+    return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " of " +
+                     V2Name(dtype) + " has no elements, but its other dims take " +
+                     std::to_string(nonzero) + " bytes, more than a request may hold (" +
+                     std::to_string(max_body) + ", --max-body-mb)"};
   }
   *count = empty ? 0 : (elem > 0 ? nonzero / elem : nonzero);
   *bytes = *count * elem;

@@ -26,9 +26,12 @@ inline bool AddSize(int64_t a, int64_t b, int64_t* out) {
 // The element count and the byte size (`elem` bytes an element; 0 for BYTES, whose
 // elements have their own lengths) of input `name` of shape `dims` (each >= 0) of
 // datatype `dtype`. An error when the shape's sizes pass int64: its dims, zeros aside,
-// times the element size (at least 1) -- numpy's rule for an array it can make.
+// times the element size (at least 1) -- numpy's rule for an array it can make; and
+// when a tensor of no elements has other dims that take more than `max_body` bytes (a
+// model's handler given [0, 2**31] makes, pads or compiles for the dims, not the
+// elements: no request could carry one row of it).
 Error TensorSize(std::string_view name, const std::vector<int64_t>& dims, DType dtype,
-                 int64_t* count, int64_t* bytes);
+                 int64_t max_body, int64_t* count, int64_t* bytes);
 
 // An error naming input `name` of shape `dims` unless its `count` elements fit in the
 // `have` bytes of the request that hold its data, `min_bytes` at least an element (a

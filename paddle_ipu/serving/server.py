@@ -340,6 +340,8 @@ class InferenceServer:
         ):
             if int(count) != count or count < 1:
                 raise OptionError(f"{what} must be an integer >= 1, got {count}")
+        if max_header_kb > 1 << 20:
+            raise OptionError(f"max_header_kb must be at most 1048576 (1 GiB), got {max_header_kb}")
         self.runtime = runtime
         self.name = name
         self.host = host

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import shutil
 import socket
@@ -131,7 +132,9 @@ def assert_serving(srv: ServerProcess) -> None:
 # -- sizes computed from what a client sent --------------------------------------------
 
 
+# ([0, 2**31]: no elements, but a handler given it would make, pad or compile for 8 GiB)
 HUGE_SHAPES = [[1099511627776, 1], [2305843009213693953, 1], [2**62, 4], [4, 2**62], [0, 2**62]]
+HUGE_SHAPES += [[0, 2**31]]
 
 
 @pytest.mark.parametrize("shape", HUGE_SHAPES, ids=str)
@@ -581,11 +584,17 @@ def test_health_is_answered_while_a_large_body_is_parsed(server: ServerProcess) 
     status, answer = result[0]
     assert status == 200, answer[:300]
     assert len(latencies) >= 5, latencies  # health was answered during the parse
-    # (docs/serving.md gives the measured latencies; this bound is a tenfold margin)
-    assert max(latencies) < 1.0, latencies
+    # (docs/serving.md gives the latencies bench/hostile_probe.py measured; this bound is a
+    # tenfold margin, and no bound under AddressSanitizer, whose allocator stalls on its own)
+    if "libasan" not in os.environ.get("LD_PRELOAD", ""):
+        assert max(latencies) < 1.0, latencies
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    "libasan" in os.environ.get("LD_PRELOAD", ""),
+    reason="AddressSanitizer reserves its heap up front: an address-space cap does not bound it",
+)
 def test_running_out_of_memory_fails_the_request_not_the_server() -> None:
     """The server's address space is capped: a 60 MB JSON body, whose parse needs about
     ten times that, fails with std::bad_alloc in the parse."""
@@ -632,3 +641,21 @@ def test_serve_flags_reach_the_server_and_every_worker() -> None:
         "max_headers",
     ):
         assert signature.parameters[key].default == defaults[key], key
+
+
+def test_messages_that_echo_a_huge_name_are_cut_and_answered(server: ServerProcess) -> None:
+    """A megabyte-long model or input name: its error is answered (a grpc-message that
+    long would pass a client's metadata limit and the call would never end), cut."""
+    name = "n" * (1 << 20)
+    request = grpc_request("open", "x", "FP32", [2, 3], X.tobytes())
+    request.model_name = name
+    code, details, _ = grpc_call(server, request)
+    assert code == grpc.StatusCode.NOT_FOUND, details
+    assert details.startswith("unknown model 'nnn") and details.endswith(" bytes)"), details[-100:]
+    assert len(details) < 2200
+    status, answer = infer_json(
+        server, "open", {"name": name, "shape": [2, 3], "datatype": "FP32", "data": X.tolist()}
+    )
+    assert status == 400 and answer["error"].startswith("unknown input 'nnn"), answer["error"][:80]
+    assert len(answer["error"]) < 4200
+    assert_serving(server)

@@ -385,6 +385,7 @@ def test_mutated_requests_parse_or_are_refused(data: Any) -> None:
         ([4, 2**62], "is larger than a 64-bit size can count"),
         ([0, 2**62], "is larger than a 64-bit size can count"),  # numpy would not make it
         ([2**40, 4], "but the request holds"),
+        ([0, 2**20], "has no elements, but its other dims take 4194304 bytes"),
     ],
 )
 def test_shapes_whose_sizes_do_not_fit_are_refused_before_anything_is_allocated(
