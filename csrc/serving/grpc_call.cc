@@ -214,11 +214,16 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace
   {
     std::lock_guard<std::mutex> lock(call->mu_);
     call->request_ = r;
+    // Before it is queued: the run may finish it, and its Complete() run on another
+    // thread, before Admit() returns here (a decode thread's call).
+    call->admitted_ = true;
   }
   if (Error e = Admit(r, job)) {
+    {
+      std::lock_guard<std::mutex> lock(call->mu_);
+      call->admitted_ = false;  // not counted in flight: Admit() took it back
+    }
     call->Fail(e);
-  } else {
-    call->admitted_ = true;
   }
   return call;
 }

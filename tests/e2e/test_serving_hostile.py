@@ -659,3 +659,53 @@ def test_messages_that_echo_a_huge_name_are_cut_and_answered(server: ServerProce
     assert status == 400 and answer["error"].startswith("unknown input 'nnn"), answer["error"][:80]
     assert len(answer["error"]) < 4200
     assert_serving(server)
+
+
+def test_bodies_and_messages_past_the_decode_threshold_are_answered_right(
+    server: ServerProcess,
+) -> None:
+    """Requests of 1 MiB or more are parsed on the server's decode threads: JSON and
+    binary over HTTP, raw and typed contents over gRPC, a message on a stream."""
+    x = np.random.default_rng(4).standard_normal((1024, 160)).astype(np.float32)  # 640 KiB
+    item = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}
+    body = json.dumps({"inputs": [item]}).encode()
+    assert len(body) > 1 << 20
+    status, _, answer = raw(server, "POST", "/v2/models/open/infer", body)
+    assert status == 200
+    got = np.array(json.loads(answer)["outputs"][0]["data"], np.float32)
+    np.testing.assert_array_equal(got, (2 * x).ravel())
+    big = np.tile(x, (2, 1))  # 1.25 MiB of tensor
+    request = grpc_request("open", "x", "FP32", list(big.shape), big.tobytes())
+    typed = service_pb2.ModelInferRequest(model_name="open")
+    typed.inputs.add(name="x", datatype="FP32", shape=list(big.shape))
+    typed.inputs[0].contents.fp32_contents.extend(big.ravel().tolist())
+    for message in (request, typed):
+        assert message.ByteSize() > 1 << 20
+        code, details, data = grpc_call(server, message)
+        assert code == grpc.StatusCode.OK, details
+        response = service_pb2.ModelInferResponse.FromString(data)
+        got = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(big.shape)
+        np.testing.assert_array_equal(got, 2 * big)
+    # A stream of one small and one large message, answered as each finishes.
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    answers: list[Any] = []
+    done = threading.Event()
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append(error if error is not None else result.as_numpy("y"))
+        if len(answers) == 2:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=callback)
+    for a in (x[:2], big):
+        inp = grpcclient.InferInput("x", list(a.shape), "FP32")
+        inp.set_data_from_numpy(a)
+        client.async_stream_infer("open", [inp])
+    assert done.wait(60), answers
+    client.stop_stream()
+    client.close()
+    assert sorted(a.shape[0] for a in answers) == [2, big.shape[0]]
+    for a in answers:
+        np.testing.assert_array_equal(a, 2 * (x[:2] if a.shape[0] == 2 else big))
+    assert_serving(server)
