@@ -50,8 +50,8 @@ start=$(date +%s)
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   "$python" -c "import paddle_ipu._core as c, sys; sys.exit(0 if c.__file__.startswith('$repo/$build') else 'not the sanitized core: ' + c.__file__)"
   args=()
-  for a in "${tests[@]}"; do
-    case "$a" in -*) args+=("$a") ;; *) args+=("$repo/$a") ;; esac
+  for a in "${tests[@]}"; do  # the checkout's paths made absolute; options and their values kept
+    if [ -e "$repo/${a%%::*}" ]; then args+=("$repo/$a"); else args+=("$a"); fi
   done
   "$python" -m pytest -q -p no:cacheprovider --rootdir "$repo" -c "$repo/pyproject.toml" "${args[@]}"
 )
