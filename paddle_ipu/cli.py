@@ -457,6 +457,11 @@ def _server_options(args: argparse.Namespace) -> dict[str, Any]:
         "access_log": args.access_log,
         "warmup": args.warmup,
         "drain_grace_s": args.drain_grace_s,
+        "header_timeout_s": args.header_timeout_s,
+        "idle_timeout_s": args.idle_timeout_s,
+        "max_connections": args.max_connections,
+        "max_header_kb": args.max_header_kb,
+        "max_headers": args.max_headers,
     }
 
 
@@ -690,6 +695,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="on SIGTERM: readiness 503 at once, listeners close after this long (0)",
     )
+    # The bounds on clients (docs/serving.md#limits-and-timeouts: nginx's and Envoy's).
+    for flag, kind, default, text in (
+        ("--header-timeout-s", float, 60.0, "a request's headers must come within (60; 0: none)"),
+        ("--idle-timeout-s", float, 75.0, "close connections idle or stalled this long (75)"),
+        ("--max-connections", int, 1024, "open connections at most; more are refused (1024)"),
+        ("--max-header-kb", int, 64, "a request's header block at most, KiB (64)"),
+        ("--max-headers", int, 100, "a request's header fields at most (100)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--spin",
         action="store_true",

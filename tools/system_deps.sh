@@ -6,7 +6,9 @@
 #   bash tools/system_deps.sh test     and what the tests use: h2load and nghttp (the
 #                                      gRPC port's tests), the aarch64 cross compiler
 #                                      (the compile-only check of the C++ parts), DejaVu
-#                                      fonts (the trained-weights tier's text images)
+#                                      fonts (the trained-weights tier's text images),
+#                                      clang and its libFuzzer runtime (the serving
+#                                      decoders' fuzz harnesses, tools/fuzz.sh)
 # Another distribution: install its nghttp2 development package (and, for the tests,
 # nghttp2's client tools) by hand; this script then finds nothing missing.
 set -euo pipefail
@@ -18,6 +20,10 @@ if [ "$what" = test ]; then
   command -v h2load >/dev/null 2>&1 || packages+=(nghttp2-client)
   command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || packages+=(g++-aarch64-linux-gnu)
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || packages+=(fonts-dejavu-core)
+  clang=$(command -v clang++ || command -v clang++-14 || true)
+  if [ -z "$clang" ] || [ ! -f "$("$clang" -print-runtime-dir)/libclang_rt.fuzzer-$(uname -m).a" ]; then
+    packages+=(clang libclang-rt-dev)
+  fi
 fi
 [ ${#packages[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then

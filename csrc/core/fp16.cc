@@ -1,8 +1,9 @@
 #include "fp16.h"
 
 // The vector kernels are x86 only; other architectures (aarch64, ...) build the
-// scalar path alone, chosen at compile time.
-#if defined(__x86_64__) || defined(__i386__)
+// scalar path alone, chosen at compile time, as does -DPADDLE_IPU_FP16_SCALAR (the
+// serving decoders' fuzz harnesses, csrc/fuzz, which convert one element at a time).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(PADDLE_IPU_FP16_SCALAR)
 #define PADDLE_IPU_X86 1
 #include <immintrin.h>
 #else

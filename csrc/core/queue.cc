@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -631,7 +632,15 @@ class ServingQueue : public std::enable_shared_from_this<ServingQueue> {
       if (g == groups.size()) groups.push_back({r->sink, {}});
       groups[g].second.push_back(r);
     }
-    for (auto& g : groups) g.first->Deliver(std::move(g.second));
+    // A sink that fails (out of memory posting to an IO thread) loses its answers, not
+    // the run's other requests, nor the worker.
+    for (auto& g : groups) {
+      try {
+        g.first->Deliver(std::move(g.second));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "paddle-ipu: answering a run's requests failed: %s\n", e.what());
+      }
+    }
   }
 
   // With the GIL: the tokens of finished requests (each handed out once).

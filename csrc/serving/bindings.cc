@@ -225,7 +225,22 @@ void RegisterServing(py::module_& m) {
                      "The models a KServe v2 server serves (a ServingFrontEnd per version), its\n"
                      "HTTP listeners and IO threads, the routing of requests to their model, and\n"
                      "the model repository's state and load / unload requests.")
-      .def(py::init<std::string, int64_t>(), py::arg("server_version"), py::arg("max_body"))
+      .def(py::init([](std::string server_version, int64_t max_body, double header_timeout_s,
+                       double idle_timeout_s, int64_t max_connections, int64_t max_header_bytes,
+                       int64_t max_headers) {
+             ServerLimits l;
+             l.max_body = max_body;
+             l.header_timeout_s = header_timeout_s;
+             l.idle_timeout_s = idle_timeout_s;
+             l.max_connections = max_connections;
+             l.max_header_bytes = max_header_bytes;
+             l.max_headers = max_headers;
+             return std::make_unique<Server>(std::move(server_version), l);
+           }),
+           py::arg("server_version"), py::arg("max_body"), py::arg("header_timeout_s") = 60.0,
+           py::arg("idle_timeout_s") = 75.0, py::arg("max_connections") = 1024,
+           py::arg("max_header_bytes") = 64 << 10, py::arg("max_headers") = 100,
+           "The server's limits (docs/serving.md): a timeout of 0 is none.")
       .def("add_model", &Server::AddModel, py::arg("front_end"),
            "Serve a front end as its plan's name and version (READY).")
       .def("set_state", &Server::SetState, py::arg("name"), py::arg("version"), py::arg("state"),

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstdio>
 
 #include "../core/fp16.h"
+#include "sizes.h"
 #include "text.h"
 
 namespace paddle_ipu {
@@ -32,11 +35,33 @@ int64_t IntAt(DType t, const char* base, int64_t i) {
   }
 }
 
-// Casts `count` elements of `from` at `src` to the model's dtype into `out`.
-Error CastInput(const TensorPlan& t, DType from, const char* src, int64_t count,
-                std::string* out) {
+// The index in `shape` of the element at flat index `flat`.
+std::vector<int64_t> IndexOf(int64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> where(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    where[d] = shape[d] > 0 ? flat % shape[d] : 0;
+    flat = shape[d] > 0 ? flat / shape[d] : 0;
+  }
+  return where;
+}
+
+// FP32's largest finite value plus half its last step: doubles from here on round to
+// infinity (and casting them is undefined).
+constexpr double kFloatOverflow = 0x1.ffffffp127;
+
+// Casts the elements of `from` of shape `shape` at `src` to the model's dtype into
+// `out`: a value the model's dtype cannot hold is refused, as numpy's casting="safe"
+// would have refused the dtype.
+Error CastInput(const TensorPlan& t, DType from, const char* src,
+                const std::vector<int64_t>& shape, std::string* out) {
   const DType to = t.dtype;
-  out->resize(static_cast<size_t>(count * ElemSize(to)));
+  const int64_t count = Elements(shape);
+  int64_t bytes = 0;
+  if (!MulSize(count, ElemSize(to), &bytes)) {
+    return {400, "input " + Repr(t.name) + ": shape " + ShapeStr(shape) + " of " + V2Name(to) +
+                     " is larger than a 64-bit size can count"};
+  }
+  out->resize(static_cast<size_t>(bytes));
   char* dst = out->data();
   if (from == DType::kInt64 && to == DType::kInt32) {
     int64_t lo = 0, hi = 0;
@@ -58,7 +83,15 @@ Error CastInput(const TensorPlan& t, DType from, const char* src, int64_t count,
     for (int64_t i = 0; i < count; ++i) Store<int32_t>(dst + 4 * i, src[i] ? 1 : 0);
   } else if (from == DType::kFp64 && to == DType::kFp32) {
     for (int64_t i = 0; i < count; ++i) {
-      Store<float>(dst + 4 * i, static_cast<float>(Load<double>(src + 8 * i)));
+      const double v = Load<double>(src + 8 * i);
+      if (std::isfinite(v) && std::fabs(v) >= kFloatOverflow) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%.17g", v);
+        return {400, "input " + Repr(t.name) + ": FP64 value " + text + " at index " +
+                         ShapeStr(IndexOf(i, shape)) +
+                         " does not fit the model's FP32 (largest finite value 3.4028235e+38)"};
+      }
+      Store<float>(dst + 4 * i, static_cast<float>(v));
     }
   } else if (from == DType::kFp16 && to == DType::kFp32) {
     for (int64_t i = 0; i < count; ++i) {
@@ -85,13 +118,8 @@ Error CheckRanges(const TensorPlan& t, const char* data, const std::vector<int64
       if (bad++ == 0) first = i, value = v;
     }
     if (!bad) continue;
-    std::vector<int64_t> where(shape.size());
-    for (size_t d = shape.size(); d-- > 0;) {
-      where[d] = first % shape[d];
-      first /= shape[d];
-    }
     return {400, "input " + Repr(t.name) + ": value " + std::to_string(value) + " at index " +
-                     ShapeStr(where) + " is out of range; valid values are " + b.describe + "; " +
+                     ShapeStr(IndexOf(first, shape)) + " is out of range; valid values are " + b.describe + "; " +
                      std::to_string(bad) + " value(s) of the input are outside it"};
   }
   return {};
@@ -208,10 +236,20 @@ Error CheckShape(const ModelPlan& m, const TensorPlan& t, const std::vector<int6
 
 Error FinishInput(const TensorPlan& t, DType from, const char* data, size_t k, InferRequest* r) {
   const std::vector<int64_t>& shape = r->in_shapes[k];
-  const int64_t count = Elements(shape);
+  if (from == DType::kBool) {  // raw bytes (binary extension, raw contents): 0 or 1 only
+    const int64_t count = Elements(shape);
+    for (int64_t i = 0; i < count; ++i) {
+      const auto v = static_cast<unsigned char>(data[i]);
+      if (v > 1) {
+        return {400, "input " + Repr(t.name) + ": BOOL value " + std::to_string(v) +
+                         " at index " + ShapeStr(IndexOf(i, shape)) +
+                         " is neither 0 (false) nor 1 (true)"};
+      }
+    }
+  }
   if (from != t.dtype) {
     std::string cast;
-    if (Error e = CastInput(t, from, data, count, &cast)) return e;
+    if (Error e = CastInput(t, from, data, shape, &cast)) return e;
     r->owned[k] = std::move(cast);
     data = r->owned[k].data();
   }

@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdio>
 
+#include "clock.h"
 #include "dynamic.h"
 #include "front_end.h"
 #include "listener.h"
@@ -23,6 +25,13 @@ namespace {
 
 // Seconds a client is told to wait before retrying a busy or draining server.
 constexpr const char* kRetryAfter = "1";
+
+// Seconds as a message shows them.
+std::string SecondsText(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", s);
+  return text;
+}
 
 // The model and version an infer URL names: /v2/models/{m}[/versions/{v}]/infer.
 void ModelOfTarget(std::string_view t, std::string_view* model, std::string_view* version) {
@@ -43,7 +52,14 @@ void ModelOfTarget(std::string_view t, std::string_view* model, std::string_view
 }  // namespace
 
 Connection::Connection(tcp::socket sock, Listener* io, Server* srv)
-    : sock_(std::move(sock)), timer_(io->ioc), io_(io), srv_(srv) {
+    : sock_(std::move(sock)),
+      timer_(io->ioc),
+      io_timer_(io->ioc),
+      io_(io),
+      srv_(srv),
+      // What waits to be parsed: a header block, or a chunk's header line (which no
+      // other limit bounds), and a read's worth past it.
+      buf_(static_cast<size_t>(srv->limits().max_header_bytes) + 65536) {
   srv_->connections += 1;
   io_->connections.insert(this);
 }
@@ -59,18 +75,83 @@ void Connection::OnDrain() {
 }
 
 void Connection::Close() {
+  wait_ = Wait::kNone;
+  io_timer_.cancel();
   beast::error_code ignored;
   sock_.shutdown(tcp::socket::shutdown_both, ignored);
   sock_.close(ignored);
 }
 
+void Connection::Await(Wait w) {
+  const ServerLimits& l = srv_->limits();
+  wait_ = w;
+  wait_start_ = progress_ = std::chrono::steady_clock::now();
+  // A new request's headers are timed from its first byte: until it comes, the timer
+  // fires at the earlier of the two timeouts (and is re-armed to the idle one).
+  double s = w == Wait::kHeader ? l.header_timeout_s : l.idle_timeout_s;
+  if (w == Wait::kIdle && l.header_timeout_s > 0 && (s <= 0 || l.header_timeout_s < s)) {
+    s = l.header_timeout_s;
+  }
+  if (s <= 0) return;  // no limit
+  const auto at = wait_start_ + SteadyDuration(s);
+  if (io_armed_ && io_expiry_ <= at) return;  // it fires first, and looks again then
+  io_armed_ = true;
+  io_expiry_ = at;
+  io_timer_.expires_at(at);
+  io_timer_.async_wait([self = shared_from_this()](beast::error_code ec) { self->OnTimer(ec); });
+}
+
+void Connection::OnTimer(beast::error_code ec) {
+  if (ec) return;  // re-armed, or the connection closed
+  io_armed_ = false;
+  if (wait_ == Wait::kNone || !sock_.is_open()) return;
+  const ServerLimits& l = srv_->limits();
+  const bool header = wait_ == Wait::kHeader;
+  const double s = header ? l.header_timeout_s : l.idle_timeout_s;
+  if (s <= 0) return;
+  const auto from = wait_ == Wait::kBody || wait_ == Wait::kWrite ? progress_ : wait_start_;
+  const auto deadline = from + SteadyDuration(s);
+  if (std::chrono::steady_clock::now() < deadline) {
+    io_armed_ = true;
+    io_expiry_ = deadline;
+    io_timer_.expires_at(deadline);
+    io_timer_.async_wait([self = shared_from_this()](beast::error_code e) { self->OnTimer(e); });
+    return;
+  }
+  const Wait w = wait_;
+  wait_ = Wait::kNone;
+  srv_->CountTimeout(header ? "header" : w == Wait::kBody ? "body" : w == Wait::kWrite ? "write"
+                                                                                       : "idle");
+  // An idle connection, or one that does not take its answer, just closes; a request
+  // under way is answered 408 once its read is cancelled (OnRead).
+  if (w == Wait::kIdle || w == Wait::kWrite) return Close();
+  timed_out_ = w;
+  beast::error_code ignored;
+  sock_.cancel(ignored);
+}
+
 void Connection::DoRead() {
   busy_ = false;
+  timed_out_ = Wait::kNone;
   model_.reset();
   if (srv_->draining()) return Close();
+  const ServerLimits& l = srv_->limits();
   parser_.emplace();
-  parser_->body_limit(static_cast<uint64_t>(srv_->max_body()));
-  parser_->header_limit(64 * 1024);
+  parser_->body_limit(static_cast<uint64_t>(l.max_body));
+  parser_->header_limit(static_cast<uint32_t>(l.max_header_bytes));
+  if (buf_.size() > 0) return ReadHeader();  // a pipelined request's bytes are here
+  // Its first bytes (then its headers are timed).
+  Await(Wait::kIdle);
+  sock_.async_read_some(buf_.prepare(beast::read_size(buf_, 65536)),
+                        [self = shared_from_this()](beast::error_code ec, size_t n) {
+                          if (ec) return self->OnRead(ec);
+                          self->buf_.commit(n);
+                          self->ReadHeader();
+                        });
+}
+
+void Connection::ReadHeader() {
+  Await(Wait::kHeader);
   http::async_read_header(
       sock_, buf_, *parser_,
       [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -80,7 +161,15 @@ void Connection::DoRead() {
 // told to go on, unless the body is already known to be too large.
 void Connection::OnHeader(beast::error_code ec) {
   if (ec) return OnRead(ec);
+  wait_ = Wait::kNone;
   auto& req = parser_->get();
+  if (serving::Error e = CheckHead(req.base(), srv_->limits().max_headers)) {
+    busy_ = true;
+    start_ = std::chrono::steady_clock::now();
+    close_after_ = true;  // the rest of the message has no trusted extent
+    Count(e.status, 0);
+    return Error(e.status, e.message);
+  }
   const auto expect = req[http::field::expect];
   const bool too_large = parser_->content_length() &&
                          *parser_->content_length() > static_cast<uint64_t>(srv_->max_body());
@@ -94,17 +183,34 @@ void Connection::OnHeader(beast::error_code ec) {
   });
 }
 
+// The body, a part at a time: each part must come within the idle timeout.
 void Connection::ReadBody() {
-  http::async_read(sock_, buf_, *parser_,
-                   [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  if (parser_->is_done()) return OnRead({});
+  Await(Wait::kBody);
+  http::async_read_some(sock_, buf_, *parser_,
+                        [self = shared_from_this()](beast::error_code ec, size_t) {
+                          if (ec) return self->OnRead(ec);
+                          self->ReadBody();
+                        });
 }
 
 void Connection::OnRead(beast::error_code ec) {
+  wait_ = Wait::kNone;
   busy_ = true;
   start_ = std::chrono::steady_clock::now();
   request_id_.clear();
   if (ec) {
     close_after_ = true;
+    const ServerLimits& l = srv_->limits();
+    if (timed_out_ != Wait::kNone) {
+      const bool header = timed_out_ == Wait::kHeader;
+      timed_out_ = Wait::kNone;
+      Count(408, 0);
+      return Error(408, header ? "the request's headers did not arrive within " +
+                                     SecondsText(l.header_timeout_s) + " s (--header-timeout-s)"
+                               : "no bytes of the request's body arrived for " +
+                                     SecondsText(l.idle_timeout_s) + " s (--idle-timeout-s)");
+    }
     if (ec == http::error::body_limit) {
       Count(413, 0);
       return Error(413, "the request body is larger than the server's limit of " +
@@ -112,7 +218,8 @@ void Connection::OnRead(beast::error_code ec) {
     }
     if (ec == http::error::header_limit) {
       Count(431, 0);
-      return Error(431, "the request's headers are larger than 64 KiB");
+      return Error(431, "the request's headers are larger than the server's limit of " +
+                            std::to_string(l.max_header_bytes) + " bytes (--max-header-kb)");
     }
     if (ec.category() == beast::error_code(http::error::end_of_stream).category() &&
         ec != http::error::end_of_stream && ec != http::error::partial_message) {
@@ -122,7 +229,25 @@ void Connection::OnRead(beast::error_code ec) {
     return Close();  // the client closed the connection, or a socket error
   }
   keep_alive_ = parser_->get().keep_alive();
-  Route();
+  Guard([this] { Route(); });
+}
+
+void Connection::Internal(const std::string& cause) {
+  std::fprintf(stderr, "paddle-ipu: an HTTP request failed in the server: %s\n", cause.c_str());
+  if (writing_ || !sock_.is_open()) return Close();  // its answer is (partly) sent
+  if (request_) {  // admitted: taken back as a client that went away is
+    gone_ = true;
+    Close();
+    if (model_->Cancel(request_.get())) Finished();
+    return;
+  }
+  try {
+    close_after_ = true;
+    Count(500, 0);
+    Error(500, cause);
+  } catch (...) {
+    Close();
+  }
 }
 
 void Connection::Write(http::status status, std::string body, const char* type,
@@ -140,7 +265,23 @@ void Connection::Write(http::status status, std::string body, const char* type,
   if (allow) res_.set(http::field::allow, allow);
   res_.body() = std::move(body);
   res_.prepare_payload();
-  http::async_write(sock_, res_, [self = shared_from_this(), keep](beast::error_code ec, size_t) {
+  writing_ = true;
+  sr_.emplace(res_);
+  Await(Wait::kWrite);
+  WriteSome(keep);
+}
+
+// The answer, a part at a time: each part must be taken within the idle timeout.
+void Connection::WriteSome(bool keep) {
+  http::async_write_some(sock_, *sr_, [self = shared_from_this(), keep](beast::error_code ec,
+                                                                         size_t) {
+    if (!ec && !self->sr_->is_done()) {
+      self->Progress();
+      return self->WriteSome(keep);
+    }
+    self->writing_ = false;
+    self->wait_ = Wait::kNone;
+    self->sr_.reset();
     if (ec || !keep) return self->Close();
     self->DoRead();
   });
@@ -199,8 +340,10 @@ void Connection::OnTimeout(beast::error_code ec) {
   model_->counters()->Add(&CounterValues::timed_out);
   const double t = timeout_s_;
   Finished();
-  Count(504, 0);
-  Error(504, TimeoutMessage(t, model_->dynamic()));
+  Guard([&] {
+    Count(504, 0);
+    Error(504, TimeoutMessage(t, model_->dynamic()));
+  });
 }
 
 // The request left the queue: release what held the connection and the counters.
@@ -223,20 +366,23 @@ void Connection::Answer(const RequestPtr& r) {
   Finished();
   const ModelPlan& m = model_->plan();
   if (gone_) return;  // the client went away while it ran
-  if (r->state == RequestState::kDone) {
-    if (m.dynamic) {
-      DynamicHttpAnswer(m, job.get(), &job->http);
-    } else {
-      FinishHttpAnswer(m, job->req, &job->http);
+  Guard([&] {
+    if (r->state == RequestState::kDone) {
+      if (m.dynamic) {
+        DynamicHttpAnswer(m, job.get(), &job->http);
+      } else {
+        FinishHttpAnswer(m, job->req, &job->http);
+      }
+      Count(200, job->req.rows, r.get());
+      const bool bin = job->http.header_length >= 0;
+      return Write(http::status::ok, std::move(job->http.body),
+                   bin ? "application/octet-stream" : "application/json",
+                   job->http.header_length);
     }
-    Count(200, job->req.rows, r.get());
-    const bool bin = job->http.header_length >= 0;
-    return Write(http::status::ok, std::move(job->http.body),
-                 bin ? "application/octet-stream" : "application/json", job->http.header_length);
-  }
-  const serving::Error e = model_->Failure(*r, *job);
-  Count(e.status, 0, r.get());
-  Error(e.status, e.message, e.status == 503);
+    const serving::Error e = model_->Failure(*r, *job);
+    Count(e.status, 0, r.get());
+    Error(e.status, e.message, e.status == 503);
+  });
 }
 
 }  // namespace serving

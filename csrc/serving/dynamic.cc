@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdio>
+
 #include "front_end.h"
 #include "json_tensors.h"
 #include "protobuf.h"
@@ -256,11 +258,18 @@ void DynamicQueue::Loop() {
         return;  // closed, nothing left
       }
     }
-    for (const auto& c : cancels) {
-      if (c->future) c->future.attr("cancel")();
+    // Nothing a request brings may end this thread (its exception would end the
+    // process): what escapes the handler's own checks is logged.
+    try {
+      for (const auto& c : cancels) {
+        if (c->future) c->future.attr("cancel")();
+      }
+      cancels.clear();
+      if (item) Handle(item);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "paddle-ipu: a dynamic model's worker caught: %s\n", e.what());
     }
     cancels.clear();
-    if (item) Handle(item);
     item.reset();
   }
 }

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "clock.h"
 #include "dynamic.h"
 
 #include "metadata.h"
@@ -159,7 +160,7 @@ bool FrontEnd::Drain(double timeout) {
     drained_.wait(lock, done);
     return true;
   }
-  return drained_.wait_for(lock, std::chrono::duration<double>(timeout), done);
+  return drained_.wait_until(lock, DeadlineAfter(timeout), done);
 }
 
 }  // namespace serving

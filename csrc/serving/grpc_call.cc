@@ -1,6 +1,11 @@
 // gRPC ModelInfer calls (see grpc_call.h).
 #include "grpc_call.h"
 
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include "clock.h"
 #include "dynamic.h"
 #include "front_end.h"
 #include "requests.h"
@@ -61,9 +66,7 @@ void GrpcCall::Fail(const Error& e) {
 void GrpcCall::Wait(double timeout, Counters* counters) {
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout > 0) {
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(timeout));
+    const auto deadline = DeadlineAfter(timeout);
     if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
       RequestPtr r = request_;
       lock.unlock();
@@ -152,7 +155,7 @@ int GrpcCall::Complete() {
 
 const std::string& GrpcCall::response() const { return job_->grpc.body; }
 
-std::string GrpcCall::message() const { return ValidUtf8(message_); }
+std::string GrpcCall::message() const { return ValidUtf8(Bounded(message_, 2048)); }
 
 bool GrpcCall::Cancel() {
   RequestPtr r;
@@ -186,11 +189,23 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace
     call->Fail({503, kShuttingDown});
     return call;
   }
-  if (Error e = ParseGrpcInfer(m, job->body, &job->req)) {
-    call->Fail(e);
+  Error parsed;
+  try {
+    parsed = ParseGrpcInfer(m, job->body, &job->req);
+    if (!parsed && !m.dynamic) StartGrpcAnswer(m, job->req, &job->grpc);
+  } catch (const std::bad_alloc&) {
+    parsed = {500, "the server ran out of memory parsing the call (std::bad_alloc)"};
+  } catch (const std::exception& e) {
+    parsed = {500, std::string("the server failed parsing the call: ") + e.what()};
+  }
+  if (parsed) {
+    if (parsed.status >= 500) {
+      std::fprintf(stderr, "paddle-ipu: a gRPC call failed in the server: %s\n",
+                   parsed.message.c_str());
+    }
+    call->Fail(parsed);
     return call;
   }
-  if (!m.dynamic) StartGrpcAnswer(m, job->req, &job->grpc);
   if (job->req.units == 0) {
     call->Fail({200, std::string()});
     return call;
@@ -199,11 +214,16 @@ std::shared_ptr<GrpcCall> FrontEnd::GrpcInfer(std::string msg, std::string trace
   {
     std::lock_guard<std::mutex> lock(call->mu_);
     call->request_ = r;
+    // Before it is queued: the run may finish it, and its Complete() run on another
+    // thread, before Admit() returns here (a decode thread's call).
+    call->admitted_ = true;
   }
   if (Error e = Admit(r, job)) {
+    {
+      std::lock_guard<std::mutex> lock(call->mu_);
+      call->admitted_ = false;  // not counted in flight: Admit() took it back
+    }
     call->Fail(e);
-  } else {
-    call->admitted_ = true;
   }
   return call;
 }

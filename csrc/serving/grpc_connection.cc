@@ -5,10 +5,12 @@
 #include <cstring>
 #include <string_view>
 
+#include "clock.h"
 #include "front_end.h"
 #include "grpc_call.h"
 #include "listener.h"
 #include "server.h"
+#include "text.h"
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -21,6 +23,13 @@ namespace {
 
 // The send buffer is flushed to the socket once it holds this much.
 constexpr size_t kWriteChunk = 256 * 1024;
+
+// A grpc-message's bytes before percent-encoding (at most three times as many after):
+// within a client's metadata limit (gRPC's default: 8 KiB).
+constexpr size_t kMessageLimit = 2048;
+
+// Messages of this size or more are parsed on the server's decode threads.
+constexpr size_t kDecodeHere = 1 << 20;
 
 nghttp2_nv Header(std::string_view name, std::string_view value) {
   return {reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -70,7 +79,7 @@ double GrpcTimeoutSeconds(const std::string& v) {
 }
 
 GrpcConnection::GrpcConnection(tcp::socket sock, Listener* io, Server* srv)
-    : sock_(std::move(sock)), io_(io), srv_(srv) {
+    : sock_(std::move(sock)), idle_(io->ioc), io_(io), srv_(srv) {
   srv_->connections += 1;
   io_->grpc_connections.insert(this);
 }
@@ -101,13 +110,62 @@ void GrpcConnection::Start() {
   const nghttp2_settings_entry settings[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 1024},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 4 << 20},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 64 << 10},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+       static_cast<uint32_t>(srv_->limits().max_header_bytes)},
   };
   nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings,
                           sizeof(settings) / sizeof(settings[0]));
   nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, 64 << 20);
+  last_read_ = std::chrono::steady_clock::now();
+  ArmIdle();
   Flush();
   DoRead();
+}
+
+void GrpcConnection::ArmIdle() {
+  const double idle = srv_->limits().idle_timeout_s;
+  if (idle <= 0 || idle_armed_ || closed_) return;
+  idle_armed_ = true;
+  idle_.expires_at(last_read_ + SteadyDuration(idle));
+  idle_.async_wait(
+      [self = shared_from_this()](const boost::system::error_code& ec) { self->OnIdle(ec); });
+}
+
+bool GrpcConnection::CallsUnderWay() const {
+  for (const auto& entry : streams_) {
+    const Stream& s = *entry.second;
+    if (!s.answered && (s.call || s.python || s.decoding)) return true;
+    if (!s.pending.empty()) return true;
+  }
+  return false;
+}
+
+// Nothing came for the idle timeout: unless the server owes the client answers, the
+// connection ends (GOAWAY, then closed once that is sent); an answer not taken within
+// it closes the connection.
+void GrpcConnection::OnIdle(const boost::system::error_code& ec) {
+  idle_armed_ = false;
+  if (ec || closed_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto idle = SteadyDuration(srv_->limits().idle_timeout_s);
+  if (writing_ && now - write_start_ >= idle) {
+    srv_->CountTimeout("write");
+    return Close();
+  }
+  if (now - last_read_ < idle || CallsUnderWay() || writing_) {
+    if (now - last_read_ >= idle) last_read_ = now;  // the server's own work: look again later
+    return ArmIdle();
+  }
+  srv_->CountTimeout("idle");
+  if (close_when_sent_) return Close();  // its GOAWAY was not taken either
+  close_when_sent_ = true;
+  static const char kWhy[] = "idle";
+  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                        nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                        reinterpret_cast<const uint8_t*>(kWhy), sizeof(kWhy) - 1);
+  last_read_ = now;
+  Flush();
+  ArmIdle();
 }
 
 GrpcConnection::Stream* GrpcConnection::Find(int32_t id) {
@@ -121,14 +179,20 @@ void GrpcConnection::DoRead() {
                                                boost::system::error_code ec, size_t n) {
     if (self->closed_) return;
     if (ec) return self->Close();  // the client closed the connection: its calls are cancelled
-    const ssize_t rv = nghttp2_session_mem_recv(
-        self->session_, reinterpret_cast<const uint8_t*>(self->in_.data()), n);
-    if (rv < 0) {
-      // Not HTTP/2 (a bad preface), or a fatal error: GOAWAY if possible, then close.
-      nghttp2_session_terminate_session(self->session_, NGHTTP2_PROTOCOL_ERROR);
+    self->last_read_ = std::chrono::steady_clock::now();
+    try {
+      const ssize_t rv = nghttp2_session_mem_recv(
+          self->session_, reinterpret_cast<const uint8_t*>(self->in_.data()), n);
+      if (rv < 0) {
+        // Not HTTP/2 (a bad preface), or a fatal error: GOAWAY if possible, then close.
+        nghttp2_session_terminate_session(self->session_, NGHTTP2_PROTOCOL_ERROR);
+      }
+      self->Flush();
+      self->DoRead();
+    } catch (const std::exception& e) {  // outside any call's guard: the connection ends
+      std::fprintf(stderr, "paddle-ipu: a gRPC connection failed in the server: %s\n", e.what());
+      self->Close();
     }
-    self->Flush();
-    self->DoRead();
   });
 }
 
@@ -149,10 +213,11 @@ void GrpcConnection::Flush() {
     // side of a stream open does not hold the server).
     bool answered = true;
     for (const auto& entry : streams_) answered = answered && entry.second->finished;
-    if (done || (draining_ && answered)) Close();
+    if (done || (draining_ && answered) || close_when_sent_) Close();
     return;
   }
   writing_ = true;
+  write_start_ = std::chrono::steady_clock::now();
   asio::async_write(sock_, asio::buffer(out_),
                     [self = shared_from_this()](boost::system::error_code ec, size_t) {
                       self->writing_ = false;
@@ -164,6 +229,7 @@ void GrpcConnection::Flush() {
 void GrpcConnection::Close() {
   if (closed_) return;
   closed_ = true;
+  idle_.cancel();
   for (auto& entry : streams_) {
     Stream& s = *entry.second;
     if (s.timer) s.timer->cancel();
@@ -196,10 +262,12 @@ void GrpcConnection::OnDrain() {
 int GrpcConnection::OnBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* self) {
   auto* c = static_cast<GrpcConnection*>(self);
   if (c->closed_) return 0;
-  if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
-    c->streams_[frame->hd.stream_id] = std::make_unique<Stream>();
-  }
-  return 0;
+  return c->Guard(0, [&] {
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+      c->streams_[frame->hd.stream_id] = std::make_unique<Stream>();
+    }
+    return 0;
+  });
 }
 
 int GrpcConnection::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
@@ -209,6 +277,21 @@ int GrpcConnection::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const
   if (c->closed_ || frame->hd.type != NGHTTP2_HEADERS) return 0;
   Stream* s = c->Find(frame->hd.stream_id);
   if (!s) return 0;
+  return c->Guard(frame->hd.stream_id, [&] { return c->TakeHeader(*s, name, namelen, value, valuelen); });
+}
+
+int GrpcConnection::TakeHeader(Stream& stream, const uint8_t* name, size_t namelen,
+                           const uint8_t* value, size_t valuelen) {
+  Stream* s = &stream;
+  // A header list's size as HTTP/2 counts it (RFC 9113 6.5.2): what is past the
+  // limits is not kept, and the call is refused once its headers end (OnFrame).
+  s->header_bytes += static_cast<int64_t>(namelen + valuelen) + 32;
+  s->headers += 1;
+  const ServerLimits& l = srv_->limits();
+  if (s->headers_over || s->header_bytes > l.max_header_bytes || s->headers > l.max_headers) {
+    s->headers_over = true;
+    return 0;
+  }
   const std::string_view n = View(name, namelen);
   const std::string_view v = View(value, valuelen);
   if (n == ":path") {
@@ -221,7 +304,7 @@ int GrpcConnection::OnHeader(nghttp2_session*, const nghttp2_frame* frame, const
     const double t = GrpcTimeoutSeconds(std::string(v));
     if (t < 0) s->bad_timeout = true;
     else s->deadline_s = t;
-  } else if (n == "traceparent" && c->srv_->logging()) {
+  } else if (n == "traceparent" && srv_->logging()) {
     s->trace = v;
   }
   return 0;
@@ -231,45 +314,47 @@ int GrpcConnection::OnDataChunk(nghttp2_session*, uint8_t, int32_t id, const uin
                                 size_t len, void* self) {
   auto* c = static_cast<GrpcConnection*>(self);
   if (c->closed_) return 0;
-  Stream* s = c->Find(id);
-  if (!s || (!s->streaming && (s->answered || s->too_large)) || s->ending) return 0;
-  // The message's limit (--max-body-mb), and its 5-byte prefix; and what the
-  // connection's calls may hold while they arrive: twice that.
-  const auto limit = static_cast<size_t>(c->srv_->max_body()) + 5;
-  auto crowded_why = [limit] {
-    return "the calls of this connection hold more than " + std::to_string(2 * limit) +
-           " bytes of messages being received (twice --max-body-mb)";
-  };
-  if (s->streaming) {
-    // Each message's own size is checked by its prefix (StreamMessages).
+  return c->Guard(id, [&] {
+    Stream* s = c->Find(id);
+    if (!s || (!s->streaming && (s->answered || s->too_large)) || s->ending) return 0;
+    // The message's limit (--max-body-mb), and its 5-byte prefix; and what the
+    // connection's calls may hold while they arrive: twice that.
+    const auto limit = static_cast<size_t>(c->srv_->max_body()) + 5;
+    auto crowded_why = [limit] {
+      return "the calls of this connection hold more than " + std::to_string(2 * limit) +
+             " bytes of messages being received (twice --max-body-mb)";
+    };
+    if (s->streaming) {
+      // Each message's own size is checked by its prefix (StreamMessages).
+      s->body.append(reinterpret_cast<const char*>(data), len);
+      c->receiving_ += len;
+      c->StreamMessages(id, *s);
+      if (!s->ending && c->receiving_ > 2 * limit) {
+        c->EndStream(id, *s, kResourceExhausted, crowded_why());
+      }
+      return 0;
+    }
+    const bool over = s->body.size() + len > limit;
+    const bool crowded = !over && c->receiving_ + len > 2 * limit;
+    if (over || crowded) {
+      s->too_large = true;
+      c->Release(*s);
+      const std::string why =
+          over ? "the request message is larger than the server's limit of " +
+                     std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)"
+               : crowded_why();
+      if (s->path == kInferPath) {
+        // Counted (and logged) as HTTP's 413 is, with the requests no model answered.
+        s->call = c->srv_->GrpcRefused({413, why}, s->trace, c->InferCallback(id));
+      } else {
+        c->Fail(id, *s, kResourceExhausted, why);
+      }
+      return 0;
+    }
     s->body.append(reinterpret_cast<const char*>(data), len);
     c->receiving_ += len;
-    c->StreamMessages(id, *s);
-    if (!s->ending && c->receiving_ > 2 * limit) {
-      c->EndStream(id, *s, kResourceExhausted, crowded_why());
-    }
     return 0;
-  }
-  const bool over = s->body.size() + len > limit;
-  const bool crowded = !over && c->receiving_ + len > 2 * limit;
-  if (over || crowded) {
-    s->too_large = true;
-    c->Release(*s);
-    const std::string why =
-        over ? "the request message is larger than the server's limit of " +
-                   std::to_string(c->srv_->max_body()) + " bytes (--max-body-mb)"
-             : crowded_why();
-    if (s->path == kInferPath) {
-      // Counted (and logged) as HTTP's 413 is, with the requests no model answered.
-      s->call = c->srv_->GrpcRefused({413, why}, s->trace, c->InferCallback(id));
-    } else {
-      c->Fail(id, *s, kResourceExhausted, why);
-    }
-    return 0;
-  }
-  s->body.append(reinterpret_cast<const char*>(data), len);
-  c->receiving_ += len;
-  return 0;
+  });
 }
 
 std::string GrpcConnection::Release(Stream& s) {
@@ -287,24 +372,35 @@ int GrpcConnection::OnFrame(nghttp2_session*, const nghttp2_frame* frame, void* 
   const int32_t id = frame->hd.stream_id;
   Stream* s = c->Find(id);
   if (!s) return 0;
-  const bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
-  // A streaming call is answered as its messages come, not at the client's end.
-  if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
-      s->path == kStreamPath) {
-    c->OpenStream(id, *s);
-  }
-  if (s->streaming) {
-    if (end) {
-      s->remote_done = true;
-      if (s->parsed < s->body.size() && !s->ending) {
-        c->EndStream(id, *s, kInvalidArgument, "the stream ended inside a message");
-      }
-      c->Resume(id, *s);
+  return c->Guard(id, [&] {
+    const bool end = frame->hd.flags & NGHTTP2_FLAG_END_STREAM;
+    if (frame->hd.type == NGHTTP2_HEADERS && s->headers_over && !s->answered) {
+      const ServerLimits& l = c->srv_->limits();
+      c->Fail(id, *s, kResourceExhausted,
+              "the call's headers are past the server's limits of " +
+                  std::to_string(l.max_headers) + " fields and " +
+                  std::to_string(l.max_header_bytes) +
+                  " bytes (--max-headers, --max-header-kb)");
+      return 0;  // what the client still sends on the stream is dropped
     }
+    // A streaming call is answered as its messages come, not at the client's end.
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
+        s->path == kStreamPath) {
+      c->OpenStream(id, *s);
+    }
+    if (s->streaming) {
+      if (end) {
+        s->remote_done = true;
+        if (s->parsed < s->body.size() && !s->ending) {
+          c->EndStream(id, *s, kInvalidArgument, "the stream ended inside a message");
+        }
+        c->Resume(id, *s);
+      }
+      return 0;
+    }
+    if (end && !s->answered && !s->call && !s->python && !s->decoding) c->Dispatch(id, *s);
     return 0;
-  }
-  if (end && !s->answered && !s->call && !s->python) c->Dispatch(id, *s);
-  return 0;
+  });
 }
 
 int GrpcConnection::OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* self) {
@@ -315,8 +411,12 @@ int GrpcConnection::OnStreamClose(nghttp2_session*, int32_t id, uint32_t, void* 
   if (s.timer) s.timer->cancel();
   // Reset by the client before its answer: its request leaves the queue (a call
   // already answered finds nothing to cancel).
-  if (s.call) s.call->Cancel();
-  CancelAll(s);
+  try {
+    if (s.call) s.call->Cancel();
+    CancelAll(s);
+  } catch (const std::exception& e) {  // the stream goes all the same
+    std::fprintf(stderr, "paddle-ipu: cancelling a gRPC call failed: %s\n", e.what());
+  }
   c->Release(s);
   c->streams_.erase(it);
   return 0;
@@ -397,27 +497,69 @@ std::function<void(std::shared_ptr<GrpcCall>)> GrpcConnection::InferCallback(int
     auto io = wio.lock();
     if (!io) return;
     asio::post(io->ioc, [weak, id, call = std::move(call)] {
-      const int code = call->Complete();  // counted even if the client went away
-      if (auto c = weak.lock()) c->InferDone(id, call, code);
+      auto c = weak.lock();
+      auto done = [&] {
+        const int code = call->Complete();  // counted even if the client went away
+        if (c) c->InferDone(id, call, code);
+        return 0;
+      };
+      if (!c) return (void)done();
+      if (c->Guard(id, done) != 0) c->Close();
+      c->Flush();
     });
   };
 }
 
+void GrpcConnection::Decode(int32_t id, std::string msg, const std::string& trace,
+                            std::function<void(std::shared_ptr<GrpcCall>)> done,
+                            std::function<void(std::shared_ptr<GrpcCall>)> then) {
+  if (msg.size() < kDecodeHere) return then(srv_->GrpcInfer(std::move(msg), trace, std::move(done)));
+  // A large message (a typed tensor of tens of MB parses in about a second) is routed,
+  // parsed and queued on a decode thread; this IO thread goes on meanwhile.
+  srv_->Decode([self = shared_from_this(), id, msg = std::move(msg), trace,
+                done = std::move(done), then = std::move(then)]() mutable {
+    std::shared_ptr<GrpcCall> call;
+    try {
+      call = self->srv_->GrpcInfer(std::move(msg), trace, done);
+    } catch (const std::exception& e) {  // out of memory routing it
+      call = self->srv_->GrpcRefused(
+          {500, std::string("the server failed handling the call: ") + e.what()}, trace, done);
+    }
+    Listener* io = self->io_;
+    asio::post(io->ioc, [self = std::move(self), id, call = std::move(call),
+                         then = std::move(then)] {
+      if (self->Guard(id, [&] { return then(call), 0; }) != 0) self->Close();
+      self->Flush();
+    });
+  });
+}
+
 void GrpcConnection::Infer(int32_t id, Stream& s, std::string msg) {
-  std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, InferCallback(id));
-  s.call = call;
+  s.decoding = true;
+  Decode(id, std::move(msg), s.trace, InferCallback(id),
+         [this, id](std::shared_ptr<GrpcCall> call) { Queued(id, std::move(call)); });
+}
+
+void GrpcConnection::Queued(int32_t id, std::shared_ptr<GrpcCall> call) {
+  Stream* s = closed_ ? nullptr : Find(id);
+  if (!s) {  // the client went away while it was decoded
+    call->Cancel();
+    return;
+  }
+  s->decoding = false;
+  if (s->answered) return;  // answered already (refused, or done, before this)
+  s->call = call;
   // The server's own timeout ends a little before the client's deadline, so that the
   // server answers DEADLINE_EXCEEDED itself rather than racing the client's reset.
   double deadline = 0;
-  if (s.deadline_s > 0) {
-    deadline = std::max(s.deadline_s - std::min(0.02, 0.1 * s.deadline_s), 1e-6);
+  if (s->deadline_s > 0) {
+    deadline = std::max(s->deadline_s - std::min(0.02, 0.1 * s->deadline_s), 1e-6);
   }
   const double t = call->EffectiveTimeout(deadline);
   if (t > 0) {
-    s.timer = std::make_unique<asio::steady_timer>(io_->ioc);
-    s.timer->expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(t)));
-    s.timer->async_wait([call, t](boost::system::error_code ec) {
+    s->timer = std::make_unique<asio::steady_timer>(io_->ioc);
+    s->timer->expires_after(SteadyDuration(t));
+    s->timer->async_wait([call, t](boost::system::error_code ec) {
       if (!ec) call->Expire(t);
     });
   }
@@ -450,10 +592,14 @@ void GrpcConnection::Unary(int32_t id, Stream& s, std::string msg) {
                          body = std::move(body)]() mutable {
       auto c = weak.lock();
       if (!c || c->closed_) return;
-      Stream* s = c->Find(id);
-      if (!s || s->answered) return;
-      if (code == kOk) c->Respond(id, *s, std::move(body));
-      else c->Fail(id, *s, code, message);
+      const int rv = c->Guard(id, [&] {
+        Stream* s = c->Find(id);
+        if (!s || s->answered) return 0;
+        if (code == kOk) c->Respond(id, *s, std::move(body));
+        else c->Fail(id, *s, code, message);
+        return 0;
+      });
+      if (rv != 0) c->Close();
       c->Flush();
     });
   };
@@ -485,7 +631,7 @@ void GrpcConnection::Fail(int32_t id, Stream& s, int code, const std::string& me
                           bool retry) {
   // Trailers-only: the status in the response's one HEADERS frame.
   const std::string status = std::to_string(code);
-  const std::string text = PercentEncode(message);
+  const std::string text = PercentEncode(Bounded(message, kMessageLimit));
   const nghttp2_nv headers[] = {Header(":status", "200"),
                                 Header("content-type", "application/grpc"),
                                 Header("grpc-status", status), Header("grpc-message", text),

@@ -12,6 +12,13 @@
 // itself. A stream the client resets, or a connection it closes, cancels its call (a
 // queued request leaves the queue). A drain sends GOAWAY, answers the calls under
 // way, then closes.
+//
+// The server's limits (server.h): a connection on which nothing arrives for the idle
+// timeout while none of its calls is under way is sent GOAWAY and closed (one whose
+// answers are not taken within it, closed); a call's headers are bounded in size and
+// number (RESOURCE_EXHAUSTED). nghttp2's callbacks are C: every one runs under a guard,
+// so that an exception (std::bad_alloc included) answers its call INTERNAL naming the
+// cause instead of unwinding through nghttp2.
 #pragma once
 
 #include <nghttp2/nghttp2.h>
@@ -19,9 +26,13 @@
 #include <boost/asio.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -38,7 +49,7 @@ constexpr std::string_view kService = "/inference.GRPCInferenceService/";
 constexpr std::string_view kInferPath = "/inference.GRPCInferenceService/ModelInfer";
 constexpr std::string_view kStreamPath = "/inference.GRPCInferenceService/ModelStreamInfer";
 constexpr int kOk = 0, kInvalidArgument = 3, kResourceExhausted = 8, kUnimplemented = 12,
-              kUnavailable = 14;
+              kInternal = 13, kUnavailable = 14;
 
 // "grpc-message": percent-encoded as gRPC's HTTP/2 mapping says (bytes outside
 // 0x20-0x7E, and '%').
@@ -60,11 +71,14 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
     std::string path, content_type, method, trace;
     double deadline_s = 0;  // the client's grpc-timeout (0: none)
     bool bad_timeout = false;
+    int64_t header_bytes = 0, headers = 0;  // as HTTP/2 counts a header list's size
+    bool headers_over = false;              // past the server's limits
     std::string body;
     bool too_large = false;
     bool answered = false;  // a response was submitted
     bool finished = false;  // its status (trailers) was submitted
     std::shared_ptr<GrpcCall> call;  // ModelInfer, while queued or running
+    bool decoding = false;           // ModelInfer, while a decode thread parses it
     bool python = false;             // handed to the Python side
     std::unique_ptr<boost::asio::steady_timer> timer;
     // The response's one message: its 5-byte prefix and its bytes (`owned`, or the
@@ -103,6 +117,17 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
                           uint32_t* flags, nghttp2_data_source* source, void* self);
 
   Stream* Find(int32_t id);
+  // One header of a request (OnHeader), within the server's limits.
+  int TakeHeader(Stream& s, const uint8_t* name, size_t namelen, const uint8_t* value,
+             size_t valuelen);
+  // Runs a callback's work: an exception answers stream `id`'s call INTERNAL (0), or,
+  // when that fails too, is a fatal error of the session (nghttp2 closes it).
+  template <typename F>
+  int Guard(int32_t id, F&& f);
+  // The idle timer (see above): armed from the last bytes read.
+  void ArmIdle();
+  void OnIdle(const boost::system::error_code& ec);
+  bool CallsUnderWay() const;
   // Takes a stream's message bytes out of it (and out of receiving_).
   std::string Release(Stream& s);
   void DoRead();
@@ -113,6 +138,14 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   // A request is complete (its END_STREAM came): route it.
   void Dispatch(int32_t id, Stream& s);
   void Infer(int32_t id, Stream& s, std::string msg);
+  // Routes, parses and queues a ModelInfer message (Server::GrpcInfer; `done`: the
+  // call's callback), on a decode thread when it is large, then runs `then` with the
+  // call on this IO thread (stream `id` may be gone by then).
+  void Decode(int32_t id, std::string msg, const std::string& trace,
+              std::function<void(std::shared_ptr<GrpcCall>)> done,
+              std::function<void(std::shared_ptr<GrpcCall>)> then);
+  // A unary call was queued (or refused): its deadline's timer.
+  void Queued(int32_t id, std::shared_ptr<GrpcCall> call);
   // A ModelInfer call's `done`: posts its answer to InferDone on this IO thread.
   std::function<void(std::shared_ptr<GrpcCall>)> InferCallback(int32_t id);
   void Unary(int32_t id, Stream& s, std::string msg);
@@ -138,6 +171,10 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   static void CancelAll(Stream& s);
 
   boost::asio::ip::tcp::socket sock_;
+  boost::asio::steady_timer idle_;
+  std::chrono::steady_clock::time_point last_read_, write_start_;
+  bool idle_armed_ = false;
+  bool close_when_sent_ = false;  // GOAWAY for an idle connection: close once it is sent
   Listener* io_;
   Server* srv_;
   nghttp2_session* session_ = nullptr;
@@ -149,6 +186,32 @@ class GrpcConnection : public std::enable_shared_from_this<GrpcConnection> {
   bool closed_ = false;
   bool draining_ = false;
 };
+
+template <typename F>
+int GrpcConnection::Guard(int32_t id, F&& f) {
+  std::string cause;
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    cause = "the server ran out of memory handling the call (std::bad_alloc)";
+  } catch (const std::exception& e) {
+    cause = std::string("the server failed handling the call: ") + e.what();
+  } catch (...) {
+    cause = "the server failed handling the call (an unknown exception)";
+  }
+  std::fprintf(stderr, "paddle-ipu: a gRPC call failed in the server: %s\n", cause.c_str());
+  try {
+    Stream* s = id > 0 ? Find(id) : nullptr;
+    if (s && !s->answered) {
+      Fail(id, *s, kInternal, cause);
+      return 0;
+    }
+    if (s && s->streaming && !s->ending) EndStream(id, *s, kInternal, cause);
+    if (s) return 0;
+  } catch (...) {
+  }
+  return NGHTTP2_ERR_CALLBACK_FAILURE;
+}
 
 }  // namespace serving
 }  // namespace paddle_ipu

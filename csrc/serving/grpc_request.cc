@@ -7,6 +7,7 @@
 #include "checks.h"
 #include "protobuf.h"
 #include "requests.h"
+#include "sizes.h"
 #include "text.h"
 
 namespace paddle_ipu {
@@ -257,26 +258,40 @@ Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r) 
                          ShapeStr(in.shape)};
       }
     }
+    int64_t count = 0, bytes = 0;
+    if (Error e = TensorSize(t.name, in.shape, d, m.max_body, &count, &bytes)) return e;
     if (Error e = CheckShape(m, t, in.shape, r, &first)) return e;
     r->in_shapes[k] = in.shape;
-    const int64_t bytes = Elements(in.shape) * ElemSize(d);
     std::string_view data;
     std::string typed;
     if (!raw.empty()) {
       data = raw[i];
     } else {
+      // A typed element takes one byte of the message at least.
+      if (Error e = ElementsFit(t.name, in.shape, count, 1,
+                                static_cast<int64_t>(in.contents.size()))) {
+        return e;
+      }
       int64_t n = 0;
       if (!PbContents(in.contents, d, &typed, &n)) {
         return {400, "input " + Repr(t.name) + ": its contents are not " + V2Name(d) +
                          " values (FP16 travels in raw_input_contents)"};
       }
+      if (d != DType::kBytes && n != count) {
+        return {400, "input " + Repr(t.name) + ": shape " + ShapeStr(in.shape) + " has " +
+                         std::to_string(count) + " elements, its contents hold " +
+                         std::to_string(n)};
+      }
       data = typed;
     }
     if (d == DType::kBytes) {
+      if (Error e = ElementsFit(t.name, in.shape, count, 4, static_cast<int64_t>(data.size()))) {
+        return e;
+      }
       const int64_t n = BytesElements(data);
-      if (n != Elements(in.shape)) {
+      if (n != count) {
         return {400, "input " + Repr(t.name) + ": shape " + ShapeStr(in.shape) + " has " +
-                         std::to_string(Elements(in.shape)) + " elements, its BYTES data holds " +
+                         std::to_string(count) + " elements, its BYTES data holds " +
                          (n < 0 ? std::string("no whole number of length-prefixed elements")
                                 : std::to_string(n))};
       }

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstring>
 
+#include "clock.h"
 #include "front_end.h"
 #include "grpc_call.h"
 #include "grpc_connection.h"
 #include "listener.h"
 #include "server.h"
+#include "text.h"
 
 namespace asio = boost::asio;
 
@@ -114,24 +116,43 @@ void GrpcConnection::StreamInfer(int32_t id, Stream& s, std::string msg) {
     auto io = wio.lock();
     if (!io) return;
     asio::post(io->ioc, [weak, id, seq, call = std::move(call)] {
-      const int code = call->Complete();  // counted even if the client went away
-      if (auto c = weak.lock()) c->StreamDone(id, seq, call, code);
+      auto c = weak.lock();
+      auto done = [&] {
+        const int code = call->Complete();  // counted even if the client went away
+        if (c) c->StreamDone(id, seq, call, code);
+        return 0;
+      };
+      if (!c) return (void)done();
+      if (c->Guard(id, done) != 0) c->Close();
+      c->Flush();
     });
   };
-  std::shared_ptr<GrpcCall> call = srv_->GrpcInfer(std::move(msg), s.trace, std::move(done));
-  Stream::Pending& p = s.pending[seq];
-  p.call = call;
-  // The request's timeout parameter, or the server's request timeout (the stream's
-  // own deadline ends the stream: the client resets it).
-  const double t = call->EffectiveTimeout(0);
-  if (t > 0) {
-    p.timer = std::make_unique<asio::steady_timer>(io_->ioc);
-    p.timer->expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(t)));
-    p.timer->async_wait([call, t](boost::system::error_code ec) {
-      if (!ec) call->Expire(t);
-    });
-  }
+  s.pending[seq];  // under way; its call once decoded
+  Decode(id, std::move(msg), s.trace, std::move(done),
+         [this, id, seq](std::shared_ptr<GrpcCall> call) {
+           Stream* st = closed_ ? nullptr : Find(id);
+           Stream::Pending* pending = nullptr;
+           if (st) {
+             auto it = st->pending.find(seq);
+             if (it != st->pending.end()) pending = &it->second;
+           }
+           if (!pending) {  // the stream ended, or the call was answered already
+             call->Cancel();
+             return;
+           }
+           Stream::Pending& p = *pending;
+           p.call = call;
+           // The request's timeout parameter, or the server's request timeout (the
+           // stream's own deadline ends the stream: the client resets it).
+           const double t = call->EffectiveTimeout(0);
+           if (t > 0) {
+             p.timer = std::make_unique<asio::steady_timer>(io_->ioc);
+             p.timer->expires_after(SteadyDuration(t));
+             p.timer->async_wait([call, t](boost::system::error_code ec) {
+               if (!ec) call->Expire(t);
+             });
+           }
+         });
 }
 
 void GrpcConnection::StreamDone(int32_t id, uint64_t seq, const std::shared_ptr<GrpcCall>& call,
@@ -176,7 +197,7 @@ void GrpcConnection::CancelAll(Stream& s) {
   calls.swap(s.pending);
   for (auto& entry : calls) {
     if (entry.second.timer) entry.second.timer->cancel();
-    entry.second.call->Cancel();
+    if (entry.second.call) entry.second.call->Cancel();  // (none while decoded)
   }
 }
 
@@ -198,8 +219,13 @@ ssize_t GrpcConnection::ReadStream(nghttp2_session* session, int32_t id, uint8_t
   }
   if (s->ending || (s->remote_done && s->pending.empty())) {
     *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    const std::string status = std::to_string(s->ending ? s->code : kOk);
-    const std::string text = PercentEncode(s->message);
+    std::string status, text;
+    try {
+      status = std::to_string(s->ending ? s->code : kOk);
+      text = PercentEncode(Bounded(s->message, 2048));  // (as Fail's, grpc_connection.cc)
+    } catch (const std::exception&) {  // out of memory: the stream is reset instead
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
     const nghttp2_nv trailers[] = {
         {reinterpret_cast<uint8_t*>(const_cast<char*>("grpc-status")),
          reinterpret_cast<uint8_t*>(const_cast<char*>(status.data())), 11, status.size(),

@@ -5,6 +5,7 @@
 #include "checks.h"
 #include "json_tensors.h"
 #include "requests.h"
+#include "sizes.h"
 #include "text.h"
 
 namespace json = boost::json;
@@ -157,22 +158,36 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
       return {400, "input " + Repr(name) + ": shape must be a list of ints >= 0, got " +
                        (sv ? Short(*sv) : "None")};
     }
+    int64_t count = 0, bytes = 0;
+    if (Error e = TensorSize(name, dims, d, m.max_body, &count, &bytes)) return e;
     if (Error e = CheckShape(m, t, dims, r, &first)) return e;
     r->in_shapes[k] = dims;
-    const int64_t count = Elements(dims);
-    int64_t bytes = count * ElemSize(d);
     const json::object* params = ObjectMember(o, "parameters");
     const json::value* size = Member(params, "binary_data_size");
-    if (size && !size->is_null() && d == DType::kBytes) {
-      // Elements of any length: the size says where the tensor ends, then its
-      // elements are counted.
-      bytes = size->is_int64() ? size->get_int64() : -1;
-      if (bytes < 0) {
-        return {400, "input " + Repr(name) + ": binary_data_size must be an int >= 0, got " +
-                         Short(*size)};
+    const size_t left = blob.size() - offset;  // the binary data not claimed yet
+    if (size && !size->is_null()) {
+      if (d == DType::kBytes) {
+        // Elements of any length: the size says where the tensor ends, then its
+        // elements are counted.
+        bytes = size->is_int64() ? size->get_int64() : -1;
+        if (bytes < 0) {
+          return {400, "input " + Repr(name) + ": binary_data_size must be an int >= 0, got " +
+                           Short(*size)};
+        }
+      } else if (!size->is_int64() || size->get_int64() != bytes) {
+        return {400, "input " + Repr(name) + ": binary_data_size is " + Short(*size) +
+                         ", but shape " + ShapeStr(dims) + " of " + V2Name(d) + " takes " +
+                         std::to_string(bytes) + " bytes"};
       }
-      if (offset + static_cast<size_t>(bytes) <= blob.size()) {
-        const int64_t n = BytesElements(blob.substr(offset, static_cast<size_t>(bytes)));
+      if (static_cast<uint64_t>(bytes) > left) {
+        return {400, "input " + Repr(name) + ": the body ends " +
+                         std::to_string(static_cast<uint64_t>(bytes) - left) +
+                         " bytes before this input's binary data"};
+      }
+      const std::string_view data = blob.substr(offset, static_cast<size_t>(bytes));
+      if (d == DType::kBytes) {
+        if (Error e = ElementsFit(name, dims, count, 4, bytes)) return e;
+        const int64_t n = BytesElements(data);
         if (n != count) {
           return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " has " +
                            std::to_string(count) + " elements, its " + std::to_string(bytes) +
@@ -181,36 +196,19 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
                                   : std::to_string(n))};
         }
       }
-    }
-    if (size && !size->is_null()) {
-      if (!size->is_int64() || size->get_int64() != bytes) {
-        return {400, "input " + Repr(name) + ": binary_data_size is " + Short(*size) +
-                         ", but shape " + ShapeStr(dims) + " of " + V2Name(d) + " takes " +
-                         std::to_string(bytes) + " bytes"};
-      }
-      if (offset + static_cast<size_t>(bytes) > blob.size()) {
-        return {400, "input " + Repr(name) + ": the body ends " +
-                         std::to_string(offset + static_cast<size_t>(bytes) - blob.size()) +
-                         " bytes before this input's binary data"};
-      }
-      data_at[k] = blob.data() + offset;
+      data_at[k] = data.data();
       offset += static_cast<size_t>(bytes);
     } else {
       const json::value* data = Member(o, "data");
       if (!data) return {400, "input " + Repr(name) + " has neither data nor binary_data_size"};
+      // A JSON value takes one character at least: the elements must fit the header.
+      if (Error e = ElementsFit(name, dims, count, 1, static_cast<int64_t>(head.size()))) {
+        return e;
+      }
       std::string& raw = json_raw[k];
       raw.reserve(static_cast<size_t>(bytes));
-      int64_t n = 0;
-      const json::value* bad = nullptr;
-      if (!JsonTensor(d, *data, &raw, &n, &bad)) {
-        return {400, "input " + Repr(name) + ": data is not " + V2Name(d) + ": " +
-                         (bad ? Short(*bad) : Short(*data)) + " is not a " +
-                         (d == DType::kBytes ? "string" : NumpyName(d)) + " value"};
-      }
-      if (n != count) {
-        return {400, "input " + Repr(name) + ": shape " + ShapeStr(dims) + " has " +
-                         std::to_string(count) + " elements, data has " + std::to_string(n)};
-      }
+      std::string why = JsonTensor(d, *data, dims, count, &raw);
+      if (!why.empty()) return {400, "input " + Repr(name) + ": " + why};
       data_at[k] = raw.data();
     }
   }

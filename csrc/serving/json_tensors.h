@@ -7,17 +7,21 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dtypes.h"
 
 namespace paddle_ipu {
 namespace serving {
 
-// Appends the elements of `v` (a nested list, or one value), flattened, to `out` as
-// elements of `t` and counts them; false, with `*bad` at the first value that is no
-// `t` value, when one does not fit.
-bool JsonTensor(DType t, const boost::json::value& v, std::string* out, int64_t* count,
-                const boost::json::value** bad);
+// The elements of `v`, the data of a tensor of shape `shape` with `count` elements (a
+// flat list of them, lists nested as the shape -- the innermost holding the rest of it
+// --, or one value for one element), appended to `out` as elements of `t`. "" when
+// they were, else what is wrong (ragged lists, a nesting that is not the shape's, a
+// value of another type or outside `t`'s range), for the caller to prefix with the
+// input's name.
+std::string JsonTensor(DType t, const boost::json::value& v, const std::vector<int64_t>& shape,
+                       int64_t count, std::string* out);
 
 // Appends the `n` elements of `t` at `p` to `out` as a flat JSON list, written as
 // Python's json writes them (NaN, Infinity).

@@ -3,6 +3,9 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
+#include <cstdio>
+
 #include <boost/beast/core/error.hpp>
 
 #include "connection.h"
@@ -50,17 +53,64 @@ int Listener::ListenGrpc(const std::string& host, int port, bool reuse_port) {
   return Bind(grpc_acceptor, ioc, host, port, reuse_port);
 }
 
+bool Listener::Admit(Server* srv, tcp::socket& s, bool http) {
+  boost::beast::error_code ignored;
+  if (srv->draining()) {
+    s.close(ignored);
+    return false;
+  }
+  const ServerLimits& l = srv->limits();
+  if (l.max_connections > 0 && srv->connections.load() >= l.max_connections) {
+    srv->CountRefused();
+    if (http) {  // told why, in what fits one write to a new socket (or nothing)
+      static const std::string kBusy = [] {
+        const std::string body =
+            "{\"error\":\"the server has as many connections open as it takes "
+            "(--max-connections); retry later\"}";
+        return "HTTP/1.1 503 Service Unavailable\r\nServer: paddle-ipu\r\n"
+               "Content-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
+               "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      }();
+      s.non_blocking(true, ignored);
+      s.write_some(asio::buffer(kBusy), ignored);
+      s.shutdown(tcp::socket::shutdown_send, ignored);
+    }
+    s.close(ignored);
+    return false;
+  }
+  s.set_option(tcp::no_delay(true), ignored);
+  return true;
+}
+
+bool Listener::BackOff(const boost::system::error_code& ec, std::optional<asio::steady_timer>& t,
+                       std::function<void()> again) {
+  const int e = ec.value();
+  const bool starved = ec.category() == boost::system::system_category() &&
+                       (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM);
+  if (!starved) return false;
+  if (!backoff_logged) {
+    backoff_logged = true;
+    std::fprintf(stderr,
+                 "paddle-ipu: accept() failed (%s): new connections wait 100 ms at a time until "
+                 "a descriptor is free; raise the open-file limit (ulimit -n) above "
+                 "--max-connections\n",
+                 ec.message().c_str());
+  }
+  if (!t) t.emplace(ioc);
+  t->expires_after(std::chrono::milliseconds(100));
+  t->async_wait([again = std::move(again)](const boost::system::error_code& w) {
+    if (!w) again();
+  });
+  return true;
+}
+
 void Listener::AcceptGrpc(Server* srv) {
   grpc_acceptor->async_accept([this, srv](boost::beast::error_code ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted || !grpc_acceptor->is_open()) return;
-    if (!ec) {
-      boost::beast::error_code ignored;
-      s.set_option(tcp::no_delay(true), ignored);
-      if (srv->draining()) {
-        s.close(ignored);
-      } else {
-        std::make_shared<GrpcConnection>(std::move(s), this, srv)->Start();
-      }
+    if (ec && BackOff(ec, grpc_backoff, [this, srv] { AcceptGrpc(srv); })) return;
+    if (!ec && Admit(srv, s, false)) {
+      backoff_logged = false;
+      std::make_shared<GrpcConnection>(std::move(s), this, srv)->Start();
     }
     AcceptGrpc(srv);
   });
@@ -69,9 +119,9 @@ void Listener::AcceptGrpc(Server* srv) {
 void Listener::Accept(Server* srv) {
   acceptor->async_accept([this, srv](boost::beast::error_code ec, tcp::socket s) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
-    if (!ec) {
-      boost::beast::error_code ignored;
-      s.set_option(tcp::no_delay(true), ignored);
+    if (ec && BackOff(ec, backoff, [this, srv] { Accept(srv); })) return;
+    if (!ec && Admit(srv, s, true)) {
+      backoff_logged = false;
       std::make_shared<Connection>(std::move(s), this, srv)->Start();
     }
     Accept(srv);
@@ -83,6 +133,8 @@ void Listener::StopAccepting() {
     boost::beast::error_code ignored;
     if (acceptor) acceptor->close(ignored);
     if (grpc_acceptor) grpc_acceptor->close(ignored);
+    if (backoff) backoff->cancel();
+    if (grpc_backoff) grpc_backoff->cancel();
     std::vector<Connection*> all(connections.begin(), connections.end());
     for (Connection* c : all) c->OnDrain();
     std::vector<GrpcConnection*> grpc(grpc_connections.begin(), grpc_connections.end());

@@ -6,6 +6,7 @@
 
 #include <boost/asio.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,13 +33,18 @@ struct Listener : NativeSink, std::enable_shared_from_this<Listener> {
       ioc.get_executor()};
   std::optional<boost::asio::ip::tcp::acceptor> acceptor;
   std::optional<boost::asio::ip::tcp::acceptor> grpc_acceptor;
+  // accept() failed for want of resources (EMFILE: the open-file limit): each acceptor
+  // waits a while before it tries again, instead of spinning on the error.
+  std::optional<boost::asio::steady_timer> backoff, grpc_backoff;
+  bool backoff_logged = false;
   std::thread thread;
 
   // Binds and listens on `host` (an address) and `port` (0: a free one); returns the port.
   int Listen(const std::string& host, int port, bool reuse_port);
   // As Listen(), gRPC's socket.
   int ListenGrpc(const std::string& host, int port, bool reuse_port);
-  // Accepts connections for `srv` until the acceptor closes.
+  // Accepts connections for `srv` until the acceptor closes; a connection over the
+  // server's max_connections is refused (HTTP: a 503 answer, then closed).
   void Accept(Server* srv);
   void AcceptGrpc(Server* srv);
   // Closes the acceptors, and the connections that wait for a request (gRPC's are
@@ -46,6 +52,14 @@ struct Listener : NativeSink, std::enable_shared_from_this<Listener> {
   void StopAccepting();
   // Posts the answers of finished requests to their connections.
   void Deliver(std::vector<RequestPtr>&& finished) override;
+
+ private:
+  // Whether the connection `s` just accepted may be served (else it was refused).
+  bool Admit(Server* srv, boost::asio::ip::tcp::socket& s, bool http);
+  // After a failed accept: true (and `again` runs later) when it was for want of
+  // resources; false for an error of that one connection (try again at once).
+  bool BackOff(const boost::system::error_code& ec, std::optional<boost::asio::steady_timer>& t,
+               std::function<void()> again);
 };
 
 }  // namespace serving

@@ -84,7 +84,8 @@ struct Error {
   explicit operator bool() const { return status != 0; }
 };
 
-// The number of elements of a shape.
+// The number of elements of a shape whose sizes are known to fit: the model's own, or
+// a request's that TensorSize (sizes.h) checked.
 inline int64_t Elements(const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

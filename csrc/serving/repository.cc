@@ -69,8 +69,10 @@ void Connection::ControlAnswer(int status, std::string body) {
   auto self = shared_from_this();
   hold_.reset();
   if (gone_) return;
-  Write(static_cast<http::status>(status), std::move(body), "application/json", -1,
-        status == 503);
+  Guard([&] {
+    Write(static_cast<http::status>(status), std::move(body), "application/json", -1,
+          status == 503);
+  });
 }
 
 Error Server::Control(std::shared_ptr<ControlJob> job) {

@@ -1,8 +1,9 @@
 // The routes of the HTTP front end: a request read by a Connection to its answer
 // (the role of handle_request in Beast's examples). Infer admits the request to the
 // queue; the answer comes back through Connection::Answer.
-#include <charconv>
+#include <cstdio>
 
+#include "clock.h"
 #include "connection.h"
 #include "front_end.h"
 #include "listener.h"
@@ -18,10 +19,22 @@ namespace http = beast::http;
 namespace paddle_ipu {
 namespace serving {
 
+namespace {
+
+// Bodies of this size or more are parsed on the server's decode threads, not on the
+// IO thread (a MiB of JSON parses in about 10 ms).
+constexpr size_t kDecodeHere = 1 << 20;
+
+}  // namespace
+
 void Connection::Route() {
   auto& req = parser_->get();
-  std::string_view target(req.target().data(), req.target().size());
-  if (const size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  std::string_view target;
+  if (serving::Error e = TargetPath(std::string_view(req.target().data(), req.target().size()),
+                                    &target)) {
+    if (req.method() == http::verb::post) Count(e.status, 0);
+    return Error(e.status, e.message);
+  }
   const bool get = req.method() == http::verb::get;
   const bool post = req.method() == http::verb::post;
   auto only = [&](bool ok, const char* allow) {
@@ -129,7 +142,6 @@ void Connection::Route() {
 }
 
 void Connection::Infer(HttpRequest& req) {
-  const ModelPlan& m = model_->plan();
   if (srv_->draining()) {
     Count(503, 0);
     return Error(503, kShuttingDown, true);
@@ -137,27 +149,44 @@ void Connection::Infer(HttpRequest& req) {
   auto job = std::make_shared<Job>();
   job->start = start_;
   job->body = std::move(req.body());
-  std::string_view head(job->body), blob;
-  auto it = req.find(kHeaderLength);
-  if (it != req.end()) {
-    const std::string_view v(it->value().data(), it->value().size());
-    int64_t n = -1;
-    const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (r.ec != std::errc() || r.ptr != v.data() + v.size()) {
-      Count(400, 0);
-      return Error(400, std::string(kHeaderLength) + " must be an integer, got " + Quote(v));
-    }
-    if (n < 0 || n > static_cast<int64_t>(job->body.size())) {
-      Count(400, 0);
-      return Error(400, std::string(kHeaderLength) + " is " + std::to_string(n) +
-                            ", but the body has " + std::to_string(job->body.size()) + " bytes");
-    }
-    head = head.substr(0, static_cast<size_t>(n));
-    blob = std::string_view(job->body).substr(static_cast<size_t>(n));
+  size_t length = 0;
+  bool binary = false;
+  if (serving::Error e = JsonHeaderLength(req.base(), job->body.size(), &length, &binary)) {
+    Count(e.status, 0);
+    return Error(e.status, e.message);
   }
-  serving::Error parsed = ParseHttpInfer(m, head, blob, &job->req);
+  const std::string_view head = std::string_view(job->body).substr(0, length);
+  const std::string_view blob = std::string_view(job->body).substr(length);
+  if (job->body.size() < kDecodeHere) {
+    const serving::Error parsed = ParseHttpInfer(model_->plan(), head, blob, &job->req);
+    return Parsed(job, parsed);
+  }
+  // A large body is parsed on a decode thread (seconds for tens of MB of JSON): this
+  // IO thread goes on serving its other connections meanwhile.
+  srv_->Decode([self = shared_from_this(), job, head, blob] {
+    serving::Error parsed;
+    try {
+      parsed = ParseHttpInfer(self->model_->plan(), head, blob, &job->req);
+    } catch (const std::bad_alloc&) {
+      parsed = {500, "the server ran out of memory parsing the request (std::bad_alloc)"};
+    } catch (const std::exception& e) {
+      parsed = {500, std::string("the server failed parsing the request: ") + e.what()};
+    }
+    Listener* io = self->io_;
+    asio::post(io->ioc, [self = std::move(self), job, parsed = std::move(parsed)] {
+      self->Guard([&] { self->Parsed(job, parsed); });
+    });
+  });
+}
+
+void Connection::Parsed(const std::shared_ptr<Job>& job, const serving::Error& parsed) {
+  const ModelPlan& m = model_->plan();
   if (srv_->logging()) request_id_ = job->req.id;
   if (parsed) {
+    if (parsed.status >= 500) {
+      std::fprintf(stderr, "paddle-ipu: an HTTP request failed in the server: %s\n",
+                   parsed.message.c_str());
+    }
     Count(parsed.status, 0);
     return Error(parsed.status, parsed.message);
   }
@@ -177,12 +206,11 @@ void Connection::Infer(HttpRequest& req) {
     return Error(e.status, e.message, e.status == 503);
   }
   request_ = std::move(r);
-  job_ = std::move(job);
+  job_ = job;
   hold_ = shared_from_this();
   timeout_s_ = job_->req.timeout_s >= 0 ? job_->req.timeout_s : m.request_timeout_s;
   if (timeout_s_ > 0) {
-    timer_.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(
-        std::chrono::duration<double>(timeout_s_)));
+    timer_.expires_after(SteadyDuration(timeout_s_));
     timer_.async_wait([self = shared_from_this()](beast::error_code ec) { self->OnTimeout(ec); });
   }
   Watch();

@@ -3,8 +3,10 @@
 #include "server.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
+#include "clock.h"
 #include "grpc_call.h"
 #include "listener.h"
 #include "metadata.h"
@@ -87,10 +89,29 @@ std::string MergePrometheus(const std::vector<std::string>& texts) {
   return out;
 }
 
+// An IO thread: its io_context's handlers until it is stopped. A handler that throws
+// (a request's handling has its own guard: this is what is outside any) loses what it
+// was doing, which is logged, and the thread goes on with the others.
+void RunIo(asio::io_context& ioc, Server* srv) {
+  for (;;) {
+    try {
+      ioc.run();
+      return;
+    } catch (const std::exception& e) {
+      srv->CountIoFailure();
+      std::fprintf(stderr, "paddle-ipu: an IO thread's handler failed (serving goes on): %s\n",
+                   e.what());
+    } catch (...) {
+      srv->CountIoFailure();
+      std::fprintf(stderr, "paddle-ipu: an IO thread's handler failed (serving goes on)\n");
+    }
+  }
+}
+
 }  // namespace
 
-Server::Server(std::string server_version, int64_t max_body)
-    : max_body_(max_body), unrouted_(std::make_shared<Counters>()) {
+Server::Server(std::string server_version, ServerLimits limits)
+    : limits_(limits), unrouted_(std::make_shared<Counters>()) {
   ModelPlan p;
   p.server_version = std::move(server_version);
   server_metadata_ = ServerMetadataJson(p);
@@ -291,7 +312,36 @@ std::string Server::Prometheus() const {
                 "\"} " + std::to_string(p.second) + "\n";
   }
   texts.push_back(std::move(unrouted));
+  std::string limits =
+      "# HELP paddle_ipu_connections_open Open HTTP and gRPC connections (at most "
+      "--max-connections).\n"
+      "# TYPE paddle_ipu_connections_open gauge\n"
+      "paddle_ipu_connections_open " + std::to_string(connections.load()) + "\n"
+      "# HELP paddle_ipu_connections_refused_total Connections refused: at --max-connections "
+      "(HTTP answered 503), or accepted while the process had no file descriptor left.\n"
+      "# TYPE paddle_ipu_connections_refused_total counter\n"
+      "paddle_ipu_connections_refused_total " + std::to_string(refused_.load()) + "\n"
+      "# HELP paddle_ipu_connections_timed_out_total Connections a timeout closed, by what "
+      "the server waited for: a request's headers (--header-timeout-s), or its body, a "
+      "request, an answer taken (--idle-timeout-s).\n"
+      "# TYPE paddle_ipu_connections_timed_out_total counter\n";
+  const char* kinds[] = {"header", "body", "idle", "write"};
+  for (int i = 0; i < 4; ++i) {
+    limits += "paddle_ipu_connections_timed_out_total{wait=\"" + std::string(kinds[i]) + "\"} " +
+              std::to_string(timeouts_[i].load()) + "\n";
+  }
+  limits +=
+      "# HELP paddle_ipu_io_handler_failures_total Exceptions an IO thread caught outside any "
+      "request's own handling (the thread went on serving).\n"
+      "# TYPE paddle_ipu_io_handler_failures_total counter\n"
+      "paddle_ipu_io_handler_failures_total " + std::to_string(io_failures_.load()) + "\n";
+  texts.push_back(std::move(limits));
   return MergePrometheus(texts);
+}
+
+void Server::CountTimeout(const char* which) {
+  const std::string_view w(which);
+  timeouts_[w == "header" ? 0 : w == "body" ? 1 : w == "idle" ? 2 : 3] += 1;
 }
 
 // -- HTTP ---------------------------------------------------------------------------
@@ -304,10 +354,11 @@ int Server::StartHttp(const std::string& host, int port, int threads, bool reuse
     port = l->Listen(host, port, threads > 1 || reuse_port);
     listeners_.push_back(std::move(l));
   }
+  decode_.Start(threads);
   for (auto& l : listeners_) {
     Listener* p = l.get();
     p->Accept(this);
-    p->thread = std::thread([p] { p->ioc.run(); });
+    p->thread = std::thread([p, this] { RunIo(p->ioc, this); });
   }
   return port;
 }
@@ -329,9 +380,7 @@ void Server::NotifyDrain() {
 }
 
 bool Server::Drain(double timeout) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(std::max(timeout, 0.0)));
+  const auto deadline = DeadlineAfter(timeout);
   auto left = [&] {
     if (timeout < 0) return -1.0;
     return std::max(
@@ -372,6 +421,7 @@ void Server::Shutdown() {
   for (auto& l : listeners_) {
     if (l->thread.joinable()) l->thread.join();
   }
+  decode_.Stop();      // after the IO threads: nothing posts to it any more
   listeners_.clear();  // destroys what was left pending (connections, answers)
 }
 

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "decode_pool.h"
 #include "front_end.h"
 #include "hand_off.h"
 #include "metrics.h"
@@ -27,6 +28,17 @@ namespace serving {
 class Connection;
 class GrpcCall;
 struct Listener;
+
+// The bounds the server puts on its clients (docs/serving.md lists them, with where
+// their defaults come from). A timeout of 0 is none.
+struct ServerLimits {
+  int64_t max_body = 64 << 20;          // a request's body (HTTP) or message (gRPC)
+  double header_timeout_s = 60;         // a request's headers, from its first byte
+  double idle_timeout_s = 75;           // no request; a stalled body, message or answer
+  int64_t max_connections = 1024;       // open HTTP and gRPC connections
+  int64_t max_header_bytes = 64 << 10;  // a request's header block
+  int64_t max_headers = 100;            // a request's header fields
+};
 
 // One version of a model in the server's repository.
 struct ModelEntry {
@@ -55,10 +67,11 @@ struct ControlJob {
 
 class Server {
  public:
-  Server(std::string server_version, int64_t max_body);
+  Server(std::string server_version, ServerLimits limits);
   ~Server();
 
-  int64_t max_body() const { return max_body_; }
+  const ServerLimits& limits() const { return limits_; }
+  int64_t max_body() const { return limits_.max_body; }
   const std::string& server_metadata() const { return server_metadata_; }
   bool draining() const { return draining_.load(); }
   bool ready() const;
@@ -115,6 +128,14 @@ class Server {
   void NotifyDrain();
   int64_t active() const;
   std::atomic<int64_t> connections{0};  // open HTTP and gRPC connections
+  // Runs a request's parse on a decode thread (decode_pool.h).
+  void Decode(std::function<void()> task) { decode_.Post(std::move(task)); }
+  // What the limits did: a connection closed by a timeout ("header", "body", "idle",
+  // "write"); one refused (at max_connections, or while accept() failed); an IO
+  // thread's handler that threw past its request's guard.
+  void CountTimeout(const char* which);
+  void CountRefused() { refused_ += 1; }
+  void CountIoFailure() { io_failures_ += 1; }
 
   // -- gRPC -------------------------------------------------------------------------
   // Listens for gRPC (HTTP/2, grpc_connection.h) on host:port on every IO thread of
@@ -162,7 +183,10 @@ class Server {
   void Deliver(const std::shared_ptr<ControlJob>& job, int status, std::string body);
 
   std::string server_metadata_;
-  int64_t max_body_;
+  ServerLimits limits_;
+  DecodePool decode_;
+  std::atomic<int64_t> refused_{0}, io_failures_{0};
+  std::atomic<int64_t> timeouts_[4] = {};  // header, body, idle, write
   std::shared_ptr<Counters> unrouted_;
   std::shared_ptr<AccessLog> log_;  // set before the listeners start, if at all
   mutable std::mutex mu_;

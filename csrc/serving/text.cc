@@ -37,8 +37,16 @@ std::string ValidUtf8(std::string_view s) {
   return out;
 }
 
+std::string Bounded(std::string_view message, size_t limit) {
+  if (message.size() <= limit) return std::string(message);
+  size_t cut = limit;
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(message.substr(0, cut)) + "... (cut: the message has " +
+         std::to_string(message.size()) + " bytes)";
+}
+
 std::string ErrorJson(std::string_view message) {
-  return "{\"error\":" + Quote(ValidUtf8(message)) + "}";
+  return "{\"error\":" + Quote(ValidUtf8(Bounded(message, 4096))) + "}";
 }
 
 std::string Repr(std::string_view s) {

@@ -17,7 +17,11 @@ std::string Quote(std::string_view s);
 // `s` with every byte that is not part of valid UTF-8 written as \xNN: messages echo
 // what a request sent, and JSON and Python strings need text.
 std::string ValidUtf8(std::string_view s);
-// {"error": message}: the body of every error answer over HTTP.
+// `message` cut to at most `limit` bytes (at a character's start), saying so: a message
+// may echo what a request sent (a name of a megabyte), and an answer's headers have
+// limits of their own (a gRPC client's metadata: 8 KiB).
+std::string Bounded(std::string_view message, size_t limit);
+// {"error": message}: the body of every error answer over HTTP (at most 4 KiB of it).
 std::string ErrorJson(std::string_view message);
 
 // Python's repr of a name: 'x'.

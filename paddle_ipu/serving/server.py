@@ -156,6 +156,20 @@ class InferenceServer:
         drain_grace_s: on :meth:`stop` (SIGTERM), readiness turns 503 at once, but the
             server goes on serving for this long before its listeners close (the time
             a load balancer, e.g. Kubernetes' endpoints, needs to stop sending).
+        header_timeout_s: a request's headers must arrive within this time of its
+            first byte (408 and closed; nginx's client_header_timeout).  0: none.
+        idle_timeout_s: a connection with no request under way and nothing arriving
+            for this long is closed (nginx's keepalive_timeout; gRPC: GOAWAY), as is
+            one whose body, message or answer stalls this long (408 while reading).
+            0: none.
+        max_connections: open HTTP and gRPC connections at most; a new one past it
+            is refused (HTTP: 503).  Keep it below the open-file limit (``ulimit -n``).
+        max_header_kb: a request's header block at most (431; gRPC
+            RESOURCE_EXHAUSTED).
+        max_headers: a request's header fields at most (431; gRPC
+            RESOURCE_EXHAUSTED; Envoy's max_headers_count).
+
+    docs/serving.md#limits-and-timeouts lists every limit with its default.
     """
 
     def __init__(
@@ -176,6 +190,11 @@ class InferenceServer:
         access_log: str | None = None,
         warmup: int = 0,
         drain_grace_s: float = 0.0,
+        header_timeout_s: float = 60.0,
+        idle_timeout_s: float = 75.0,
+        max_connections: int = 1024,
+        max_header_kb: int = 64,
+        max_headers: int = 100,
     ) -> None:
         from paddle_ipu._version import __version__
 
@@ -193,6 +212,21 @@ class InferenceServer:
             raise OptionError(f"warmup must be >= 0 runs, got {warmup}")
         if not drain_grace_s >= 0:
             raise OptionError(f"drain_grace_s must be >= 0, got {drain_grace_s}")
+        for what, seconds in (
+            ("header_timeout_s", header_timeout_s),
+            ("idle_timeout_s", idle_timeout_s),
+        ):
+            if not seconds >= 0:
+                raise OptionError(f"{what} must be >= 0 seconds (0: none), got {seconds}")
+        for what, count in (
+            ("max_connections", max_connections),
+            ("max_header_kb", max_header_kb),
+            ("max_headers", max_headers),
+        ):
+            if int(count) != count or count < 1:
+                raise OptionError(f"{what} must be an integer >= 1, got {count}")
+        if max_header_kb > 1 << 20:
+            raise OptionError(f"max_header_kb must be at most 1048576 (1 GiB), got {max_header_kb}")
         self.runtime = runtime
         self.name = name
         self.host = host
@@ -208,7 +242,15 @@ class InferenceServer:
         self.warmup = int(warmup)
         self.drain_grace_s = float(drain_grace_s)
         self.access_log = access_log
-        self.server = _core.ServingServer(__version__, self.max_body)
+        self.server = _core.ServingServer(
+            __version__,
+            self.max_body,
+            header_timeout_s=float(header_timeout_s),
+            idle_timeout_s=float(idle_timeout_s),
+            max_connections=int(max_connections),
+            max_header_bytes=int(max_header_kb) << 10,
+            max_headers=int(max_headers),
+        )
         if access_log is not None:
             try:
                 self.server.open_access_log(str(access_log))

@@ -171,7 +171,8 @@ def worker_argv(args: Any) -> list[str]:
         out.append("--spin")
     flags = (
         "port host name micro_batch timeout_ms num_buffers backend grpc_port threads "
-        "request_timeout_ms max_body_mb access_log warmup drain_grace_s precision engine"
+        "request_timeout_ms max_body_mb access_log warmup drain_grace_s precision engine "
+        "header_timeout_s idle_timeout_s max_connections max_header_kb max_headers"
     )
     for flag in flags.split():
         value = getattr(args, flag)

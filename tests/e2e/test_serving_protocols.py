@@ -605,6 +605,28 @@ def test_body_over_the_limit_is_413(packages: dict[str, str], mlp: Built) -> Non
         srv.stop()
 
 
+def test_the_serve_command_s_limits_act(packages: dict[str, str], mlp: Built) -> None:
+    """--header-timeout-s and --max-headers, from the command line to the connection."""
+    srv = ServerProcess(
+        packages[f"b{MBS}"], "--name", "mlp", "--header-timeout-s", "1", "--max-headers", "5"
+    )
+    try:
+        status, _, body = raw(
+            srv, "GET", "/v2/health/ready", headers={f"X-{i}": "1" for i in range(5)}
+        )
+        assert status == 431 and "limit of 5 (--max-headers)" in json.loads(body)["error"]
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=WAIT) as s:
+            s.sendall(b"GET /v2/health/ready HTTP/1.1\r\n")  # and no more
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and b"within 1 s" in answer, answer
+        x = rows(9, 2)
+        status, _, got = infer_http(srv, x)
+        assert status == 200
+        np.testing.assert_allclose(got, reference(mlp, {"x": x}), rtol=1e-5, atol=1e-6)
+    finally:
+        srv.stop()
+
+
 def test_batching_off_takes_exactly_one_micro_batch(packages: dict[str, str], mlp: Built) -> None:
     srv = ServerProcess(packages["b1"], "--name", "mlp", "--timeout-ms", "0")
     try:

@@ -373,3 +373,147 @@ def test_mutated_requests_parse_or_are_refused(data: Any) -> None:
         assert [len(b) for b in parsed["inputs"]] == [16 * parsed["units"], 8 * parsed["units"]]
     else:
         assert status in (400, 404) and message
+
+
+# -- sizes and values a hostile client sends --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "why"),
+    [
+        ([2**62, 4], "is larger than a 64-bit size can count"),
+        ([4, 2**62], "is larger than a 64-bit size can count"),
+        ([0, 2**62], "is larger than a 64-bit size can count"),  # numpy would not make it
+        ([2**40, 4], "but the request holds"),
+        ([0, 2**20], "has no elements, but its other dims take 4194304 bytes"),
+    ],
+)
+def test_shapes_whose_sizes_do_not_fit_are_refused_before_anything_is_allocated(
+    shape: list[int], why: str
+) -> None:
+    fe = front(max_rows=2**62)
+    status, message, _ = parse(fe, {"name": "x", "shape": shape, "datatype": "FP32", "data": []})
+    assert status == 400 and message.startswith(f"input 'x': shape {shape}") and why in message
+    request = service_pb2.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="FP64", shape=shape)
+    request.raw_input_contents.append(b"\0" * 8)
+    status, message, _ = fe.parse_grpc(request.SerializeToString())
+    assert status == 400 and message.startswith(f"input 'x': shape {shape}"), message
+
+
+def test_a_byte_size_that_wraps_is_refused() -> None:
+    # 8 bytes x (2**61 + 1) elements is 8 in 64-bit arithmetic
+    shape = [2**61 + 1, 4]
+    head = {"name": "x", "shape": shape, "datatype": "FP64", "parameters": {"binary_data_size": 8}}
+    status, message, _ = parse(front(max_rows=2**62), head, blob=b"\0" * 8)
+    assert status == 400 and message == (
+        f"input 'x': shape {shape} of FP64 is larger than a 64-bit size can count"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("1e400", "data is not FP32: a number is too large for any float (even float64)"),
+        ("-3.5e38", "data is not FP32: -3.5e+38 is outside float32's range"),
+        ("true", "data is not FP32: true is not a float32 value"),
+        ('"1"', 'data is not FP32: "1" is not a float32 value'),
+    ],
+)
+def test_float_values_are_numbers_within_range(text: str, want: str) -> None:
+    fe = front()
+    row = f"[{text}, 0, 0, 0]"
+    body = '{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":ROW}]}'.replace(
+        "ROW", row
+    )
+    status, message, _ = fe.parse_http(body.encode(), b"")
+    assert status == 400 and message.startswith("input 'x': ") and want in message, message
+
+
+def test_the_largest_float32_and_the_values_that_round_to_it_are_taken() -> None:
+    fe = front()
+    x = np.array([[3.4028235e38, -3.4028235e38, 1e-46, 0.5]])
+    parsed = ok(parse(fe, tensor("x", x, "FP32"), tensor("ids", IDS[:1], "INT32")))
+    assert parsed["inputs"][0] == x.astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("data", "want"),
+    [
+        ([[1.0, 2]], "data is not INT32: 1.0 is not a int32 value"),  # Triton's AsInt
+        ([[True, 2]], "data is not INT32: true is not a int32 value"),
+        ([[2**31, 2]], "data is not INT32: 2147483648 is outside int32's range"),
+    ],
+)
+def test_integer_values_are_integers_within_range(data: list[Any], want: str) -> None:
+    fe = front()
+    status, message, _ = parse(
+        fe,
+        tensor("x", X[:1], "FP32"),
+        {"name": "ids", "shape": [1, 2], "datatype": "INT32", "data": data},
+    )
+    assert status == 400 and message == f"input 'ids': {want}"
+
+
+def test_fp16_values_within_its_range() -> None:
+    fe = front()
+    ids = tensor("ids", IDS[:1], "INT32")
+    x = {"name": "x", "shape": [1, 4], "datatype": "FP16", "data": [65504, -65519, 0, 1]}
+    parsed = ok(parse(fe, x, ids))
+    assert (
+        parsed["inputs"][0]
+        == np.array([65504, -65519, 0, 1], np.float16).astype(np.float32).tobytes()
+    )
+    status, message, _ = parse(fe, dict(x, data=[65520, 0, 0, 0]), ids)
+    assert (
+        status == 400 and message == "input 'x': data is not FP16: 65520 is outside float16's range"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "want"),
+    [
+        ([[1, 2, 3, 4], [1, 2, 3]], "data is ragged: its lists at depth 1 have 4 and 3 elements"),
+        ([[1, 2, 3, 4], 5], "data is ragged: it mixes lists and values at depth 1"),
+        ([1, [2, 3, 4, 5]], "data is ragged: it mixes lists and values at depth 1"),
+        ([[1, 2], [3, 4], [5, 6], [7, 8]], "data nested as [4, 2] does not fit shape [2, 4]"),
+        ([[[1, 2, 3, 4]], [[5, 6, 7, 8]]], "data nested as [2, 1, 4] does not fit shape [2, 4]"),
+        (5, "shape [2, 4] has 8 elements, data has 1"),
+    ],
+)
+def test_data_is_flat_or_nested_as_the_shape(data: Any, want: str) -> None:
+    fe = front()
+    ids = tensor("ids", IDS[:2], "INT32")
+    status, message, _ = parse(
+        fe, {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": data}, ids
+    )
+    assert status == 400 and message.startswith(f"input 'x': {want}"), message
+    flat = ok(parse(fe, dict(tensor("x", X[:2], "FP32"), data=X[:2].reshape(-1).tolist()), ids))
+    nested = ok(parse(fe, tensor("x", X[:2], "FP32"), ids))
+    assert flat["inputs"] == nested["inputs"]
+
+
+def test_binary_values_the_model_dtype_cannot_hold_are_refused() -> None:
+    fe = front()
+    x = X.astype(np.float64)
+    x[1, 2] = -1e300
+    status, message, _ = parse(
+        fe, tensor("x", x, "FP64", binary=True), tensor("ids", IDS, "INT32"), blob=x.tobytes()
+    )
+    assert status == 400 and message == (
+        "input 'x': FP64 value -1.0000000000000001e+300 at index [1, 2] does not fit the "
+        "model's FP32 (largest finite value 3.4028235e+38)"
+    )
+    flags = np.array([[0, 1], [1, 0], [2, 1]], np.uint8)  # BOOL bytes: only 0 and 1
+    status, message, _ = parse(
+        fe,
+        tensor("x", X, "FP32"),
+        dict(tensor("ids", flags.astype(np.bool_), "BOOL", binary=True)),
+        blob=flags.tobytes(),
+    )
+    assert status == 400 and message == (
+        "input 'ids': BOOL value 2 at index [2, 0] is neither 0 (false) nor 1 (true)"
+    )
+    request = grpc_request(x=(x, "FP64"), ids=(IDS, "INT32"))
+    status, message, _ = fe.parse_grpc(request.SerializeToString())
+    assert status == 400 and "FP64 value -1.0000000000000001e+300 at index [1, 2]" in message
