@@ -6,9 +6,15 @@
 # library and the device plugin are the installed package's.
 #   bash tools/check_sanitizers.sh [TESTS AND PYTEST OPTIONS...]   (default: the serving
 #                                                                  subset below)
+#   bash tools/check_sanitizers.sh --build-only    (the sanitized core built, no test run)
 # Run it in the environment the package is installed in (pip install .[test]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+if [ "${1:-}" = "--build-only" ]; then
+  build_only=1
+  shift
+fi
 repo=$PWD
 python=$(command -v python)
 build=build/sanitize
@@ -21,6 +27,7 @@ cmake -S . -B "$build" -DPADDLE_IPU_ASAN=ON -DPADDLE_IPU_UBSAN=ON -DCMAKE_BUILD_
 cmake --build "$build" -j"$(nproc)" --target _core >"$build/build.log" 2>&1 ||
   { tail -n 60 "$build/build.log" >&2; exit 1; }
 echo "sanitized core built: $(( $(date +%s) - start )) s"
+[ "$build_only" = 0 ] || exit 0
 # The package beside it: the sources' Python, the installed package's kernels library.
 installed=$(cd /tmp && "$python" -c \
   "import importlib.util as u; print(u.find_spec('paddle_ipu').submodule_search_locations[0])")

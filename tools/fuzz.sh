@@ -7,8 +7,14 @@
 #   bash tools/fuzz.sh [SECONDS] [HARNESS...]      (default: 30 s, all four)
 # Needs clang and its libFuzzer runtime (Debian: clang-14 libclang-rt-14-dev;
 # bash tools/system_deps.sh test) and the test extra's boost-headers (pip install .[test]).
+#   bash tools/fuzz.sh --build-only                 (the harnesses built, none run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+if [ "${1:-}" = "--build-only" ]; then
+  build_only=1
+  shift
+fi
 seconds="${1:-30}"
 shift || true
 harnesses=("$@")
@@ -24,6 +30,7 @@ cmake -S csrc/fuzz -B build/fuzz -DCMAKE_CXX_COMPILER="$cxx" -DPython_EXECUTABLE
 cmake --build build/fuzz -j"$(nproc)" >build/fuzz/build.log 2>&1 ||
   { tail -n 60 build/fuzz/build.log >&2; exit 1; }
 echo "fuzz harnesses built: $(( $(date +%s) - start )) s"
+[ "$build_only" = 0 ] || exit 0
 mkdir -p build/fuzz/artifacts
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"

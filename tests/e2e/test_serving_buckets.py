@@ -11,7 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.serving_models import ServerProcess, decoder_reference, raw, save_decoder
+from support.serving_models import (
+    ServerProcess,
+    decoder_reference,
+    raw,
+    save_decoder,
+    wait_for_lines,
+)
 
 
 def _post(srv: ServerProcess, ids: np.ndarray) -> tuple[int, dict]:
@@ -140,13 +146,7 @@ def test_workers_serve_a_bucketed_package(tmp_path: Path) -> None:
         env=dict(os.environ),
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        served = 0
-        for line in proc.stdout:
-            served += line.startswith("paddle-ipu: serving")
-            if served == 2:
-                break
-        assert served == 2
+        wait_for_lines(proc, "paddle-ipu: serving", 2)
         srv = type("Srv", (), {"port": ports[0]})()
         rng = np.random.default_rng(13)
         for _ in range(8):  # new connections: spread over both processes

@@ -624,7 +624,9 @@ def test_serve_flags_reach_the_server_and_every_worker() -> None:
         "max_connections": 9,
     }
     assert (options["max_header_kb"], options["max_headers"]) == (8, 20)
-    worker = cli.build_parser().parse_args(cli._worker_argv(args))
+    from paddle_ipu.serving.workers import worker_argv
+
+    worker = cli.build_parser().parse_args(worker_argv(args))
     assert cli._server_options(worker) == dict(options, reuse_port=True)
     defaults = cli._server_options(cli.build_parser().parse_args(["serve", "m.pdipu"]))
     from paddle_ipu.serving.server import InferenceServer

@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 import pytest
 from support.models import Built, build
-from support.serving_models import ServerProcess, raw, reference, save
+from support.serving_models import ServerProcess, raw, reference, save, wait_for_lines
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -58,36 +58,6 @@ def server(package: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     yield srv
     code, out, err = srv.terminate()
     assert code == 0, out + err
-
-
-def wait_for_lines(proc: subprocess.Popen[str], prefix: str, count: int) -> list[str]:
-    """Read `proc`'s stdout until `count` lines start with `prefix` (a thread reads, so
-    that a server that never says so fails the test instead of hanging it)."""
-    import queue
-    import threading
-
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                lines.put(line)
-        except (ValueError, OSError):
-            pass  # closed by communicate() at the end of the test
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    seen: list[str] = []
-    deadline = time.monotonic() + WAIT
-    while sum(line.startswith(prefix) for line in seen) < count:
-        try:
-            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-        except queue.Empty:
-            raise AssertionError(f"no {count} lines {prefix!r} in {WAIT} s: {seen}") from None
-        assert line is not None, f"the server ended: {seen}"
-        seen.append(line)
-    return seen
 
 
 def infer_body(x: np.ndarray, **extra: Any) -> bytes:

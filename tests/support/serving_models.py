@@ -3,6 +3,8 @@ tests (tests/support/models.py programs saved with paddle.static.save_inference_
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +272,35 @@ class ServedInProcess:
         answer = client.infer(model, inputs)
         names = [o["name"] for o in http.get_model_metadata(model)["outputs"]]
         return [answer.as_numpy(name) for name in names]
+
+
+def wait_for_lines(
+    proc: subprocess.Popen[str], prefix: str, count: int, wait: float = 60.0
+) -> list[str]:
+    """Read `proc`'s stdout until `count` lines start with `prefix` (a thread reads, so
+    that a server that never says so fails the test instead of hanging it)."""
+    import queue
+    import threading
+
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                lines.put(line)
+        except (ValueError, OSError):
+            pass  # closed by communicate() at the end of the test
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + wait
+    while sum(line.startswith(prefix) for line in seen) < count:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            raise AssertionError(f"no {count} lines {prefix!r} in {wait} s: {seen}") from None
+        assert line is not None, f"the server ended: {seen}"
+        seen.append(line)
+    return seen
