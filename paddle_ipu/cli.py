@@ -88,22 +88,27 @@ def _load_or_compile(
     pad_values: dict[str, float] | None = None,
     input_shapes: Sequence[dict[str, list[int]]] = (),
     max_specialisations: int | None = None,
+    shape_buckets: Any = None,
+    memory_mb: float | None = None,
 ) -> Any:
     """A package file, or a saved inference model prefix compiled through the cache."""
     from pathlib import Path
 
     from paddle_ipu.errors import OptionError
+    from paddle_ipu.executor.shapes import DEFAULT_SPECIALISATION_MEMORY_MB
     from paddle_ipu.serving.package import load_package
     from paddle_ipu.serving.saved_model import compile_model
 
     if Path(model).is_file():
-        if seq_buckets or pad_values or input_shapes:
+        if seq_buckets or pad_values or input_shapes or shape_buckets is not None:
             raise OptionError(
                 f"{model} is a package: its buckets were chosen when it was compiled, as "
-                "were its input shapes (--seq-buckets, --pad-value and --input-shapes apply "
-                "to a saved model prefix)"
+                "were its input shapes (--seq-buckets, --shape-buckets, --pad-value and "
+                "--input-shapes apply to a saved model prefix)"
             )
-        return load_package(model)
+        from paddle_ipu.cli_shapes import bounded
+
+        return bounded(load_package(model), max_specialisations, memory_mb)
     package, _ = compile_model(
         model,
         micro_batch_size=micro_batch,
@@ -111,7 +116,9 @@ def _load_or_compile(
         seq_buckets=seq_buckets,
         pad_values=pad_values,
         input_shapes=input_shapes,
-        max_specialisations=_max_specialisations(max_specialisations),
+        max_specialisations=max_specialisations,
+        shape_buckets=shape_buckets,
+        memory_mb=DEFAULT_SPECIALISATION_MEMORY_MB if memory_mb is None else memory_mb,
     )
     return package
 
@@ -133,12 +140,6 @@ def _refuse_tail(package: Any, why: str) -> None:
         "or paddle_ipu.inference, or export the detector without NMS (PaddleDetection's "
         "exporter: -o exclude_nms=True)"
     )
-
-
-def _max_specialisations(value: int | None) -> int:
-    from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
-
-    return DEFAULT_MAX_SPECIALISATIONS if value is None else value
 
 
 def _input_shapes(items: Sequence[str]) -> list[dict[str, list[int]]]:
@@ -194,7 +195,7 @@ def _pad_values(items: Sequence[str]) -> dict[str, float]:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-
+    from paddle_ipu.cli_shapes import shape_options
     from paddle_ipu.serving.saved_model import compile_model
 
     t0 = time.perf_counter()
@@ -208,9 +209,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         progress=progress_printer(),
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
-        input_shapes=_input_shapes(args.input_shapes),
-        max_specialisations=_max_specialisations(args.max_specialisations),
         fp16_black_list=[op for op in (args.fp16_black_list or "").split(",") if op.strip()],
+        **shape_options(args, _input_shapes(args.input_shapes)),
     )
     path = package.save(args.output)
     how = "from the compile cache" if cached else "compiled"
@@ -365,6 +365,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from paddle_ipu.cli_shapes import shape_options
     from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.bucketed_runtime import runtime_for
     from paddle_ipu.serving.server import InferenceServer
@@ -392,8 +393,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
-        input_shapes=_input_shapes(args.input_shapes),
-        max_specialisations=args.max_specialisations,
+        **shape_options(args, _input_shapes(args.input_shapes)),
     )
     _refuse_tail(package, _SERVE_WHY)
     # The host backend's threads sleep between runs: spinning would take the cores the
@@ -459,10 +459,14 @@ def _serve_repository(args: argparse.Namespace) -> int:
         or args.seq_buckets
         or args.input_shapes
         or args.pad_value
+        or args.shape_buckets is not None
+        or args.max_specialisations is not None
+        or args.specialisation_memory_mb is not None
     ):
         raise OptionError(
             "--model-repository takes --workers 1 (no --metrics-port), and no --seq-buckets, "
-            "--pad-value or --input-shapes (a model's options are in its config.json)"
+            "--shape-buckets, --pad-value, --input-shapes, --max-specialisations or "
+            "--specialisation-memory-mb (a model's options are in its config.json)"
         )
     repository = ModelRepository(
         args.model_repository,
@@ -488,6 +492,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     import subprocess
     import sys
 
+    from paddle_ipu.cli_shapes import shape_options
     from paddle_ipu.errors import OptionError
 
     if args.port == 0 or args.grpc_port == 0:
@@ -498,8 +503,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
-        input_shapes=_input_shapes(args.input_shapes),
-        max_specialisations=args.max_specialisations,
+        **shape_options(args, _input_shapes(args.input_shapes)),
     )
     _refuse_tail(package, _SERVE_WHY)
     argv = [sys.executable, "-m", "paddle_ipu", *_worker_argv(args)]
@@ -570,7 +574,9 @@ def _worker_argv(args: argparse.Namespace) -> list[str]:
         out += ["--input-shapes", item]
     if args.max_specialisations is not None:
         out += ["--max-specialisations", str(args.max_specialisations)]
-    return out
+    from paddle_ipu.cli_shapes import shape_argv
+
+    return out + shape_argv(args)
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
@@ -618,8 +624,12 @@ def _bucket_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="how many input shapes such a model may be compiled for (default 32)",
+        help="how many input shapes such a model keeps in memory at once (default: as many "
+        "as --specialisation-memory-mb holds)",
     )
+    from paddle_ipu.cli_shapes import add_shape_arguments
+
+    add_shape_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

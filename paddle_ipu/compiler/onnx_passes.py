@@ -380,8 +380,13 @@ def fold_shape_arithmetic(
                     continue
                 if any(const[n].size > _FOLD_LIMIT for n in ins):
                     continue
+                feeds: dict[str, Any] = {n: const[n] for n in ins}
+                if node.op_type == "Concat" and all(v.ndim <= 1 for v in feeds.values()):
+                    # The converter builds a reshape's target of an open size from
+                    # scalars (0-d) and 1-d pieces, which ONNX's Concat refuses: their
+                    # concatenation as 1-d is the target it means.
+                    feeds = {n: np.atleast_1d(v) for n, v in feeds.items()}
                 try:
-                    feeds: dict[str, Any] = {n: const[n] for n in ins}
                     results: Any = ReferenceEvaluator(node).run(None, feeds)
                     value = np.asarray(results[0])
                 except Exception:

@@ -266,8 +266,10 @@ class InferenceServer:
         access_log: write one JSON line per inference request (HTTP and gRPC, every
             model) to this file, appended to (``"-"``: standard error); None: none.
         warmup: graph runs of a full micro-batch of zeros made for every fixed model
-            served at :meth:`start` (not dynamic ones: their shapes are open),
-            readiness answering 503 until they are done.
+            served at :meth:`start`, and a model compiled per input shape has its
+            declared shapes and buckets made (as many as its memory bound holds; other
+            dynamic models are left: their shapes are open), readiness answering 503
+            until they are done.
         drain_grace_s: on :meth:`stop` (SIGTERM), readiness turns 503 at once, but the
             server goes on serving for this long before its listeners close (the time
             a load balancer, e.g. Kubernetes' endpoints, needs to stop sending).
@@ -398,7 +400,7 @@ class InferenceServer:
                 plan["instance_count"] = self.instances
                 front = _core.ServingFrontEnd(model, plan)
                 if hasattr(runtime, "on_runtime"):  # one fixed runtime per input shape
-                    runtime.on_runtime(self._router(front, name, version))
+                    runtime.on_runtime(self._shape_router(front, name, version, runtime))
                 if isinstance(runtime, BucketedRuntime):  # one per bucket of sequence lengths
                     route = self._router(front, name, version)
                     for bucket_runtime, bucket in runtime.buckets():
@@ -432,6 +434,40 @@ class InferenceServer:
                 log.debug("model %r: input shapes %s served without Python", name, shapes)
 
         return route
+
+    def _shape_router(self, front: Any, name: str, version: str, owner: Any) -> Any:
+        """What routes the requests of a shape to its runtime in C++ while it lives
+        (:meth:`_router`), stops routing them once it has closed (its specialisation
+        left memory), and keeps the model's statistics of its specialisations."""
+        route = self._router(front, name, version)
+
+        def publish() -> None:
+            stats = getattr(owner, "specialisation_stats", None)
+            if stats is not None:
+                front.set_specialisations(stats().to_json())
+
+        def watch(runtime: Any, added: bool) -> None:
+            if added:
+                route(runtime)
+            else:
+                try:
+                    plan = _plan(
+                        runtime,
+                        name,
+                        version,
+                        self.request_timeout_ms,
+                        self.max_body,
+                        self.instances,
+                    )
+                    why = front.remove_route(plan)
+                except Exception as e:  # the route stays; its closed queue sends requests back
+                    why = f"{type(e).__name__}: {e}"
+                if why:
+                    log.debug("model %r: a closed shape's route stays: %s", name, why)
+            publish()
+
+        publish()
+        return watch
 
     def models(self) -> list[tuple[str, str, str, str]]:
         """Every model version the server knows: (name, version, state, reason)."""
@@ -512,6 +548,9 @@ class InferenceServer:
     def _warm_up(self) -> None:
         try:
             for rt in self.served().values():
+                if hasattr(rt, "warm_up"):  # compiled per input shape: its declared shapes
+                    rt.warm_up()
+                    continue
                 if not _is_fixed(rt):
                     continue  # a dynamic model: no one shape to warm up with
                 feed = self._warmup_feed(rt)
