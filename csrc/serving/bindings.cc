@@ -197,10 +197,13 @@ void RegisterServing(py::module_& m) {
                              "A dynamic model's input shapes served without Python.")
       .def(
           "remove_route",
-          [](FrontEnd& f, const py::dict& plan) { return f.RemoveRoute(PlanFrom(plan)); },
-          py::arg("plan"),
-          "A dynamic model: stop routing the shape of `plan` (given to add_route; its\n"
-          "runtime has closed), keeping its counters. Returns '' when removed, else why not.")
+          [](FrontEnd& f, const py::object& queue, const py::dict& plan) {
+            return f.RemoveRoute(queue, PlanFrom(plan));
+          },
+          py::arg("queue"), py::arg("plan"),
+          "A dynamic model: stop routing the shape of `plan` to `queue` (given to\n"
+          "add_route; its runtime has closed), keeping the queue's counters. Returns ''\n"
+          "when removed, else why not.")
       .def(
           "set_specialisations",
           [](FrontEnd& f, const py::dict& d) {

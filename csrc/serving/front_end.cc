@@ -111,9 +111,9 @@ void FrontEnd::SetSpecialisations(const SpecialisationValues& v) {
   specialisations_.set = true;
 }
 
-std::string FrontEnd::RemoveRoute(const ModelPlan& plan) {
+std::string FrontEnd::RemoveRoute(py::handle queue, const ModelPlan& plan) {
   if (!dynamic_) return "model " + Quote(plan_.name) + " is a fixed model: it has one shape";
-  return dynamic_->routes()->Remove(plan);
+  return dynamic_->routes()->Remove(QueueOf(queue).get(), plan);
 }
 
 std::string FrontEnd::AddRoute(py::handle queue, ModelPlan plan, const Bucket* bucket) {

@@ -136,8 +136,9 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   // `bucket`: the runtime is a bucket of sequence lengths (requests of shorter
   // lengths are padded to it).
   std::string AddRoute(pybind11::handle queue, ModelPlan plan, const Bucket* bucket = nullptr);
-  // Stops routing the shape of `plan` (its runtime has closed). "" when removed, else why not.
-  std::string RemoveRoute(const ModelPlan& plan);
+  // Stops routing the shape of `plan` to `queue` (its runtime has closed). "" when
+  // removed, else why not.
+  std::string RemoveRoute(pybind11::handle queue, const ModelPlan& plan);
   // The shapes (and buckets) routed so.
   size_t routes() const;
   // A model compiled per input shape: its specialisations, shown in the statistics.

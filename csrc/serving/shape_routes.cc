@@ -208,7 +208,7 @@ std::string ShapeRoutes::RouteKey(const ModelPlan& route, std::string* why) cons
   return Key(shapes);
 }
 
-std::string ShapeRoutes::Remove(const ModelPlan& route) {
+std::string ShapeRoutes::Remove(const ServingQueue* queue, const ModelPlan& route) {
   std::string why;
   const std::string key = RouteKey(route, &why);
   if (!why.empty()) return why;
@@ -216,7 +216,9 @@ std::string ShapeRoutes::Remove(const ModelPlan& route) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = routes_.find(key);
-    if (it == routes_.end()) return "no route of input shapes " + key;
+    if (it == routes_.end() || it->second->queue.get() != queue) {
+      return "no route of input shapes " + key + " to that queue";
+    }
     gone = std::move(it->second);
     routes_.erase(it);
   }

@@ -71,9 +71,10 @@ class ShapeRoutes : public NativeSink, public std::enable_shared_from_this<Shape
   std::string Add(std::shared_ptr<ServingQueue> queue, ModelPlan route,
                   const Bucket* bucket = nullptr);
 
-  // Stops routing the shape of `route` (a plan given to Add, not a bucket's); its
-  // queue's counters are kept. Returns "" when removed, else why not.
-  std::string Remove(const ModelPlan& route);
+  // Stops routing the shape of `route` to `queue` (given to Add, not a bucket's; a
+  // route of that shape to another queue, made since, stays); the queue's counters are
+  // kept. Returns "" when removed, else why not.
+  std::string Remove(const ServingQueue* queue, const ModelPlan& route);
 
   // Admits request `r` of `job` to the runtime of its shape (or bucket). Returns -1
   // when no route takes it (the handler takes it), else as SubmitNative: 0 queued, 1 busy,

@@ -459,7 +459,7 @@ class InferenceServer:
                         self.max_body,
                         self.instances,
                     )
-                    why = front.remove_route(plan)
+                    why = front.remove_route(runtime._queue, plan)
                 except Exception as e:  # the route stays; its closed queue sends requests back
                     why = f"{type(e).__name__}: {e}"
                 if why:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu.errors import NotSupportedError, RuntimeClosedError
+from paddle_ipu.errors import IpuError, NotSupportedError, RuntimeClosedError
 from paddle_ipu.executor import executor_for
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 from paddle_ipu.executor.shapes import ShapePolicy
@@ -45,6 +45,8 @@ __all__ = ["ShapeRuntime", "shape_executor"]
 
 #: what the inference server is told of a shape's runtime: made (True) or closed (False)
 Watcher = Callable[[ModelRuntime, bool], None]
+#: how many times a request makes its shape again when it leaves memory before it runs
+_MAKE_TRIES = 8
 
 
 def _policy(package: Package) -> ShapePolicy:
@@ -127,14 +129,17 @@ class ShapeRuntime:
             watcher(runtime, True)
 
     # -- the runtimes ---------------------------------------------------------------
-    def _runtime(self, key: str, executor: IpuExecutor) -> ModelRuntime:
-        """The runtime of ``key`` over ``executor`` (made now if there is none)."""
+    def _runtime(self, key: str, executor: IpuExecutor) -> ModelRuntime | None:
+        """The runtime of ``key`` over ``executor`` (made now if there is none); None
+        when ``executor`` is no longer the one in memory (its shape just left)."""
         with self._lock:
             if self._closed:
                 raise RuntimeClosedError("the model runtime is closed: no new requests")
             runtime = self.runtimes.get(key)
             if runtime is not None and runtime.executor is executor and not runtime.closed:
                 return runtime
+            if self.shapes.resident(key) is not executor:
+                return None
             runtime = ModelRuntime(executor, **self._runtime_options)
             self.runtimes[key] = runtime
             self._seen[key] = 0
@@ -218,35 +223,69 @@ class ShapeRuntime:
             raise RuntimeClosedError("the model runtime is closed: no new requests")
         _, key, arrays, real = self.shapes.fit(feed)
         cut = self.shapes.cut_shapes(real) if real is not None else None
-        executor = self.shapes.resident(key)
-        if executor is not None:
-            try:
-                inner = self._runtime(key, executor).submit(arrays, timeout)
-                return _Chained.over(inner, cut)
-            except RuntimeClosedError:
-                if self._closed:
-                    raise
-                # it left memory as this request came: made again below
+        inner = self._resident_submit(key, arrays, timeout)
+        if inner is not None and cut is None:
+            return inner
         outer = _Chained(cut)
+        if inner is not None:
+            outer.follow(inner)
+        else:
+            self._after_make(key, arrays, timeout, outer, 0)
+        return outer
+
+    def _resident_submit(
+        self, key: str, arrays: Mapping[str, np.ndarray], timeout: float | None
+    ) -> Future[list[np.ndarray]] | None:
+        """The request queued on the runtime of ``key`` if its shape is in memory;
+        None when it is not (or just left)."""
+        executor = self.shapes.resident(key)
+        runtime = self._runtime(key, executor) if executor is not None else None
+        if runtime is None:
+            return None
+        try:
+            return runtime.submit(arrays, timeout)
+        except RuntimeClosedError:
+            if self._closed:
+                raise
+            return None  # it left memory as this request came: made again
+
+    def _after_make(
+        self,
+        key: str,
+        arrays: Mapping[str, np.ndarray],
+        timeout: float | None,
+        outer: _Chained,
+        tries: int,
+    ) -> None:
+        """Queue the request once the specialisation of ``key`` is made (on the worker
+        thread that made it)."""
 
         def made(f: Future[IpuExecutor]) -> None:
             if outer.done():
                 return
             try:
-                inner = self._runtime(key, f.result()).submit(arrays, timeout)
+                f.result()
+                inner = self._resident_submit(key, arrays, timeout)
+                if inner is None and tries >= _MAKE_TRIES:
+                    raise RuntimeClosedError(
+                        f"input shape {key} left memory {tries} times before its request "
+                        "ran: the memory bound holds fewer shapes than the requests in flight"
+                    )
             except BaseException as exc:
                 if outer.set_running_or_notify_cancel():
                     outer.set_exception(exc)
                 return
-            outer.follow(inner)
+            if inner is None:
+                self._after_make(key, arrays, timeout, outer, tries + 1)
+            else:
+                outer.follow(inner)
 
         self.shapes.make_async(key).add_done_callback(made)
-        return outer
 
     @property
     def executor(self) -> IpuExecutor:
-        """An executor of the package (a shape in memory, else the first): names its
-        inputs and outputs."""
+        """An executor of the package (a shape in memory, else the first compiled, else
+        one made at a small probe shape): names its inputs and outputs."""
         with self._lock:
             first = next(iter(self.runtimes.values()), None)
         if first is not None:
@@ -254,15 +293,16 @@ class ShapeRuntime:
         keys = self.shapes.specialisations() or list(self.package.shapes)
         if keys:
             return self.shapes.executor(keys[0])
-        if self.package.open is not None:
-            key, _ = self.policy.route(self._probe_shapes())
-            return self.shapes.executor(key)
-        raise NotSupportedError("no input shape has been compiled for this package yet")
-
-    def _probe_shapes(self) -> dict[str, tuple[int, ...]]:
         from paddle_ipu.serving.shape_graphs import probe_shapes
 
-        return probe_shapes(self.policy, [])[-1]
+        why: Exception | None = None
+        for shapes in probe_shapes(self.policy, []):
+            try:
+                key, _ = self.policy.route(shapes)
+                return self.shapes.executor(key)
+            except IpuError as exc:
+                why = exc
+        raise NotSupportedError(f"no input shape of this package compiles: {why}")
 
     def tensor_specs(
         self,
