@@ -216,7 +216,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     how = "from the compile cache" if cached else "compiled"
     extra = f" (sequence buckets {list(package.sequence.lengths)})" if package.sequence else ""
     if package.per_shape:
-        shapes = list(package.shapes) or "none yet"
+        shapes = package.ahead() or "none yet"
         extra = f" (input shapes {shapes}; feeds {package.declared_shapes()})"
     if package.tail is not None:
         tail = package.tail

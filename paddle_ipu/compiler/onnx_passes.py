@@ -308,13 +308,19 @@ _FOLDABLE = frozenset(
 _FOLD_LIMIT = 4096  # elements: shape arithmetic only, never real tensors
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+def _static_shapes(
+    model: onnx.ModelProto, wanted: set[str] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """The static shapes ONNX shape inference gives the model's values (only those in
+    ``wanted``, when given), and the constants'."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     _constants_as_initializers(probe.graph)
     inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if wanted is not None and vi.name not in wanted:
+            continue
         tt = vi.type.tensor_type
         if not tt.HasField("shape"):
             continue
@@ -351,16 +357,17 @@ def fold_shape_arithmetic(
 
     graph = model.graph
     rounds = max_rounds if max_rounds is not None else len(graph.node) + 1
+    # the constants found so far (a round only adds to them)
+    const: dict[str, np.ndarray] = {
+        i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
+    }
     for _ in range(rounds):
-        shapes = _static_shapes(model)
-        const: dict[str, np.ndarray] = {
-            i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
-        }
+        shapes = _static_shapes(model, {n.input[0] for n in graph.node if n.op_type == "Shape"})
         changed = False
         for pos, node in enumerate(graph.node):
             if node.op_type == "Constant":
                 attr = node.attribute[0] if len(node.attribute) == 1 else None
-                if attr is not None and attr.name == "value":
+                if attr is not None and attr.name == "value" and node.output[0] not in const:
                     const[node.output[0]] = numpy_helper.to_array(attr.t)
                 continue
             if node.op_type not in _FOLDABLE or len(node.output) != 1:

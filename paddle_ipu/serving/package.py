@@ -172,6 +172,12 @@ class Package:
             for length, model in sorted(self.buckets.items())
         }
 
+    def ahead(self) -> list[str]:
+        """The input shapes (keys) compiled ahead: those the package holds, then those
+        noted to be made from its open graph when its executors start."""
+        noted = [str(k) for k in self.meta.get("input_shapes", [])]
+        return list(dict.fromkeys([*self.shapes, *noted]))
+
     def declared_shapes(self) -> dict[str, list[int]]:
         """Feed -> its declared shape (-1: open)."""
         return {k: list(v) for k, v in (self.policy.declared if self.policy else {}).items()}

@@ -157,7 +157,8 @@ def compile_model(
     ``pad_values``: the padding of named sequence feeds (an attention mask's masking
     value), the others pad with 0.  A model whose feeds leave other dimensions open is
     compiled per input shape: ``input_shapes`` are the shapes to compile now (feed ->
-    shape; the batch may be left -1), the others are made on first use
+    shape; the batch may be left -1: compiled into the package now, or, for a model with
+    an open graph, made when its executors start), the others are made on first use
     (:mod:`paddle_ipu.serving.shape_graphs`), as many at once as ``memory_mb`` MiB hold
     (and at most ``max_specialisations``, when given); ``shape_ranges`` (feed -> ``[min,
     max]`` or ``[min, opt, max]`` shapes) bound the open dimensions a request may bring
@@ -243,8 +244,12 @@ def compile_model(
                 f"(its feeds: {package.declared_shapes()}); it compiles one graph"
             )
         wanted, _ = policy.route(_full_shapes(policy, shapes))
-        if wanted not in package.shapes:
-            package.shapes[wanted] = _shape_graph(package, wanted)
+        if package.open is not None:  # made from the open graph when asked: noted only
+            ahead = package.meta.setdefault("input_shapes", [])
+            if wanted not in ahead:
+                ahead.append(wanted)
+        elif wanted not in package.shapes:
+            package.shapes[wanted] = compile_shape(package, wanted)
             if package.model is None:
                 package.model = package.shapes[wanted]
             added = True
@@ -253,16 +258,6 @@ def compile_model(
     if cache:
         package.meta["cache_key"] = key
     return package, hit and not added
-
-
-def _shape_graph(package: Package, key: str) -> CompiledModel:
-    """A shape compiled ahead: made from the open graph, else compiled."""
-    graph = package.open_graph()
-    if graph is not None:
-        policy = package.policy
-        assert policy is not None
-        return graph.specialise(policy.input_shapes(key, int(package.options["micro_batch_size"])))
-    return compile_shape(package, key)
 
 
 def _shape_buckets(

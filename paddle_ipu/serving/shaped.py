@@ -184,7 +184,7 @@ class ShapeRuntime:
         then every bucket, smallest first -- as many as the memory bound holds.  The
         keys made."""
         if shapes is None:
-            keys = list(self.package.shapes)
+            keys = self.package.ahead()
             if self.policy.buckets is not None:
                 keys += [
                     self.policy.key(b) for b in self.policy.buckets.every(self.policy.declared)
@@ -222,15 +222,19 @@ class ShapeRuntime:
         if self._closed:
             raise RuntimeClosedError("the model runtime is closed: no new requests")
         _, key, arrays, real = self.shapes.fit(feed)
-        cut = self.shapes.cut_shapes(real) if real is not None else None
         inner = self._resident_submit(key, arrays, timeout)
-        if inner is not None and cut is None:
+        if inner is not None and real is None:
             return inner
-        outer = _Chained(cut)
+        outer = _Chained(None)
+        if inner is None:
+            self._after_make(key, arrays, timeout, outer, 0)
         if inner is not None:
             outer.follow(inner)
-        else:
-            self._after_make(key, arrays, timeout, outer, 0)
+        # what a padded request is cut back to, found while it runs (or is made)
+        try:
+            outer.set_cut(self.shapes.cut_shapes(real) if real is not None else None)
+        except BaseException as exc:
+            outer.fail(exc)
         return outer
 
     def _resident_submit(
@@ -390,21 +394,30 @@ class ShapeRuntime:
 
 class _Chained(Future):
     """A shape's request: answered from the runtime's request (or after its
-    specialisation is made), its outputs cut back when it was padded; cancelling it
-    cancels the runtime's request."""
+    specialisation is made), its outputs cut back when it was padded -- once both the
+    answer and what to cut it to are known, whichever comes last; cancelling it cancels
+    the runtime's request."""
 
     def __init__(self, cut: list[tuple[int, ...]] | None) -> None:
         super().__init__()
-        self._cut = cut
         self._inner: Future[Any] | None = None
+        self._lock = threading.Lock()
+        self._cut = cut
+        self._cut_known = cut is not None
+        self._answer: list[np.ndarray] | None = None
 
-    @staticmethod
-    def over(inner: Future[Any], cut: list[tuple[int, ...]] | None) -> Future[Any]:
-        if cut is None:
-            return inner
-        outer = _Chained(cut)
-        outer.follow(inner)
-        return outer
+    def set_cut(self, cut: list[tuple[int, ...]] | None) -> None:
+        with self._lock:
+            self._cut, self._cut_known = cut, True
+            answer = self._answer
+        if answer is not None:
+            self._finish(answer)
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._cut_known = True
+        if self.set_running_or_notify_cancel():
+            self.set_exception(exc)
 
     def follow(self, inner: Future[Any]) -> None:
         self._inner = inner
@@ -414,16 +427,27 @@ class _Chained(Future):
             if f.cancelled():
                 self.cancel()
                 return
-            if not self.set_running_or_notify_cancel():
-                return
             error = f.exception()
             if error is not None:
-                self.set_exception(error)
-            else:
-                result = f.result()
-                self.set_result(result if self._cut is None else corners(result, self._cut))
+                if self.set_running_or_notify_cancel():
+                    self.set_exception(error)
+                return
+            with self._lock:
+                known = self._cut_known
+                if not known:
+                    self._answer = f.result()
+            if known:
+                self._finish(f.result())
 
         inner.add_done_callback(done)
+
+    def _finish(self, answer: list[np.ndarray]) -> None:
+        if self.done() or not self.set_running_or_notify_cancel():
+            return
+        try:
+            self.set_result(answer if self._cut is None else corners(answer, self._cut))
+        except Exception as exc:  # an output the model gives at another size
+            self.set_exception(exc)
 
     def cancel(self) -> bool:
         inner = self._inner

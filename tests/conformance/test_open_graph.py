@@ -81,7 +81,7 @@ def test_every_shape_made_from_the_open_graph_answers_as_paddle(legacy: bool) ->
 
 
 def _save(tmp_path: Path, net: Any) -> str:
-    with paddle.pir_utils.IrGuard(), fresh_programs(3) as (main, startup, scope):
+    with paddle.pir_utils.IrGuard(), fresh_programs(3) as (main, startup, _):
         x, fetches = net()
         exe = paddle.static.Executor(paddle.CPUPlace())
         exe.run(startup)

@@ -163,7 +163,7 @@ def test_more_sizes_than_the_bound_holds_are_all_answered(served: Any) -> None:
     status, _, body = raw(srv, "GET", "/metrics")
     assert status == 200
     text = body.decode()
-    evicted = f'paddle_ipu_specialisations_evicted_total{{model="image",version="1"}} '
+    evicted = 'paddle_ipu_specialisations_evicted_total{model="image",version="1"} '
     assert evicted + str(shapes["evicted"]) in text
     assert 'paddle_ipu_specialisation_bound_bytes{model="image",version="1"}' in text
 
