@@ -161,9 +161,10 @@ class OpenGraph:
             for spec in model.inputs
             if any(d < 0 for d in spec.shape)
         }
-        # The graph without its large initializers (weights, never shape arithmetic),
-        # parsed once; each shape's graph gets them written back as they are.
-        names = _large_initializers(model.onnx)
+        # The graph without its parameters and large initializers (never shape
+        # arithmetic: not folded, as a compile does not fold them), parsed once; each
+        # shape's graph gets them written back as they are.
+        names = sorted({*_large_initializers(model.onnx), *model.weights})
         self._proto, self._arrays = split_weights(model.onnx, names)
         self._bytes = self._proto.SerializeToString()
         self._weights = {n: n for n in names}

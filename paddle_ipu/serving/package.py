@@ -208,6 +208,8 @@ class Package:
                     # the Paddle operator of each node (fp16_black_list)
                     "source_ops": list(model.source_ops),
                     "node_ops": dict(model.node_ops),
+                    # an open graph: its parameters (never folded when a shape is made)
+                    **({"parameters": sorted(model.weights)} if kind == "open" else {}),
                 }
             )
         meta["graphs"] = entries
@@ -389,7 +391,8 @@ def _graph(
         onnx=graph,
         inputs=[spec_from_json(d) for d in entry["inputs"]],
         outputs=[spec_from_json(d) for d in entry["outputs"]],
-        weights={},  # the weights are the graph's initializers
+        # the weights are the graph's initializers (an open graph names its parameters)
+        weights={str(n): str(n) for n in entry.get("parameters", ())},
         micro_batch_size=mbs,
         opset=int(entry["opset"]),
         source_ops=[str(op) for op in entry.get("source_ops", [])],

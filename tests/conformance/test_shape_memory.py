@@ -224,3 +224,43 @@ def test_a_warm_up_makes_the_declared_shapes(pointwise: Saved) -> None:
         start = time.perf_counter()
         rt.run({"x": _image(16, 20)})
         assert rt.specialisation_stats().made == before, time.perf_counter() - start
+
+
+def test_the_command_line_compiles_buckets_and_runs_any_size(
+    pointwise: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from paddle_ipu import cli
+    from paddle_ipu.serving.package import load_package
+
+    out = tmp_path / "buckets.pdipu"
+    argv = ["compile", pointwise.prefix, "-o", str(out), "--shape-buckets", json.dumps(BUCKETS)]
+    assert cli.main([*argv, "--pad-value", "x=0.5"]) == 0
+    capsys.readouterr()
+    policy = load_package(out).policy
+    assert policy is not None and policy.buckets is not None
+    assert policy.buckets.grids["x"] == {2: (8, 16), 3: (8, 16, 24)}
+    assert policy.buckets.pad_values == {"x": 0.5}
+    for h, w in ((5, 7), (11, 19)):
+        feed = _image(h, w, rows=2)
+        np.save(tmp_path / "x.npy", feed)
+        run = ["run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path)]
+        assert cli.main(run) == 0
+        name = capsys.readouterr().out.split(":")[0]
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), pointwise.cpu(feed)[0], **TOL)
+    assert cli.main([*argv[:4], "--shape-buckets", "{not json"]) != 0
+    assert "--shape-buckets must be 'auto', a JSON object" in capsys.readouterr().err
+
+
+def test_on_popart_buckets_are_seeded_by_default(pointwise: Saved) -> None:
+    """On the IPU a new input shape is a compile of minutes: a model compiled for the
+    popart backend pads up to buckets seeded from its declared shapes by default."""
+    from paddle_ipu.serving.saved_model import compile_model
+
+    shapes = [{"x": [1, 3, 32, 48]}, {"x": [1, 3, 16, 64]}]
+    package, _ = compile_model(pointwise.prefix, backend="popart", input_shapes=shapes)
+    assert package.policy is not None and package.policy.buckets is not None
+    assert package.policy.buckets.grids == {"x": {2: (16, 32), 3: (48, 64)}}
+    host, _ = compile_model(pointwise.prefix, input_shapes=shapes)
+    assert host.policy is not None and host.policy.buckets is None
