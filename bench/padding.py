@@ -2,17 +2,19 @@
 an effect no larger than one grey level of input noise, that leaves the text of every
 stably-read image unchanged.
 
-    python bench/padding.py [--images 24] [--seeds 4] [--steps DET,REC]
+    python bench/padding.py [--images 24] [--seeds 4] [--det-pad edge|zero|white]
+                            [--steps DET,REC]
 
 rapidocr-paddle's OCR pipeline (PP-OCRv4 det and rec, the mobile v2 direction
 classifier, trained; Paddle Inference on the CPU) reads the twelve rendered images of
 tests/conformance/trained/images.py and ``--images`` more of random sizes, twice: as it
 is, and with its detector's and recogniser's inputs padded up to the buckets
 ``paddle_ipu.serving.ocr`` declares (the detector's height and width up to
-``DET_SIZES``, the recogniser's width up to ``REC_WIDTHS``, with 0: the normalised
-input's mean, RapidOCR's own padding of a crop) and their outputs cut back (the
-detector's map to the input's height and width, the recogniser's time steps to those of
-the unpadded input) -- what the served pipeline with ``buckets=True`` computes.
+``DET_SIZES``, with its edge repeated (``--det-pad``: or 0, the normalised input's
+mean, or white); the recogniser's width up to ``REC_WIDTHS``, with 0, RapidOCR's own
+padding of a crop) and their outputs cut back (the detector's map to the input's height
+and width, the recogniser's time steps to those of the unpadded input) -- what the
+served pipeline with ``buckets=True`` computes.
 ``--steps 64,128`` pads to multiples of those instead.  Per image:
 
 - detector: pixels of the probability map that padding moves across the pipeline's
@@ -53,8 +55,26 @@ def _up(size: int, grid: Sequence[int] | int) -> int:
 Cut = Callable[[np.ndarray, np.ndarray, Any], Any]
 
 
+#: the detector's normalised white, per channel (RapidOCR's mean and standard deviation)
+WHITE = (1 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+
+
+def _pad(x: np.ndarray, widths: list[tuple[int, int]], how: str) -> np.ndarray:
+    if how == "edge":
+        return np.pad(x, widths, mode="edge")
+    if how == "white":
+        out = np.pad(x, widths)
+        out[:, :, x.shape[2] :, :] = WHITE[None, :, None, None]
+        out[:, :, :, x.shape[3] :] = WHITE[None, :, None, None]
+        return out
+    return np.pad(x, widths, constant_values=0.0)
+
+
 def _padded(
-    inner: Callable[[np.ndarray], Any], axes: dict[int, Sequence[int] | int], cut: Cut
+    inner: Callable[[np.ndarray], Any],
+    axes: dict[int, Sequence[int] | int],
+    cut: Cut,
+    how: str = "zero",
 ) -> Callable[[np.ndarray], Any]:
     def call(x: np.ndarray) -> Any:
         widths = [(0, 0)] * x.ndim
@@ -62,15 +82,18 @@ def _padded(
             widths[axis] = (0, _up(x.shape[axis], grid) - x.shape[axis])
         if not any(w for _, w in widths):
             return inner(x)
-        return cut(x, np.pad(x, widths, constant_values=0.0), inner)
+        return cut(x, _pad(x, widths, how), inner)
 
     return call
 
 
-def padded_pipeline(det: Sequence[int] | int, rec: Sequence[int] | int) -> tuple[Any, list[int]]:
+def padded_pipeline(
+    det: Sequence[int] | int, rec: Sequence[int] | int, det_pad: str = "edge"
+) -> tuple[Any, list[int]]:
     """rapidocr-paddle's pipeline whose detector and recogniser pad their inputs up to
-    ``det`` (both axes) and ``rec`` (the width), and cut their outputs back; and a list
-    that counts the recogniser's lines whose text padding changed."""
+    ``det`` (both axes, with ``det_pad``) and ``rec`` (the width, with 0), and cut
+    their outputs back; and a list that counts the recogniser's lines whose text
+    padding changed."""
     import ocr
 
     pipeline = ocr.recording(ocr.new_pipeline())
@@ -81,7 +104,7 @@ def padded_pipeline(det: Sequence[int] | int, rec: Sequence[int] | int) -> tuple
         out = inner(padded)
         return [np.ascontiguousarray(o[..., : x.shape[2], : x.shape[3]]) for o in out]
 
-    pipeline.text_det.infer.inner = _padded(det_infer, {2: det, 3: det}, det_cut)
+    pipeline.text_det.infer.inner = _padded(det_infer, {2: det, 3: det}, det_cut, det_pad)
     rec_session = pipeline.text_rec.session
     decode = pipeline.text_rec.postprocess_op
 
@@ -120,6 +143,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=24)
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--steps", default="", help="DET,REC: pad to multiples instead")
+    parser.add_argument("--det-pad", default="edge", choices=("edge", "zero", "white"))
     args = parser.parse_args()
     os.environ.setdefault("GLOG_minloglevel", "2")
     import images
@@ -137,7 +161,7 @@ def main() -> None:
     if args.steps:
         det, rec = (int(v) for v in args.steps.split(","))
     cpu = ocr.recording(ocr.new_pipeline())
-    padded, rec_changed = padded_pipeline(det, rec)
+    padded, rec_changed = padded_pipeline(det, rec, args.det_pad)
     print("| image | size | CPU text | padded | CPU text changed by noise | pixels across 0.3: "
           "padding | noise (median) |")  # fmt: skip
     print("|---|---|---|---|---|---:|---:|")
@@ -167,6 +191,7 @@ def main() -> None:
         )
     noise_lines = [rec_noise(pictures, seed) for seed in range(min(args.seeds, 2))]
     grid = f"multiples of {det} and {rec}" if args.steps else "the buckets of serving/ocr.py"
+    grid += f", the detector's input padded with {args.det_pad}"
     print(
         f"\npadded to {grid}: the pipeline reads the CPU's text on {same} of {len(pictures)} "
         f"images, on {stable_same} of the {stable} read stably; the detector's map crosses "

@@ -85,7 +85,7 @@ def _load_or_compile(
     micro_batch: int,
     quiet: bool = False,
     seq_buckets: Sequence[int] = (),
-    pad_values: dict[str, float] | None = None,
+    pad_values: dict[str, float | str] | None = None,
     input_shapes: Sequence[dict[str, list[int]]] = (),
     max_specialisations: int | None = None,
     shape_buckets: Any = None,
@@ -94,8 +94,9 @@ def _load_or_compile(
     """A package file, or a saved inference model prefix compiled through the cache."""
     from pathlib import Path
 
+    from paddle_ipu.cli_shapes import bounded
     from paddle_ipu.errors import OptionError
-    from paddle_ipu.executor.shapes import DEFAULT_SPECIALISATION_MEMORY_MB
+    from paddle_ipu.executor.shapes import DEFAULT_SPECIALISATION_MEMORY_MB as MEMORY_MB
     from paddle_ipu.serving.package import load_package
     from paddle_ipu.serving.saved_model import compile_model
 
@@ -106,8 +107,6 @@ def _load_or_compile(
                 "were its input shapes (--seq-buckets, --shape-buckets, --pad-value and "
                 "--input-shapes apply to a saved model prefix)"
             )
-        from paddle_ipu.cli_shapes import bounded
-
         return bounded(load_package(model), max_specialisations, memory_mb)
     package, _ = compile_model(
         model,
@@ -118,7 +117,7 @@ def _load_or_compile(
         input_shapes=input_shapes,
         max_specialisations=max_specialisations,
         shape_buckets=shape_buckets,
-        memory_mb=DEFAULT_SPECIALISATION_MEMORY_MB if memory_mb is None else memory_mb,
+        memory_mb=MEMORY_MB if memory_mb is None else memory_mb,
     )
     return package
 
@@ -178,19 +177,21 @@ def _buckets(text: str | None) -> list[int]:
         ) from None
 
 
-def _pad_values(items: Sequence[str]) -> dict[str, float]:
-    """``--pad-value attention_mask=0`` (repeatable) -> {"attention_mask": 0.0}."""
+def _pad_values(items: Sequence[str]) -> dict[str, float | str]:
+    """``--pad-value mask=0`` (repeatable) -> {"mask": 0.0}; shape buckets take ``edge``."""
     from paddle_ipu.errors import OptionError
 
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         try:
             if not sep or not name:
                 raise ValueError(item)
-            out[name] = float(value)
+            out[name] = value if value == "edge" else float(value)
         except ValueError:
-            raise OptionError(f"--pad-value must be NAME=NUMBER, got {item!r}") from None
+            raise OptionError(
+                f"--pad-value must be NAME=NUMBER (or NAME=edge), got {item!r}"
+            ) from None
     return out
 
 

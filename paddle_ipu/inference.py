@@ -374,19 +374,18 @@ class Config:
         (per input, per axis: sizes, or ``{"min": a, "max": b, "step": s}``), or
         ``"auto"`` (seeded from :meth:`set_ipu_input_shapes` and the shape ranges of an
         ``inference.yml``).  A run is padded up to the smallest bucket that holds it,
-        with ``pad_values`` (input -> value; 0 by default) and its outputs are cut back
+        with ``pad_values`` (input -> a value, 0 by default, or ``"edge"``: the edge
+        repeated) and its outputs are cut back
         to what the model gives at its own size; a size past a grid is its own
         specialisation.  None: no buckets."""
-        from paddle_ipu.executor.shapes import ShapeBuckets
+        from paddle_ipu.executor.shapes import ShapeBuckets, check_pad_values
 
         if buckets is not None and buckets != "auto":
             ShapeBuckets.parse(buckets, pad_values)  # the check
-        for name, value in (pad_values or {}).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise OptionError(f"pad value of {name!r} must be a number, got {value!r}")
+        pads = check_pad_values(pad_values)
         self.shape_buckets = buckets
         if pad_values is not None:
-            self.pad_values = {str(k): float(v) for k, v in pad_values.items()}
+            self.pad_values = pads  # type: ignore[assignment]
 
     def use_ipu(self) -> bool:
         return self._ipu

@@ -46,10 +46,12 @@ from paddle_ipu.executor import feeds as feed_contract
 
 __all__ = [
     "DEFAULT_SPECIALISATION_MEMORY_MB",
+    "EDGE",
     "SequenceBuckets",
     "ShapeBuckets",
     "ShapePolicy",
     "ShapeRanges",
+    "check_pad_values",
     "read_inference_yml",
 ]
 
@@ -233,12 +235,13 @@ class ShapeBuckets:
     its sizes, ascending.  A request's size on such an axis is raised to the smallest
     size of the grid that holds it; a size past the grid's largest is left as it is (a
     specialisation of its own, never a refusal).  ``pad_values``: what each feed is
-    padded with (0 when not given: a normalised image's mean).  The outputs are cut
+    padded with: a number (0 when not given: a normalised image's mean), or ``"edge"``:
+    the edge's values repeated, as an image's background goes on past it.  The outputs are cut
     back by the owner of the model, to what the model gives at the request's own size
     (:mod:`paddle_ipu.serving.shaped`)."""
 
     grids: Mapping[str, Mapping[int, tuple[int, ...]]]
-    pad_values: Mapping[str, float] = field(default_factory=dict)
+    pad_values: Mapping[str, float | str] = field(default_factory=dict)
 
     def fit(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """The shapes a request of ``shapes`` is padded to."""
@@ -287,8 +290,11 @@ class ShapeBuckets:
             if want is None or tuple(array.shape[1:]) == tuple(want[1:]):
                 continue
             widths = [(0, 0)] + [(0, int(w) - int(d)) for d, w in zip(array.shape[1:], want[1:])]
-            value = array.dtype.type(self.pad_values.get(name, 0.0))
-            out[name] = np.pad(array, widths, constant_values=value)
+            pad = self.pad_values.get(name, 0.0)
+            if pad == EDGE:
+                out[name] = np.pad(array, widths, mode="edge")
+            else:
+                out[name] = np.pad(array, widths, constant_values=array.dtype.type(pad))
         return out
 
     def check(self, declared: Mapping[str, Sequence[int]], ranges: ShapeRanges) -> None:
@@ -374,12 +380,7 @@ class ShapeBuckets:
                     raise OptionError(f"{where} of {name!r}: axis {axis!r} is not an int") from None
                 grid[a] = _sizes(sizes, f"{where} of {name!r}, axis {a}")
             grids[str(name)] = grid
-        pads: dict[str, float] = {}
-        for name, value in (pad_values or {}).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise OptionError(f"pad value of {name!r} must be a number, got {value!r}")
-            pads[str(name)] = float(value)
-        return ShapeBuckets(grids, pads)
+        return ShapeBuckets(grids, check_pad_values(pad_values))
 
     @staticmethod
     def seed(
@@ -416,6 +417,26 @@ class ShapeBuckets:
         return ShapeBuckets(
             {n: {a: tuple(sorted(v)) for a, v in axes.items()} for n, axes in grids.items()}
         )
+
+
+#: the pad "value" that repeats the edge (:class:`ShapeBuckets`)
+EDGE = "edge"
+
+
+def check_pad_values(pad_values: Mapping[str, Any] | None) -> dict[str, float | str]:
+    """Shape buckets' pad values checked: feed -> a number or ``"edge"`` (an
+    OptionError naming the feed otherwise)."""
+    pads: dict[str, float | str] = {}
+    for name, value in (pad_values or {}).items():
+        if value == EDGE:
+            pads[str(name)] = EDGE
+        elif isinstance(value, bool) or not isinstance(
+            value, (int, float, np.integer, np.floating)
+        ):
+            raise OptionError(f"pad value of {name!r} must be a number or {EDGE!r}, got {value!r}")
+        else:
+            pads[str(name)] = float(value)
+    return pads
 
 
 def _is_int(value: Any) -> bool:

@@ -65,12 +65,14 @@ MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
 DET_SIZES = (736, 864, 1024, 1184, 1376, 1600, 1856, 2144, 2496, 2880, 3328, 3840, 4416, 5088)
 #: the recogniser's bucket widths (its height is 48): about 1.15 times the last, by 16
 REC_WIDTHS = (320, 368, 432, 512, 592, 688, 800, 928, 1072, 1248, 1440, 1664, 1920, 2208)
-#: with ``buckets``: the models' shape buckets and pad values (0: the normalised input's
-#: mean for the detector, RapidOCR's own padding of a crop for the recogniser)
+#: with ``buckets``: the models' shape buckets and pad values -- the detector's image
+#: padded with its edge repeated (a page's background going on: measured against zeros
+#: and white by bench/padding.py, the one that left every stably-read text as it was),
+#: the recogniser's crops with 0, RapidOCR's own padding of a crop in a batch
 BUCKETS: dict[str, dict[str, Any]] = {
     "ocr_det": {
         "shape_buckets": {"x": {"2": list(DET_SIZES), "3": list(DET_SIZES)}},
-        "pad_values": {"x": 0.0},
+        "pad_values": {"x": "edge"},
     },
     "ocr_rec": {"shape_buckets": {"x": {"3": list(REC_WIDTHS)}}, "pad_values": {"x": 0.0}},
 }

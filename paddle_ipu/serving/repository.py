@@ -25,7 +25,8 @@ width; :mod:`paddle_ipu.executor.shapes`) also takes::
      "input_shapes": [{"x": [-1, 3, 736, 736]}],   shapes compiled when it loads
      "shape_buckets": {"x": {"2": [736, 1024], "3": {"min": 736, "max": 4096, "step": 256}}}
                       | "auto",  grids its open dimensions are padded up to
-     "pad_values": {"x": 0.0},   what each bucketed input is padded with (0)
+     "pad_values": {"x": 0.0},   what each bucketed input is padded with (0), or
+                                 "edge": its edge repeated
      "specialisation_memory_mb": 1024,   the memory its shapes hold at once
      "max_specialisations": 16,  and at most this many (none by default)
      "warmup": true              its declared shapes (input_shapes, then every bucket,
@@ -193,7 +194,7 @@ def read_config(model_dir: Path) -> ModelConfig:
 def _shape_options(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     """compile_model's options of a model compiled per input shape, from ``doc``
     (checked here, by key; the model's own shapes check them again when it loads)."""
-    from paddle_ipu.executor.shapes import ShapeBuckets
+    from paddle_ipu.executor.shapes import ShapeBuckets, check_pad_values
 
     out: dict[str, Any] = {}
     if "input_shapes" in doc:
@@ -208,11 +209,13 @@ def _shape_options(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
             )
         out["input_shapes"] = shapes
     pads = doc.get("pad_values")
-    if pads is not None and (
-        not isinstance(pads, dict)
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pads.values())
-    ):
-        raise OptionError(f"{path}: 'pad_values' must map inputs to numbers, got {pads!r}")
+    if pads is not None:
+        if not isinstance(pads, dict):
+            raise OptionError(f"{path}: 'pad_values' must map inputs to numbers, got {pads!r}")
+        try:
+            pads = check_pad_values(pads)
+        except OptionError as exc:
+            raise OptionError(f"{path}: 'pad_values': {exc}") from None
     if "shape_buckets" in doc:
         buckets = doc["shape_buckets"]
         if buckets != "auto":
@@ -224,7 +227,7 @@ def _shape_options(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     if pads is not None:
         if "shape_buckets" not in doc:
             raise OptionError(f"{path}: 'pad_values' pads 'shape_buckets', which it does not set")
-        out["pad_values"] = {str(k): float(v) for k, v in pads.items()}
+        out["pad_values"] = pads
     if "specialisation_memory_mb" in doc:
         out["memory_mb"] = _field(
             path, "specialisation_memory_mb", doc["specialisation_memory_mb"], float, 1

@@ -37,6 +37,7 @@ from paddle_ipu.executor.shapes import (
     SequenceBuckets,
     ShapeBuckets,
     ShapePolicy,
+    check_pad_values,
     read_inference_yml,
 )
 from paddle_ipu.serving import cache as compile_cache
@@ -116,8 +117,9 @@ def cache_key(prefix: str, options: dict[str, Any], backend: str, versions: dict
 
 
 def check_buckets(
-    seq_buckets: Sequence[int], pad_values: Mapping[str, float] | None
+    seq_buckets: Sequence[int], pad_values: Mapping[str, Any] | None
 ) -> tuple[list[int], dict[str, float]]:
+    """Sequence buckets and their pad values (numbers), checked."""
     lengths = list(seq_buckets)
     for n in lengths:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -141,7 +143,7 @@ def compile_model(
     cache: bool = True,
     progress: Progress | None = None,
     seq_buckets: Sequence[int] = (),
-    pad_values: Mapping[str, float] | None = None,
+    pad_values: Mapping[str, float | str] | None = None,
     input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
     max_specialisations: int | None = None,
     shape_ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
@@ -171,7 +173,10 @@ def compile_model(
     ``fp16_black_list``: with ``enable_fp16``, the Paddle operators the package's
     executors keep in float32 (the IpuStrategy option of that name)."""
     _check_options(micro_batch_size, batches_per_step)
-    lengths, pads = check_buckets(seq_buckets, pad_values)
+    if seq_buckets:
+        lengths, pads = check_buckets(seq_buckets, pad_values)
+    else:  # shape buckets' pad values (a number, or "edge")
+        lengths, pads = [], check_pad_values(pad_values)  # type: ignore[assignment]
     options: dict[str, Any] = {
         "micro_batch_size": micro_batch_size,
         "batches_per_step": batches_per_step,

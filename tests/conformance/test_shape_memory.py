@@ -159,8 +159,9 @@ def test_a_make_under_way_holds_up_no_request_of_a_shape_made(
 BUCKETS = {"x": {"2": [8, 16], "3": {"min": 8, "max": 24, "step": 8}}}
 
 
-def test_buckets_pad_requests_up_and_cut_their_outputs_back(pointwise: Saved) -> None:
-    with _runtime(pointwise, shape_buckets=BUCKETS, pad_values={"x": 0.5}) as runtime:
+@pytest.mark.parametrize("pad", [0.5, "edge"])
+def test_buckets_pad_requests_up_and_cut_their_outputs_back(pointwise: Saved, pad: Any) -> None:
+    with _runtime(pointwise, shape_buckets=BUCKETS, pad_values={"x": pad}) as runtime:
         sizes = [(5, 7), (8, 8), (3, 20), (16, 9), (13, 24), (15, 17)]
         for h, w in sizes:
             feed = _image(h, w, rows=2)
