@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--steps", default="", help="DET,REC: pad to multiples instead")
     parser.add_argument("--det-pad", default="edge", choices=("edge", "zero", "white"))
+    parser.add_argument("--det-sizes", default="", help="S1,S2,...: the detector's sizes")
     args = parser.parse_args()
     os.environ.setdefault("GLOG_minloglevel", "2")
     import images
@@ -160,6 +161,8 @@ def main() -> None:
     rec: Sequence[int] | int = REC_WIDTHS
     if args.steps:
         det, rec = (int(v) for v in args.steps.split(","))
+    if args.det_sizes:
+        det = [int(v) for v in args.det_sizes.split(",")]
     cpu = ocr.recording(ocr.new_pipeline())
     padded, rec_changed = padded_pipeline(det, rec, args.det_pad)
     print("| image | size | CPU text | padded | CPU text changed by noise | pixels across 0.3: "

@@ -61,8 +61,15 @@ MODELS = {
 MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
 
 #: the detector's bucket sizes, both axes: RapidOCR feeds it multiples of 32 from 736
-#: (the shorter side) up; each size about 1.15 times the last, rounded up to 32
-DET_SIZES = (736, 864, 1024, 1184, 1376, 1600, 1856, 2144, 2496, 2880, 3328, 3840, 4416, 5088)
+#: (the shorter side) up; each size about 1.05 times the last, rounded up to 32.  The
+#: detector's squeeze-excite blocks pool the whole image, so what padding changes grows
+#: with the share padded: padded up to sizes 1.15 times apart one of 40 stably-read images
+#: read otherwise, 1.05 times apart none did (bench/padding.py, docs/inference.md)
+DET_SIZES = (
+    736, 800, 864, 928, 992, 1056, 1120, 1184, 1248, 1312, 1408, 1504, 1600, 1696, 1792,
+    1888, 1984, 2112, 2240, 2368, 2496, 2624, 2784, 2944, 3104, 3264, 3456, 3648, 3840,
+    4032, 4256, 4480, 4704, 4960, 5216, 5504, 5792, 6016,
+)  # fmt: skip
 #: the recogniser's bucket widths (its height is 48): about 1.15 times the last, by 16
 REC_WIDTHS = (320, 368, 432, 512, 592, 688, 800, 928, 1072, 1248, 1440, 1664, 1920, 2208)
 #: with ``buckets``: the models' shape buckets and pad values -- the detector's image
@@ -77,14 +84,15 @@ BUCKETS: dict[str, dict[str, Any]] = {
     "ocr_rec": {"shape_buckets": {"x": {"3": list(REC_WIDTHS)}}, "pad_values": {"x": 0.0}},
 }
 #: with ``warmup``: the shapes made when the models load -- the detector's buckets with
-#: the shorter side 736 (what RapidOCR gives most images) up to 2880, every recogniser
-#: bucket, the classifier's one shape
+#: the shorter side 736 (what RapidOCR gives most images) up to 2496 wide or 1184 tall,
+#: every recogniser bucket, the classifier's one shape
 WARMUP: dict[str, list[dict[str, list[int]]]] = {
-    "ocr_det": [{"x": [1, 3, 736, s]} for s in DET_SIZES[:10]]
-    + [{"x": [1, 3, s, 736]} for s in DET_SIZES[1:10]],
+    "ocr_det": [{"x": [1, 3, 736, s]} for s in DET_SIZES[:21]]
+    + [{"x": [1, 3, s, 736]} for s in DET_SIZES[1:8]],
     "ocr_cls": [{"x": [1, 3, 48, 192]}],
     "ocr_rec": [{"x": [1, 3, 48, w]} for w in REC_WIDTHS],
 }
+
 
 _HERE = "paddle_ipu.serving.ocr"
 

@@ -8,7 +8,9 @@ in this process:
   of noise does not change its text), and the detector's shapes left memory and came back;
 - then three clients send them at random for two minutes (``bench/ocr_soak.py`` runs
   the long version): no error, the same texts, the server's resident memory flat after
-  the first minute.
+  the first minute;
+- and the same 40 images through rapidocr-paddle's own pipeline changed by one line,
+  ``config.enable_ipu()`` (the predictor), its shapes bounded to 300 MB too.
 
 Needs the extra: pip install 'paddle-ipu[trained]' (and Debian's fonts-dejavu-core).
 """
@@ -75,3 +77,20 @@ def test_a_soak_of_random_sizes_keeps_its_memory(
     assert grew <= max(0.1 * high, 150.0), (high, grew, result.memory)
     det: Any = server.stats("ocr_det")["specialisations"]
     assert det["restored"] > 0, det  # shapes came back after they left memory
+
+
+def test_the_predictor_reads_every_size(pngs: list[bytes], refs: list[soak.Reference]) -> None:
+    import cv2
+    import numpy as np
+    import ocr
+
+    predictors: list[Any] = []
+    with ocr.ported_engine(memory_mb=300, made=predictors):
+        pipeline = ocr.new_pipeline()
+    answers = []
+    for k, data in enumerate(pngs):
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        answers.append(soak.Answer(k, 200, 0.0, [line.text for line in ocr.read(pipeline, image)]))
+    assert not soak.wrong_texts(answers, refs)
+    det = max((p._shared.shapes.stats() for p in predictors), key=lambda s: s.made)
+    assert det.made >= 30 and det.evicted > 0, det  # past the bound, none refused
