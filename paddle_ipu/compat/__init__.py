@@ -261,6 +261,12 @@ def _inference_wrappers(paddle_config: Any, paddle_create: Any) -> tuple[Any, An
         def set_ipu_shape_ranges(self, ranges: dict[str, Any]) -> None:
             self._ipu_settings().set_ipu_shape_ranges(ranges)
 
+        def set_ipu_shape_buckets(self, buckets: Any, pad_values: Any = None) -> None:
+            self._ipu_settings().set_ipu_shape_buckets(buckets, pad_values)
+
+        def set_ipu_specialisation_memory(self, megabytes: float) -> None:
+            self._ipu_settings().set_ipu_specialisation_memory(megabytes)
+
         def set_ipu_strategy_options(self, options: dict[str, Any]) -> None:
             self._ipu_settings().set_ipu_strategy_options(options)
 

@@ -217,6 +217,51 @@ def test_the_predictor_takes_buckets_and_a_memory_bound(pointwise: Saved) -> Non
     predictor.close()
 
 
+def test_paddles_own_config_takes_buckets_and_a_memory_bound(pointwise: Saved) -> None:
+    """``paddle.inference.Config`` (with ``import paddle_ipu``) hands the buckets and the
+    memory bound on: its predictor pads and evicts as paddle_ipu's own Config's does, and
+    answers as Paddle Inference's CPU predictor of the same Config without the IPU."""
+    import paddle.inference as paddle_inference
+
+    from paddle_ipu import inference
+
+    def run(predictor: Any, feed: np.ndarray) -> np.ndarray:
+        predictor.get_input_handle("x").copy_from_cpu(feed)
+        predictor.run()
+        out = predictor.get_output_handle(predictor.get_output_names()[0])
+        return np.asarray(out.copy_to_cpu())
+
+    files = (f"{pointwise.prefix}.json", f"{pointwise.prefix}.pdiparams")
+    cpu = paddle_inference.create_predictor(paddle_inference.Config(*files))
+    predictors = []
+    for config in (paddle_inference.Config(*files), inference.Config(*files)):
+        config.enable_ipu(ipu_micro_batch_size=2)
+        config.set_ipu_shape_buckets(BUCKETS, {"x": -1.0})
+        config.set_ipu_specialisation_memory(1e-6)
+        predictors.append(
+            (
+                paddle_inference if isinstance(config, paddle_inference.Config) else inference
+            ).create_predictor(config)
+        )
+    paddles, ours = predictors
+    for h, w in ((5, 7), (9, 9), (3, 20), (5, 7)):
+        feed = _image(h, w, rows=3)
+        want = run(cpu, feed)
+        np.testing.assert_allclose(run(paddles, feed), want, **TOL)
+        np.testing.assert_allclose(run(ours, feed), want, **TOL)
+    shapes = paddles._shared.shapes
+    assert shapes.specialisations() == ours._shared.shapes.specialisations() == ["x=3x8x8"]
+    got, expected = shapes.stats(), ours._shared.shapes.stats()
+    assert (got.made, got.restored, got.evicted) == (
+        expected.made,
+        expected.restored,
+        expected.evicted,
+    )
+    assert got.evicted > 0
+    for predictor in predictors:
+        predictor.close()
+
+
 def test_a_warm_up_makes_the_declared_shapes(pointwise: Saved) -> None:
     with _runtime(pointwise, shape_buckets=BUCKETS, input_shapes=[{"x": [1, 3, 8, 8]}]) as rt:
         made = rt.warm_up()
