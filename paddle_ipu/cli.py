@@ -608,8 +608,8 @@ def _bucket_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="the padding of a sequence feed that masks it, e.g. attention_mask=0 "
-        "(the others pad with 0)",
+        help="what a feed is padded with up to its bucket (0 by default), e.g. "
+        "attention_mask=0, or NAME=edge (its edge repeated: --shape-buckets)",
     )
     p.add_argument(
         "--input-shapes",
