@@ -429,6 +429,8 @@ def _compile_package(
     if policy.specialised and not lengths:
         package.open = open_model
         meta["open_graph"] = open_why or "checked"
+        if open_model is not None:  # no shape compiled: the open graph's operators
+            meta.setdefault("source_ops", list(open_model.source_ops))
     if loaded.tail is not None:
         split = loaded.tail
         package.tail = HostTail(
