@@ -93,26 +93,30 @@ def _load_or_compile(
     micro_batch: int,
     quiet: bool = False,
     seq_buckets: Sequence[int] = (),
-    pad_values: dict[str, float] | None = None,
+    pad_values: dict[str, float | str] | None = None,
     input_shapes: Sequence[dict[str, list[int]]] = (),
     max_specialisations: int | None = None,
+    shape_buckets: Any = None,
+    memory_mb: float | None = None,
 ) -> Any:
     """A package file, or a saved inference model prefix compiled through the cache."""
     from pathlib import Path
 
+    from paddle_ipu.cli_shapes import bounded
     from paddle_ipu.errors import OptionError
+    from paddle_ipu.executor.shapes import DEFAULT_SPECIALISATION_MEMORY_MB as MEMORY_MB
     from paddle_ipu.serving.old_format import resolve
     from paddle_ipu.serving.package import load_package
     from paddle_ipu.serving.saved_model import compile_model
 
     if Path(model).is_file():
-        if seq_buckets or pad_values or input_shapes:
+        if seq_buckets or pad_values or input_shapes or shape_buckets is not None:
             raise OptionError(
                 f"{model} is a package: its buckets were chosen when it was compiled, as "
-                "were its input shapes (--seq-buckets, --pad-value and --input-shapes apply "
-                "to a saved model prefix)"
+                "were its input shapes (--seq-buckets, --shape-buckets, --pad-value and "
+                "--input-shapes apply to a saved model prefix)"
             )
-        return load_package(model)
+        return bounded(load_package(model), max_specialisations, memory_mb)
     package, _ = compile_model(
         resolve(model),  # a __model__ directory too
         micro_batch_size=micro_batch,
@@ -120,7 +124,9 @@ def _load_or_compile(
         seq_buckets=seq_buckets,
         pad_values=pad_values,
         input_shapes=input_shapes,
-        max_specialisations=_max_specialisations(max_specialisations),
+        max_specialisations=max_specialisations,
+        shape_buckets=shape_buckets,
+        memory_mb=MEMORY_MB if memory_mb is None else memory_mb,
     )
     return package
 
@@ -142,12 +148,6 @@ def _refuse_tail(package: Any, why: str) -> None:
         "or paddle_ipu.inference, or export the detector without NMS (PaddleDetection's "
         "exporter: -o exclude_nms=True)"
     )
-
-
-def _max_specialisations(value: int | None) -> int:
-    from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
-
-    return DEFAULT_MAX_SPECIALISATIONS if value is None else value
 
 
 def _input_shapes(items: Sequence[str]) -> list[dict[str, list[int]]]:
@@ -186,23 +186,26 @@ def _buckets(text: str | None) -> list[int]:
         ) from None
 
 
-def _pad_values(items: Sequence[str]) -> dict[str, float]:
-    """``--pad-value attention_mask=0`` (repeatable) -> {"attention_mask": 0.0}."""
+def _pad_values(items: Sequence[str]) -> dict[str, float | str]:
+    """``--pad-value mask=0`` (repeatable) -> {"mask": 0.0}; shape buckets take ``edge``."""
     from paddle_ipu.errors import OptionError
 
-    out: dict[str, float] = {}
+    out: dict[str, float | str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         try:
             if not sep or not name:
                 raise ValueError(item)
-            out[name] = float(value)
+            out[name] = value if value == "edge" else float(value)
         except ValueError:
-            raise OptionError(f"--pad-value must be NAME=NUMBER, got {item!r}") from None
+            raise OptionError(
+                f"--pad-value must be NAME=NUMBER (or NAME=edge), got {item!r}"
+            ) from None
     return out
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from paddle_ipu.cli_shapes import shape_options
     from paddle_ipu.serving.old_format import resolve
     from paddle_ipu.serving.saved_model import compile_model
 
@@ -217,15 +220,14 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         progress=progress_printer(),
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
-        input_shapes=_input_shapes(args.input_shapes),
-        max_specialisations=_max_specialisations(args.max_specialisations),
         fp16_black_list=[op for op in (args.fp16_black_list or "").split(",") if op.strip()],
+        **shape_options(args, _input_shapes(args.input_shapes)),
     )
     path = package.save(args.output)
     how = "from the compile cache" if cached else "compiled"
     extra = f" (sequence buckets {list(package.sequence.lengths)})" if package.sequence else ""
     if package.per_shape:
-        shapes = list(package.shapes) or "none yet"
+        shapes = package.ahead() or "none yet"
         extra = f" (input shapes {shapes}; feeds {package.declared_shapes()})"
     if package.tail is not None:
         tail = package.tail
@@ -379,6 +381,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from paddle_ipu.cli_shapes import shape_options
     from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.bucketed_runtime import runtime_for
     from paddle_ipu.serving.server import InferenceServer
@@ -406,8 +409,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
-        input_shapes=_input_shapes(args.input_shapes),
-        max_specialisations=args.max_specialisations,
+        **shape_options(args, _input_shapes(args.input_shapes)),
     )
     _refuse_tail(package, _SERVE_WHY)
     # The host backend's threads sleep between runs: spinning would take the cores the
@@ -478,10 +480,14 @@ def _serve_repository(args: argparse.Namespace) -> int:
         or args.seq_buckets
         or args.input_shapes
         or args.pad_value
+        or args.shape_buckets is not None
+        or args.max_specialisations is not None
+        or args.specialisation_memory_mb is not None
     ):
         raise OptionError(
             "--model-repository takes --workers 1 (no --metrics-port), and no --seq-buckets, "
-            "--pad-value or --input-shapes (a model's options are in its config.json)"
+            "--shape-buckets, --pad-value, --input-shapes, --max-specialisations or "
+            "--specialisation-memory-mb (a model's options are in its config.json)"
         )
     repository = ModelRepository(
         args.model_repository,
@@ -501,6 +507,7 @@ def _serve_repository(args: argparse.Namespace) -> int:
 def _serve_workers(args: argparse.Namespace) -> int:
     """``--workers N``: the model compiled (or the cache filled) once, then N worker
     processes (paddle_ipu/serving/supervisor.py)."""
+    from paddle_ipu.cli_shapes import shape_argv, shape_options
     from paddle_ipu.errors import OptionError
     from paddle_ipu.serving.supervisor import supervise
 
@@ -511,13 +518,13 @@ def _serve_workers(args: argparse.Namespace) -> int:
         args.micro_batch,
         seq_buckets=_buckets(args.seq_buckets),
         pad_values=_pad_values(args.pad_value),
-        input_shapes=_input_shapes(args.input_shapes),
-        max_specialisations=args.max_specialisations,
+        **shape_options(args, _input_shapes(args.input_shapes)),
     )
     _refuse_tail(package, _SERVE_WHY)
     from paddle_ipu.serving.workers import worker_argv
 
-    return supervise(worker_argv(args), args.workers, args.host, args.metrics_port)
+    argv = worker_argv(args) + shape_argv(args)
+    return supervise(argv, args.workers, args.host, args.metrics_port)
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
@@ -570,8 +577,8 @@ def _bucket_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="the padding of a sequence feed that masks it, e.g. attention_mask=0 "
-        "(the others pad with 0)",
+        help="what a feed is padded with up to its bucket (0 by default), e.g. "
+        "attention_mask=0, or NAME=edge (its edge repeated: --shape-buckets)",
     )
     p.add_argument(
         "--input-shapes",
@@ -587,8 +594,12 @@ def _bucket_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="how many input shapes such a model may be compiled for (default 32)",
+        help="how many input shapes such a model keeps in memory at once (default: as many "
+        "as --specialisation-memory-mb holds)",
     )
+    from paddle_ipu.cli_shapes import add_shape_arguments
+
+    add_shape_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

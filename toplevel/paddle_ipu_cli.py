@@ -29,6 +29,19 @@ def _load(name):
 
 def _answer_without_paddle(args):
     """The exit code when the request is the usage text or the version, else None."""
+    # cli.py's parser takes the shape flags from paddle_ipu/cli_shapes.py (standard
+    # library only at its top): read it by path too, for the parser only
+    shapes = _load("cli_shapes")
+    if shapes is not None:
+        sys.modules["paddle_ipu.cli_shapes"] = shapes
+    try:
+        return _parse_without_paddle(args)
+    finally:
+        if shapes is not None and sys.modules.get("paddle_ipu.cli_shapes") is shapes:
+            del sys.modules["paddle_ipu.cli_shapes"]
+
+
+def _parse_without_paddle(args):
     cli = _load("cli")
     if cli is None:
         return None

@@ -195,6 +195,34 @@ void RegisterServing(py::module_& m) {
           "Returns '' when routed, else why not (the handler keeps taking them).")
       .def_property_readonly("routes", &FrontEnd::routes,
                              "A dynamic model's input shapes served without Python.")
+      .def(
+          "remove_route",
+          [](FrontEnd& f, const py::object& queue, const py::dict& plan) {
+            return f.RemoveRoute(queue, PlanFrom(plan));
+          },
+          py::arg("queue"), py::arg("plan"),
+          "A dynamic model: stop routing the shape of `plan` to `queue` (given to\n"
+          "add_route; its runtime has closed), keeping the queue's counters. Returns ''\n"
+          "when removed, else why not.")
+      .def(
+          "set_specialisations",
+          [](FrontEnd& f, const py::dict& d) {
+            SpecialisationValues v;
+            auto get = [&](const char* k) { return d.contains(k) ? d[k].cast<int64_t>() : 0; };
+            v.resident = get("resident");
+            v.resident_bytes = get("resident_bytes");
+            v.bound_bytes = get("bound_bytes");
+            v.max_count = get("max_count");
+            v.made = get("made");
+            v.restored = get("restored");
+            v.evicted = get("evicted");
+            v.making = get("making");
+            v.make_seconds = d.contains("make_seconds") ? d["make_seconds"].cast<double>() : 0.0;
+            f.SetSpecialisations(v);
+          },
+          py::arg("stats"),
+          "A model compiled per input shape: its specialisations (SpecialisationStats'\n"
+          "fields), shown in its statistics and /metrics from now on.")
       .def("server_metadata_json", [](FrontEnd& f) { return f.server_metadata(); })
       .def("metadata_json", [](FrontEnd& f) { return f.metadata(); })
       .def("config_json", [](FrontEnd& f) { return f.config(); })

@@ -332,10 +332,11 @@ void DynamicQueue::Done(const std::shared_ptr<Item>& item, py::handle future) {
 void DynamicQueue::Finish(const std::shared_ptr<Item>& item, RequestState state) {
   bool deliver = false;
   py::object future;
-  // A model with routes (per-shape or bucketed runtimes) runs the handler's request in
-  // a route's queue, whose counters the statistics sum already (AddStats): counted here
-  // too, a shape's first request was two runs.
-  const bool routed = routes_->size() > 0;
+  // A model with routes (per-shape or bucketed runtimes; routes removed since
+  // included) runs the handler's request in a route's queue, whose counters the
+  // statistics sum already (AddStats): counted here too, a shape's first request was
+  // two runs.
+  const bool routed = routes_->ever();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (started_.erase(item->r.get()) == 0) return;  // answered already

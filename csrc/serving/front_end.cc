@@ -88,12 +88,33 @@ bool FrontEnd::ready() const {
 
 std::string FrontEnd::StatisticsJson() {
   const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
-  return serving::StatisticsJson(plan_, counters_.Copy(), s);
+  SpecialisationValues v;
+  {
+    std::lock_guard<std::mutex> lock(specialisations_mu_);
+    v = specialisations_;
+  }
+  return serving::StatisticsJson(plan_, counters_.Copy(), s, &v);
 }
 
 std::string FrontEnd::Prometheus() {
   const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
-  return serving::Prometheus(plan_, counters_.Copy(), s, active.load());
+  SpecialisationValues v;
+  {
+    std::lock_guard<std::mutex> lock(specialisations_mu_);
+    v = specialisations_;
+  }
+  return serving::Prometheus(plan_, counters_.Copy(), s, active.load(), &v);
+}
+
+void FrontEnd::SetSpecialisations(const SpecialisationValues& v) {
+  std::lock_guard<std::mutex> lock(specialisations_mu_);
+  specialisations_ = v;
+  specialisations_.set = true;
+}
+
+std::string FrontEnd::RemoveRoute(py::handle queue, const ModelPlan& plan) {
+  if (!dynamic_) return "model " + Quote(plan_.name) + " is a fixed model: it has one shape";
+  return dynamic_->routes()->Remove(QueueOf(queue).get(), plan);
 }
 
 std::string FrontEnd::AddRoute(py::handle queue, ModelPlan plan, const Bucket* bucket) {

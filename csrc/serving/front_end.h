@@ -135,8 +135,13 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   // `bucket`: the runtime is a bucket of sequence lengths (requests of shorter
   // lengths are padded to it).
   std::string AddRoute(pybind11::handle queue, ModelPlan plan, const Bucket* bucket = nullptr);
+  // Stops routing the shape of `plan` to `queue` (its runtime has closed). "" when
+  // removed, else why not.
+  std::string RemoveRoute(pybind11::handle queue, const ModelPlan& plan);
   // The shapes (and buckets) routed so.
   size_t routes() const;
+  // A model compiled per input shape: its specialisations, shown in the statistics.
+  void SetSpecialisations(const SpecialisationValues& v);
 
   // gRPC (grpc_call.cc).
   // `trace`: the call's traceparent metadata ("" when none), for the access log.
@@ -155,6 +160,8 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   std::shared_ptr<DynamicQueue> dynamic_;    // a dynamic model's
   ModelPlan plan_;
   Counters counters_;
+  std::mutex specialisations_mu_;
+  SpecialisationValues specialisations_;
   std::string metadata_, server_metadata_, config_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> ready_{true};

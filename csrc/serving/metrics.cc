@@ -94,7 +94,8 @@ CounterValues Counters::Copy() {
   return v_;
 }
 
-std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s) {
+std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
+                           const SpecialisationValues* v) {
   std::string out = "{\"model_stats\":[{\"name\":" + Quote(m.name) + ",\"version\":" +
                     Quote(m.version) + ",\"last_inference\":" +
                     std::to_string(c.last_inference_ms) +
@@ -116,11 +117,23 @@ std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const Que
            ",\"compute_output\":" + Duration(0, 0) + "}";
     first = false;
   }
-  return out + "]}]}";
+  out += "]";
+  if (v && v->set) {  // Triton's memory_usage; the shapes' counters (an extension)
+    out += ",\"memory_usage\":[{\"type\":\"CPU\",\"id\":0,\"byte_size\":" +
+           std::to_string(v->resident_bytes) + "}],\"specialisations\":{\"resident\":" +
+           std::to_string(v->resident) + ",\"resident_bytes\":" +
+           std::to_string(v->resident_bytes) + ",\"bound_bytes\":" +
+           std::to_string(v->bound_bytes) + ",\"max_count\":" + std::to_string(v->max_count) +
+           ",\"made\":" + std::to_string(v->made) + ",\"restored\":" +
+           std::to_string(v->restored) + ",\"evicted\":" + std::to_string(v->evicted) +
+           ",\"making\":" + std::to_string(v->making) + ",\"make_seconds\":" +
+           Seconds(v->make_seconds) + "}";
+  }
+  return out + "}]}";
 }
 
 std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
-                       int64_t requests_in_flight) {
+                       int64_t requests_in_flight, const SpecialisationValues* v) {
   std::vector<std::pair<int, int64_t>> by_status = c.by_status;
   const std::string label = "model=" + Quote(m.name) + ",version=" + Quote(m.version);
   std::string o;
@@ -198,6 +211,26 @@ std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueSt
        "\n";
   o += "paddle_ipu_batch_size_sum{" + label + "} " + std::to_string(units) + "\n";
   o += "paddle_ipu_batch_size_count{" + label + "} " + std::to_string(cumulative) + "\n";
+  if (v && v->set) {
+    one("paddle_ipu_specialisations", "gauge",
+        "Input shapes of a model compiled per input shape in memory.", std::to_string(v->resident));
+    one("paddle_ipu_specialisation_bytes", "gauge",
+        "Memory those input shapes hold, as measured when each was made.",
+        std::to_string(v->resident_bytes));
+    one("paddle_ipu_specialisation_bound_bytes", "gauge",
+        "The bound on that memory: beyond it the least recently used shape leaves.",
+        std::to_string(v->bound_bytes));
+    one("paddle_ipu_specialisations_made_total", "counter",
+        "Input shapes made the first time (compiled, or made from the open graph).",
+        std::to_string(v->made));
+    one("paddle_ipu_specialisations_restored_total", "counter",
+        "Input shapes made again after they left memory.", std::to_string(v->restored));
+    one("paddle_ipu_specialisations_evicted_total", "counter",
+        "Input shapes that left memory (least recently used, beyond the bound).",
+        std::to_string(v->evicted));
+    one("paddle_ipu_specialisation_seconds_total", "counter",
+        "Time spent making input shapes.", Seconds(v->make_seconds));
+  }
   return o;
 }
 

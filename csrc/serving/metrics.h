@@ -71,10 +71,27 @@ class Counters {
   std::shared_ptr<AccessLog> log_;  // set before requests come, if at all
 };
 
-std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s);
+// A model compiled per input shape: its specialisations in memory and what happened
+// to them (paddle_ipu.executor.specialised.SpecialisationStats, set from Python).
+struct SpecialisationValues {
+  bool set = false;
+  int64_t resident = 0;        // in memory
+  int64_t resident_bytes = 0;  // their measured memory
+  int64_t bound_bytes = 0;     // the bound on it
+  int64_t max_count = 0;       // the bound on their number (0: none)
+  int64_t made = 0;            // made the first time (compiled, or from the open graph)
+  int64_t restored = 0;        // made again after they left memory
+  int64_t evicted = 0;         // left memory
+  int64_t making = 0;          // makes under way
+  double make_seconds = 0;     // time spent making them
+};
+
+// `v`: a model compiled per input shape (its "memory_usage" and "specialisations").
+std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
+                           const SpecialisationValues* v = nullptr);
 // `requests_in_flight`: requests admitted to the queue, not answered.
 std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
-                       int64_t requests_in_flight);
+                       int64_t requests_in_flight, const SpecialisationValues* v = nullptr);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -193,6 +193,44 @@ std::string ShapeRoutes::Add(std::shared_ptr<ServingQueue> queue, ModelPlan rout
   }
   std::lock_guard<std::mutex> lock(mu_);
   routes_[Key(shapes)] = std::move(r);
+  ever_ = true;
+  return std::string();
+}
+
+std::string ShapeRoutes::RouteKey(const ModelPlan& route, std::string* why) const {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const TensorPlan& t : model_->inputs) {
+    size_t j = 0;
+    *why = Match(t, route.inputs, "input", &j);
+    if (!why->empty()) return std::string();
+    shapes.emplace_back(route.inputs[j].shape.begin() + 1, route.inputs[j].shape.end());
+  }
+  return Key(shapes);
+}
+
+std::string ShapeRoutes::Remove(const ServingQueue* queue, const ModelPlan& route) {
+  std::string why;
+  const std::string key = RouteKey(route, &why);
+  if (!why.empty()) return why;
+  std::shared_ptr<Route> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = routes_.find(key);
+    if (it == routes_.end() || it->second->queue.get() != queue) {
+      return "no route of input shapes " + key + " to that queue";
+    }
+    gone = std::move(it->second);
+    routes_.erase(it);
+  }
+  const QueueStats q = StatsOf(gone->queue.get());
+  std::lock_guard<std::mutex> lock(mu_);
+  retired_.runs += q.runs;
+  retired_.requests += q.requests;
+  retired_.units += q.units;
+  retired_.padded_units += q.padded_units;
+  retired_.failed_runs += q.failed_runs;
+  retired_.busy_seconds += q.busy_seconds;
+  retired_.queue_seconds += q.queue_seconds;
   return std::string();
 }
 
@@ -326,6 +364,14 @@ int ShapeRoutes::Submit(const RequestPtr& r, const std::shared_ptr<Job>& job, Er
     routed_.erase(r.get());
     r->sink = own;
   }
+  if (code == 2) {  // the runtime is closing (its shape leaves memory): the handler's
+    job->routes.reset();
+    job->outputs.clear();
+    job->padded.clear();
+    r->in.clear();
+    r->out.clear();
+    return -1;
+  }
   if (code == 1) {
     *error = {503, "the server is busy: " + std::to_string(in_flight) + " of " +
                        std::to_string(p.limit) +
@@ -376,6 +422,13 @@ void ShapeRoutes::AddStats(QueueStats* s) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& kv : routes_) routes.push_back(kv.second);
     routes.insert(routes.end(), buckets_.begin(), buckets_.end());
+    s->runs += retired_.runs;
+    s->requests += retired_.requests;
+    s->units += retired_.units;
+    s->padded_units += retired_.padded_units;
+    s->failed_runs += retired_.failed_runs;
+    s->busy_seconds += retired_.busy_seconds;
+    s->queue_seconds += retired_.queue_seconds;
   }
   for (const auto& route : routes) {
     const QueueStats q = StatsOf(route->queue.get());
@@ -392,6 +445,11 @@ void ShapeRoutes::AddStats(QueueStats* s) {
 size_t ShapeRoutes::size() {
   std::lock_guard<std::mutex> lock(mu_);
   return routes_.size() + buckets_.size();
+}
+
+bool ShapeRoutes::ever() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ever_ || !buckets_.empty();
 }
 
 }  // namespace serving

@@ -10,6 +10,11 @@
 // written by the queue into the request's job (Job::outputs), which the dynamic
 // model's answer writers render. No Python object is made or touched for it.
 //
+// A route is removed when its runtime has closed (its specialisation left memory, see
+// paddle_ipu.serving.shaped): its queue's counters stay in the statistics, and its
+// shape's requests go to the handler again. A request that meets a route whose queue
+// is closed (the runtime is closing) goes to the handler too.
+//
 // A routed request's sink is this object (it forwards to the request's own sink once
 // the queue has finished it), so that Cancel() knows which requests are routed; a
 // routed request keeps its ShapeRoutes alive (through its Job) until it is answered.
@@ -66,6 +71,11 @@ class ShapeRoutes : public NativeSink, public std::enable_shared_from_this<Shape
   std::string Add(std::shared_ptr<ServingQueue> queue, ModelPlan route,
                   const Bucket* bucket = nullptr);
 
+  // Stops routing the shape of `route` to `queue` (given to Add, not a bucket's; a
+  // route of that shape to another queue, made since, stays); the queue's counters are
+  // kept. Returns "" when removed, else why not.
+  std::string Remove(const ServingQueue* queue, const ModelPlan& route);
+
   // Admits request `r` of `job` to the runtime of its shape (or bucket). Returns -1
   // when no route takes it (the handler takes it), else as SubmitNative: 0 queued, 1 busy,
   // 2 closed; with 1 (busy) and 4 (bad input: an index out of range), *error says
@@ -79,6 +89,7 @@ class ShapeRoutes : public NativeSink, public std::enable_shared_from_this<Shape
   // The routes' (and buckets') queues' counters, added to `s` (not the fill histogram).
   void AddStats(QueueStats* s);
   size_t size();  // the shapes and buckets routed
+  bool ever();    // whether a shape or bucket was ever routed
 
   void Deliver(std::vector<RequestPtr>&& finished) override;
 
@@ -102,6 +113,8 @@ class ShapeRoutes : public NativeSink, public std::enable_shared_from_this<Shape
   };
   // The key of a request (or route) of these inputs' shapes, besides the batch.
   static std::string Key(const std::vector<std::vector<int64_t>>& shapes);
+  // The key of the shape of `route` (a fixed runtime's plan), or "" with *why set.
+  std::string RouteKey(const ModelPlan& route, std::string* why) const;
   // Checks `bucket` against the model and sets the route's sequence fields.
   std::string SetBucket(const Bucket& bucket, Route* r) const;
   // The shortest bucket that holds a request of `shapes` (null: none), its length *length.
@@ -115,6 +128,8 @@ class ShapeRoutes : public NativeSink, public std::enable_shared_from_this<Shape
   std::map<std::string, std::shared_ptr<Route>> routes_;
   std::vector<std::shared_ptr<Route>> buckets_;  // the buckets' routes, shortest first
   std::map<Request*, Routed> routed_;            // in flight
+  QueueStats retired_;  // the counters of the routes removed
+  bool ever_ = false;
 };
 
 }  // namespace serving

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -275,13 +276,111 @@ def _compile(
     isolate: bool,
     lod: LodLayout | None = None,
 ) -> CompiledModel:
-    reader = reader_for(program)
     # Without sequence buckets (whose lengths are set after the conversion), a program
     # with open dimensions besides the batch is made static for input_shapes, or refused
     # by name before anything lowers.
     shapes = input_shapes if input_shapes is not None or sequence_length is not None else {}
+    lowered = lower(
+        program, feed_list, fetch_list, scope=scope, micro_batch_size=micro_batch_size,
+        input_shapes=shapes, requested=requested, auto_upgrade=auto_upgrade,
+        enable_manual_shard=enable_manual_shard, enable_pipelining=enable_pipelining,
+        isolate=isolate, lod=lod,
+    )  # fmt: skip
+    model, fg = lowered.model, lowered.graph
+    inputs = onnx_passes.fix_inputs(model.graph, fg.feeds, micro_batch_size, sequence_length)
+    weights = dict(lowered.weights)
+    outputs = fold_and_infer(model, weights, lowered.names, fg.fetches, _loop_names(fg))
+    compiled = lowered.compiled(model, inputs, outputs, weights, scope)
+    if onnx_dump_path:
+        compiled.save_model_proto(onnx_dump_path)
+    return compiled
+
+
+@dataclass
+class Lowered:
+    """A program converted to ONNX and through the passes that do not depend on the
+    sizes of its open dimensions (:func:`lower`)."""
+
+    model: onnx.ModelProto
+    graph: ForwardGraph
+    #: ONNX initializer -> Paddle parameter
+    weights: dict[str, str]
+    shards: dict[str, ShardSpec]
+    owner: dict[str, int]
+    #: the outputs' ONNX names, in fetch order
+    names: list[str]
+    program: Any
+    micro_batch_size: int
+    #: the opset asked of the converter (the model's own says if it raised it)
+    requested: int
+
+    def compiled(
+        self,
+        model: onnx.ModelProto,
+        inputs: list[TensorSpec],
+        outputs: list[TensorSpec],
+        weights: dict[str, str],
+        scope: Any,
+    ) -> CompiledModel:
+        """The CompiledModel of ``model`` (this lowering, its shape passes run: the
+        ``weights`` it still reads), the weights written in from ``scope``."""
+        fg = self.graph
+        emptied = [
+            node.output[0]
+            for node in model.graph.node
+            if node.op_type == "Constant" and node.output and node.output[0] in fg.parameters
+        ]
+        if emptied:
+            raise CompileError(
+                f"parameters {emptied} stayed Constant nodes in the converted graph; "
+                "their values cannot be filled in"
+            )
+        # valid ranges of index feeds (compiler/ranges.py), read off the PIR program (a
+        # legacy program's translation, see compiler/legacy_reader.py)
+        inputs = attach_ranges(getattr(fg, "pir_source", self.program), inputs)
+        actual_opset = next(
+            (int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")),
+            self.requested,
+        )
+        owner = self.owner
+        return CompiledModel(
+            onnx=serialize_with_weights(model, _weight_arrays(weights, scope)),
+            inputs=inputs,
+            outputs=outputs,
+            weights=weights,
+            micro_batch_size=self.micro_batch_size,
+            opset=actual_opset,
+            shards=self.shards,
+            source_ops=[info.type for info in fg.ops],
+            node_ops={
+                node.name: owner[node.name] for node in model.graph.node if node.name in owner
+            },
+        )
+
+
+def lower(
+    program: Any,
+    feed_list: Sequence[Any],
+    fetch_list: Sequence[Any],
+    *,
+    scope: Any,
+    micro_batch_size: int,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    requested: int,
+    auto_upgrade: bool,
+    enable_manual_shard: bool = False,
+    enable_pipelining: bool = False,
+    isolate: bool = True,
+    lod: LodLayout | None = None,
+) -> Lowered:
+    """Read, check and convert ``program``, and run the passes over the converter's
+    graph that do not depend on the sizes of the feeds' open dimensions.
+    ``input_shapes``: as :func:`compile_program`'s; None leaves the open dimensions
+    open (the converter keeps them symbolic).  ``lod``: the sequence layout of a LoD
+    program's feeds (compiler/sequence_rewrites.py)."""
+    reader = reader_for(program)
     fg = reader.read(
-        program, list(feed_list), list(fetch_list), scope, shapes, micro_batch_size, lod
+        program, list(feed_list), list(fetch_list), scope, input_shapes, micro_batch_size, lod
     )
     check_supported(info.use for info in fg.ops)
     check_static_shapes([info.use for info in fg.ops], {f.name for f in fg.feeds})
@@ -298,60 +397,22 @@ def _compile(
             "converting again with the weights"
         )
         model = _convert(fg, requested, auto_upgrade, isolate, frozenset())
-
-    inputs, outputs, weights, shards, owner = _finalize(
-        model,
-        fg,
-        micro_batch_size=micro_batch_size,
-        sequence_length=sequence_length,
-        manual_shard=enable_manual_shard,
-        pipelining=enable_pipelining,
+    weights, shards, owner, names = _prepare(
+        model, fg, manual_shard=enable_manual_shard, pipelining=enable_pipelining
     )
-    emptied = [
-        node.output[0]
-        for node in model.graph.node
-        if node.op_type == "Constant" and node.output and node.output[0] in fg.parameters
-    ]
-    if emptied:
-        raise CompileError(
-            f"parameters {emptied} stayed Constant nodes in the converted graph; "
-            "their values cannot be filled in"
-        )
-    # valid ranges of index feeds (compiler/ranges.py), read off the PIR program (a
-    # legacy program's translation, see compiler/legacy_reader.py)
-    inputs = attach_ranges(getattr(fg, "pir_source", program), inputs)
-    actual_opset = next(
-        (int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), requested
-    )
-    compiled = CompiledModel(
-        onnx=serialize_with_weights(model, _weight_arrays(weights, scope)),
-        inputs=inputs,
-        outputs=outputs,
-        weights=weights,
-        micro_batch_size=micro_batch_size,
-        opset=actual_opset,
-        shards=shards,
-        source_ops=[info.type for info in fg.ops],
-        node_ops={node.name: owner[node.name] for node in model.graph.node if node.name in owner},
-    )
-    if onnx_dump_path:
-        compiled.save_model_proto(onnx_dump_path)
-    return compiled
+    return Lowered(model, fg, weights, shards, owner, names, program, micro_batch_size, requested)
 
 
-def _finalize(
+def _prepare(
     model: onnx.ModelProto,
     fg: ForwardGraph,
     *,
-    micro_batch_size: int,
     manual_shard: bool,
-    sequence_length: int | None = None,
     pipelining: bool,
-) -> tuple[
-    list[TensorSpec], list[TensorSpec], dict[str, str], dict[str, ShardSpec], dict[str, int]
-]:
-    """The converter's ONNX model made the one the executor runs: its mistakes fixed
-    (:mod:`.converter_fixes`), then the generic passes (:mod:`.onnx_passes`)."""
+) -> tuple[dict[str, str], dict[str, ShardSpec], dict[str, int], list[str]]:
+    """The converter's ONNX model made the one the executor runs, up to its shapes: its
+    mistakes fixed (:mod:`.converter_fixes`), then the generic passes
+    (:mod:`.onnx_passes`) that do not read the feeds' sizes."""
     graph = model.graph
     converter_fixes.name_nodes(graph)
     weights = converter_fixes.constants_to_initializers(graph, fg.parameters)
@@ -370,17 +431,32 @@ def _finalize(
     custom_regions.mark(graph, fg.ops, owner)
     names = onnx_passes.rename_outputs(graph, fg.fetches)
     onnx_passes.drop_identities(graph)
-    inputs = onnx_passes.fix_inputs(graph, fg.feeds, micro_batch_size, sequence_length)
+    return weights, shards, owner, names
+
+
+def fold_and_infer(
+    model: onnx.ModelProto,
+    weights: dict[str, str],
+    names: Sequence[str],
+    fetches: Sequence[Any],
+    loops: Mapping[str, str] | None = None,
+) -> list[TensorSpec]:
+    """The passes that need the feeds' static shapes (set on ``model``'s inputs): shape
+    arithmetic folded into constants, the loops typed and bounded, then every output's
+    static shape.  ``weights`` (ONNX initializer -> Paddle parameter) loses the
+    parameters no node reads; ``loops``: a Loop's first output -> its operator, for
+    errors (:func:`_loop_names`)."""
+    graph = model.graph
     onnx_passes.fold_shape_arithmetic(model, set(weights))
     converter_fixes.omit_empty_resize_inputs(graph)
     onnx_passes.drop_dead_nodes(graph)
     onnx_passes.drop_unused_weights(graph, weights)
-    control_flow.type_loops(model, _loop_names(fg))
+    control_flow.type_loops(model, dict(loops or {}))
     loop_bounds.bound_loops(model)  # the trip counts PopART needs
     converter_fixes.boolean_where(model)
-    outputs = onnx_passes.infer_outputs(model, names, fg.fetches)
+    outputs = onnx_passes.infer_outputs(model, names, fetches)
     model.producer_name = "paddle-ipu"
-    return inputs, outputs, weights, shards, owner
+    return outputs
 
 
 def _loop_names(fg: ForwardGraph) -> dict[str, str]:

@@ -442,13 +442,19 @@ _FOLDABLE = frozenset(
 _FOLD_LIMIT = 4096  # elements: shape arithmetic only, never real tensors
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+def _static_shapes(
+    model: onnx.ModelProto, wanted: set[str] | None = None
+) -> dict[str, tuple[int, ...]]:
+    """The static shapes ONNX shape inference gives the model's values (only those in
+    ``wanted``, when given), and the constants'."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     constants_as_initializers(probe.graph)
     inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if wanted is not None and vi.name not in wanted:
+            continue
         tt = vi.type.tensor_type
         if not tt.HasField("shape"):
             continue
@@ -484,12 +490,13 @@ def fold_shape_arithmetic(
     the subgraphs' constant-only nodes fold (:func:`fold_subgraph`)."""
     graph = model.graph
     rounds = max_rounds if max_rounds is not None else len(graph.node) + 1
-    const: dict[str, np.ndarray] = {}
+    # the constants found so far (a round only adds to them)
+    const: dict[str, np.ndarray] = {
+        i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
+    }
     for _ in range(rounds):
-        const = {
-            i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name not in weights
-        }
-        if not fold_nodes(graph, const, _static_shapes(model)):
+        wanted = {n.input[0] for n in graph.node if n.op_type == "Shape"}
+        if not fold_nodes(graph, const, _static_shapes(model, wanted)):
             break
     for node in graph.node:
         for sub in _subgraphs(node):
@@ -564,8 +571,14 @@ def _evaluate(node: onnx.NodeProto, const: dict[str, np.ndarray]) -> np.ndarray 
         return None
     if any(const[n].size > _FOLD_LIMIT for n in ins):
         return None
+    feeds: dict[str, Any] = {n: const[n] for n in ins}
+    if node.op_type == "Concat" and all(v.ndim <= 1 for v in feeds.values()):
+        # The converter builds a reshape's target of an open size from scalars (0-d) and
+        # 1-d pieces, which ONNX's Concat refuses: their concatenation as 1-d is the
+        # target it means.
+        feeds = {n: np.atleast_1d(v) for n, v in feeds.items()}
     try:
-        results: Any = ReferenceEvaluator(node).run(None, {n: const[n] for n in ins})
+        results: Any = ReferenceEvaluator(node).run(None, feeds)
         value = np.asarray(results[0])
     except Exception:
         return None

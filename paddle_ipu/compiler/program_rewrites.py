@@ -166,14 +166,42 @@ def _scaled_size(size: int, scale: float) -> float:
     return float(np.float32(size) * np.float32(scale))
 
 
+def _interp_sized_in_graph(
+    block: Any, op: Any, fmt: str, scale: list[int], replaced: dict[int, Any]
+) -> None:
+    """``op`` (an interpolation by whole ``scale`` factors) replaced by the same
+    interpolation to the size ``shape(x)[spatial] * scale``, computed in the graph."""
+    x = op.operand_source(0)
+    attrs = op.attrs()
+    before = {o.id() for o in block.ops}
+    paddle.pir.set_insertion_point(op)
+    first = 1 if fmt.endswith("C") and fmt != "NC" else 2
+    spatial = paddle.slice(paddle.shape(x), [0], [first], [first + len(scale)])
+    factors = paddle.assign(np.array(scale, np.int32))
+    size = PIR_OPS.multiply(paddle.cast(spatial, "int32"), factors)
+    fn = getattr(PIR_OPS, op.name().split(".", 1)[1])
+    method = str(attrs.get("interp_method", ""))
+    corners = bool(attrs.get("align_corners", False))
+    new = fn(
+        x, size, None, None, fmt, -1, -1, -1, [], method, corners, int(attrs.get("align_mode", 1))
+    )
+    copy_placement(block, op, before)
+    old = op.result(0)
+    replaced[old.id] = new
+    old.replace_all_uses_with(new)
+    block.remove_op(op)
+
+
 def rewrite_interp_scale(block: Any) -> dict[int, Any]:
     """``interpolate(x, scale_factor=s)`` -> ``interpolate(x, size=in * s)``.
 
     paddle2onnx cannot read the ``scale`` attribute (stored as doubles, read as
     floats) and stops.  Paddle samples a scaled output at ``1 / s``; the size form
     samples at ``in / out``, which is the same number when ``in * s`` is a whole
-    number.  Any other case (a fractional ``in * s``, an unknown spatial size) is
-    refused by name rather than approximated."""
+    number.  On an unknown spatial size (a model converted with its dimensions open)
+    a whole scale gives its size in the graph (``shape(x) * s``).  Any other case (a
+    fractional ``in * s``, a fractional scale of an unknown size) is refused by name
+    rather than approximated."""
     replaced: dict[int, Any] = {}
     for op in list(block.ops):
         if op.name() not in _INTERPS:
@@ -196,6 +224,12 @@ def rewrite_interp_scale(block: Any) -> dict[int, Any]:
             d < 0 or s <= 0 or abs(v - round(v)) > 1e-9 or o != round(v)
             for d, s, v, o in zip(spatial, scale, sizes, declared)
         )
+        whole = all(s >= 1 and abs(s - round(s)) <= 1e-9 for s in scale)
+        if bad and whole and len(scale) == len(spatial) and any(d < 0 for d in spatial):
+            # An unknown size (a model converted with its dimensions open): the size
+            # computed in the graph from the input's shape, ``in * s`` whole for any in.
+            _interp_sized_in_graph(block, op, fmt, [round(s) for s in scale], replaced)
+            continue
         if bad:
             raise UnsupportedOpError(
                 f"{op.name()} with scale_factor={scale} on an input of spatial size "
@@ -276,8 +310,12 @@ def rewrite_adaptive_pools(block: Any) -> dict[int, Any]:
             continue
         in_hw = list(shape[1:3] if fmt == "NHWC" else shape[2:4])
         out_hw = [i if o == -1 else o for i, o in zip(in_hw, out_hw)]  # -1 keeps the size
-        if all(i >= 0 and o > 0 and i % o == 0 for i, o in zip(in_hw, out_hw)):
-            continue  # the converter's fixed window is exact
+        # the converter's fixed window is exact, and so is its global pooling (a bin of
+        # one over an unknown size: a model converted with its dimensions open)
+        if all(
+            (i >= 0 and o > 0 and i % o == 0) or (i < 0 and o == 1) for i, o in zip(in_hw, out_hw)
+        ):
+            continue
         kind = str(attrs.get("pooling_type", "max"))
         if op.name() == "pd_op.max_pool2d_with_index" and not op.result(1).use_empty():
             continue  # the mask is refused by name (ops.attribute_problem)

@@ -29,6 +29,8 @@ IPU_METHODS = (
     "set_ipu_input_shapes",
     "set_ipu_max_specialisations",
     "set_ipu_shape_ranges",
+    "set_ipu_shape_buckets",
+    "set_ipu_specialisation_memory",
     "set_ipu_strategy_options",
     "set_ipu_custom_info",
 )

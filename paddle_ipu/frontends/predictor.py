@@ -121,9 +121,10 @@ class _Shared:
 
     A model runs through its shape policy (:mod:`paddle_ipu.executor.shapes`): any
     number of rows, in micro-batches of the configured size, never compiling again for
-    a batch; a model whose feeds leave other dimensions open compiles one graph per
-    input shape requests bring (or ahead of time: ``set_ipu_input_shapes``), bounded by
-    ``set_ipu_max_specialisations``.  A model with buckets of sequence lengths runs one
+    a batch; a model whose feeds leave other dimensions open runs one graph per input
+    shape requests bring (or ahead of time: ``set_ipu_input_shapes``; or per bucket:
+    ``set_ipu_shape_buckets``), as many in memory as ``set_ipu_specialisation_memory``
+    holds.  A model with buckets of sequence lengths runs one
     graph per length, and compiles again for a run of another number of rows."""
 
     def __init__(self, config: Any) -> None:
@@ -172,8 +173,8 @@ class _Shared:
                 from paddle_ipu.serving.shaped import shape_executor
 
                 self.shapes = shape_executor(self.package, name=prefix, **options)
-                for key in (*self.package.shapes, *([] if self.package.per_shape else [""])):
-                    self.shapes.executor(key)  # what is compiled is prepared now
+                for key in self.package.ahead() if self.package.per_shape else [""]:
+                    self.shapes.executor(key)  # what is compiled ahead is prepared now
 
     def _compile(self, micro_batch_size: int) -> Any:
         from paddle_ipu.serving.saved_model import compile_model
@@ -190,6 +191,8 @@ class _Shared:
             input_shapes=config.input_shapes,
             max_specialisations=config.max_specialisations,
             shape_ranges=config.shape_ranges,
+            shape_buckets=config.shape_buckets,
+            memory_mb=config.specialisation_memory_mb,
         )
         return package
 

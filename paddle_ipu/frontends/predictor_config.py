@@ -20,7 +20,7 @@ import numpy as np
 from paddle.inference import Config as _PaddleConfig
 
 from paddle_ipu.errors import NotSupportedError, OptionError
-from paddle_ipu.executor.shapes import DEFAULT_MAX_SPECIALISATIONS
+from paddle_ipu.executor.shapes import DEFAULT_SPECIALISATION_MEMORY_MB
 from paddle_ipu.frontends.predictor import Predictor
 
 __all__ = ["DECISIONS", "Config", "create_predictor"]
@@ -91,7 +91,12 @@ class Config:
         self.input_shapes: list[dict[str, list[int]]] = []
         #: IpuStrategy options of the predictor's executors (set_ipu_strategy_options)
         self.strategy_options: dict[str, Any] = {}
-        self.max_specialisations = DEFAULT_MAX_SPECIALISATIONS
+        #: the specialisations in memory at most (None: as many as the memory bound holds)
+        self.max_specialisations: int | None = None
+        #: the memory the specialisations hold at most, in MiB
+        self.specialisation_memory_mb = DEFAULT_SPECIALISATION_MEMORY_MB
+        #: grids of sizes open dimensions are padded up to (None: none; "auto": seeded)
+        self.shape_buckets: Any = None
         #: bounds of the open dimensions (None: an inference.yml beside the model)
         self.shape_ranges: dict[str, list[list[int]]] | None = None
         self.pad_values: dict[str, float] = {}
@@ -338,10 +343,44 @@ class Config:
         self.shape_ranges = {str(k): [list(s) for s in v] for k, v in ranges.items()}
 
     def set_ipu_max_specialisations(self, count: int) -> None:
-        """How many input shapes the model may be compiled for (default
-        :data:`~paddle_ipu.executor.shapes.DEFAULT_MAX_SPECIALISATIONS`); a run of a
-        shape beyond it raises instead of compiling again."""
+        """How many input shapes the model keeps compiled in memory at once (default:
+        as many as :meth:`set_ipu_specialisation_memory` holds); beyond it the least
+        recently used leaves memory and a run of its shape makes it again.  No run is
+        refused for its shape."""
         self.max_specialisations = _int_option("max_specialisations", count)
+
+    def set_ipu_specialisation_memory(self, megabytes: float) -> None:
+        """The memory the model's input shapes hold at once, in MiB (default
+        :data:`~paddle_ipu.executor.shapes.DEFAULT_SPECIALISATION_MEMORY_MB`); beyond
+        it the least recently used shape leaves memory."""
+        if (
+            isinstance(megabytes, bool)
+            or not isinstance(megabytes, (int, float))
+            or not megabytes > 0
+        ):
+            raise OptionError(f"set_ipu_specialisation_memory: expected MiB > 0, got {megabytes!r}")
+        self.specialisation_memory_mb = float(megabytes)
+
+    def set_ipu_shape_buckets(
+        self, buckets: Any, pad_values: dict[str, float] | None = None
+    ) -> None:
+        """Pad the open dimensions of a model compiled per input shape (an image's
+        height and width) up to grids of sizes: ``{"x": {2: [736, 1024, 1536], 3: [...]}}``
+        (per input, per axis: sizes, or ``{"min": a, "max": b, "step": s}``), or
+        ``"auto"`` (seeded from :meth:`set_ipu_input_shapes` and the shape ranges of an
+        ``inference.yml``).  A run is padded up to the smallest bucket that holds it,
+        with ``pad_values`` (input -> a value, 0 by default, or ``"edge"``: the edge
+        repeated) and its outputs are cut back
+        to what the model gives at its own size; a size past a grid is its own
+        specialisation.  None: no buckets."""
+        from paddle_ipu.executor.shapes import ShapeBuckets, check_pad_values
+
+        if buckets is not None and buckets != "auto":
+            ShapeBuckets.parse(buckets, pad_values)  # the check
+        pads = check_pad_values(pad_values)
+        self.shape_buckets = buckets
+        if pad_values is not None:
+            self.pad_values = pads  # type: ignore[assignment]
 
     def use_ipu(self) -> bool:
         return self._ipu

@@ -209,13 +209,15 @@ def runtime_for(
     *,
     executor_options: Mapping[str, Any] | None = None,
     compiled_outputs: bool = False,
+    name: str = "",
     **runtime_options: Any,
 ) -> ModelRuntime | BucketedRuntime | ShapeRuntime:
     """The model runtime of a package: a :class:`ModelRuntime` over its executor, a
     :class:`BucketedRuntime` when it holds buckets of sequence lengths, or a
     :class:`~paddle_ipu.serving.shaped.ShapeRuntime` when it is compiled per input shape.
     ``executor_options`` are strategy options of the executors; the keyword arguments
-    are :class:`ModelRuntime`'s.  A package with a host tail (outputs of data-dependent
+    are :class:`ModelRuntime`'s (``name``: the model's, in the log lines of a package
+    compiled per input shape).  A package with a host tail (outputs of data-dependent
     sizes: :mod:`paddle_ipu.serving.host_tail`) is refused unless ``compiled_outputs``
     says that the caller runs the tail on the runtime's outputs (what the compiled graph
     gives is what the tail reads, not the model's outputs)."""
@@ -234,6 +236,8 @@ def runtime_for(
     if package.per_shape:
         from paddle_ipu.serving.shaped import ShapeRuntime
 
-        return ShapeRuntime(package, backend, executor_options=executor_options, **runtime_options)
+        return ShapeRuntime(
+            package, backend, executor_options=executor_options, name=name, **runtime_options
+        )
     executor = package.executor(backend, **dict(executor_options or {}))
     return ModelRuntime(executor, **runtime_options)

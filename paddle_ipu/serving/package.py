@@ -32,6 +32,10 @@ The graphs are of three kinds:
   model's height and width), one graph per input shape requests bring, made on first
   use or ahead of time (``--input-shapes``), bounded and logged
   (:mod:`paddle_ipu.executor.shapes`); ``shapes/<n>.onnx``, ``model.onnx`` the first.
+  Such a package also holds its model's *open graph* (``open.onnx``) when the model
+  converts with its dimensions open and the result was checked against a compile at
+  one shape (:mod:`paddle_ipu.compiler.open_shapes`): every other shape is made from
+  it by ONNX's shape inference, without compiling.
 
 It holds no Paddle program: :func:`load_package` gives a :class:`Package` whose
 :meth:`Package.executor` runs it on either backend (the host's ONNX Runtime, or
@@ -89,6 +93,21 @@ class Package:
     policy: ShapePolicy | None = None
     #: the operators run on the host after the graphs (None: the graphs give the outputs)
     tail: HostTail | None = None
+    #: a package compiled per input shape: its model's open graph, when it has one
+    #: (:mod:`paddle_ipu.compiler.open_shapes`)
+    open: CompiledModel | None = None
+    _open_graph: Any = field(default=None, repr=False, compare=False)
+
+    def open_graph(self) -> Any:
+        """The :class:`~paddle_ipu.compiler.open_shapes.OpenGraph` of :attr:`open`
+        (parsed once), or None."""
+        if self.open is None:
+            return None
+        if self._open_graph is None or self._open_graph.model is not self.open:
+            from paddle_ipu.compiler.open_shapes import OpenGraph
+
+            self._open_graph = OpenGraph(self.open)
+        return self._open_graph
 
     @property
     def output_names(self) -> list[str]:
@@ -153,6 +172,12 @@ class Package:
             for length, model in sorted(self.buckets.items())
         }
 
+    def ahead(self) -> list[str]:
+        """The input shapes (keys) compiled ahead: those the package holds, then those
+        noted to be made from its open graph when its executors start."""
+        noted = [str(k) for k in self.meta.get("input_shapes", [])]
+        return list(dict.fromkeys([*self.shapes, *noted]))
+
     def declared_shapes(self) -> dict[str, list[int]]:
         """Feed -> its declared shape (-1: open)."""
         return {k: list(v) for k, v in (self.policy.declared if self.policy else {}).items()}
@@ -183,6 +208,8 @@ class Package:
                     # the Paddle operator of each node (fp16_black_list)
                     "source_ops": list(model.source_ops),
                     "node_ops": dict(model.node_ops),
+                    # an open graph: its parameters (never folded when a shape is made)
+                    **({"parameters": sorted(model.weights)} if kind == "open" else {}),
                 }
             )
         meta["graphs"] = entries
@@ -214,11 +241,13 @@ class Package:
                 out.append(("bucket", str(length), file, model))
             return out
         keys = list(self.shapes)
-        if self.model is not None and not self.shapes:
-            return [("graph", "", "model.onnx", self.model)]
+        if self.model is not None and not self.shapes and self.open is not self.model:
+            out.append(("graph", "", "model.onnx", self.model))
         for n, key in enumerate(keys):
             file = "model.onnx" if n == 0 else f"shapes/{n}.onnx"
             out.append(("shape", key, file, self.shapes[key]))
+        if self.open is not None:
+            out.append(("open", "", "open.onnx", self.open))
         return out
 
 
@@ -317,6 +346,9 @@ def load_package(path: str | os.PathLike[str]) -> Package:
         data = files[entry["file"]]
         check(entry["file"], data, entry["onnx_sha256"])
         model = _graph(entry, data, blobs, mbs, p)
+        if entry["kind"] == "open":
+            package.open = model
+            continue
         if entry["kind"] == "bucket":
             package.buckets[int(entry["key"])] = model
         elif entry["kind"] == "shape":
@@ -359,7 +391,8 @@ def _graph(
         onnx=graph,
         inputs=[spec_from_json(d) for d in entry["inputs"]],
         outputs=[spec_from_json(d) for d in entry["outputs"]],
-        weights={},  # the weights are the graph's initializers
+        # the weights are the graph's initializers (an open graph names its parameters)
+        weights={str(n): str(n) for n in entry.get("parameters", ())},
         micro_batch_size=mbs,
         opset=int(entry["opset"]),
         source_ops=[str(op) for op in entry.get("source_ops", [])],

@@ -21,6 +21,20 @@ optional)::
      "pipeline": {...}}          a pipeline over other models (serving.pipeline), not
                                  a model: its version directories are empty
 
+A model whose inputs leave dimensions open besides the batch (an image's height and
+width; :mod:`paddle_ipu.executor.shapes`) also takes::
+
+     "input_shapes": [{"x": [-1, 3, 736, 736]}],   shapes compiled when it loads
+     "shape_buckets": {"x": {"2": [736, 1024], "3": {"min": 736, "max": 4096, "step": 256}}}
+                      | "auto",  grids its open dimensions are padded up to
+     "pad_values": {"x": 0.0},   what each bucketed input is padded with (0), or
+                                 "edge": its edge repeated
+     "specialisation_memory_mb": 1024,   the memory its shapes hold at once
+     "max_specialisations": 16,  and at most this many (none by default)
+     "warmup": true              its declared shapes (input_shapes, then every bucket,
+                                 as many as the memory holds) are made when it loads,
+                                 before it is READY
+
 The default policy serves the newest version.  Model control modes, as Triton's:
 ``none`` loads every model at start and refuses load / unload requests (400 /
 INVALID_ARGUMENT); ``explicit`` loads the models named at start (``load``; none by
@@ -58,8 +72,23 @@ _CONFIG_KEYS = (
     "version_policy",
     "pipeline",
     "precision",
+    "input_shapes",
+    "shape_buckets",
+    "pad_values",
+    "specialisation_memory_mb",
+    "max_specialisations",
+    "warmup",
 )
 _PRECISIONS = ("float32", "bfloat16")
+#: the keys of a model compiled per input shape (not a pipeline's)
+_SHAPE_KEYS = (
+    "input_shapes",
+    "shape_buckets",
+    "pad_values",
+    "specialisation_memory_mb",
+    "max_specialisations",
+    "warmup",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +104,10 @@ class ModelConfig:
     pipeline: Any = None
     #: the host backend's precision (host_precision)
     precision: str | None = None
+    #: a model compiled per input shape: compile_model's options of its shapes
+    shapes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: make its declared shapes when it loads
+    warmup: bool = False
 
     def select(self, versions: Sequence[int]) -> list[int]:
         """The versions (of those present, ascending) the policy serves."""
@@ -149,10 +182,18 @@ def read_config(model_dir: Path) -> ModelConfig:
                 f"{path}: precision must be one of {list(_PRECISIONS)}, got {doc['precision']!r}"
             )
         config = dataclasses.replace(config, precision=doc["precision"])
+    shapes = _shape_options(path, doc)
+    if shapes or "warmup" in doc:
+        warmup = doc.get("warmup", False)
+        if not isinstance(warmup, bool):
+            raise OptionError(f"{path}: 'warmup' must be true or false, got {warmup!r}")
+        config = dataclasses.replace(config, shapes=shapes, warmup=warmup)
     if "pipeline" in doc:
         from paddle_ipu.serving.pipeline import parse_pipeline
 
-        batching = sorted(set(doc) & {"micro_batch_size", "timeout_ms", "num_buffers", "precision"})
+        batching = sorted(
+            set(doc) & {"micro_batch_size", "timeout_ms", "num_buffers", "precision", *_SHAPE_KEYS}
+        )
         if batching:
             raise OptionError(
                 f"{path}: {batching} are a model's: a pipeline's steps batch in their "
@@ -160,6 +201,58 @@ def read_config(model_dir: Path) -> ModelConfig:
             )
         config = dataclasses.replace(config, pipeline=parse_pipeline(doc["pipeline"], str(path)))
     return config
+
+
+def _shape_options(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """compile_model's options of a model compiled per input shape, from ``doc``
+    (checked here, by key; the model's own shapes check them again when it loads)."""
+    from paddle_ipu.executor.shapes import ShapeBuckets, check_pad_values
+
+    out: dict[str, Any] = {}
+    if "input_shapes" in doc:
+        shapes = doc["input_shapes"]
+        if not isinstance(shapes, list) or not all(
+            isinstance(d, dict)
+            and all(isinstance(v, list) and all(_is_int(x) for x in v) for v in d.values())
+            for d in shapes
+        ):
+            raise OptionError(
+                f"{path}: 'input_shapes' must be a list of {{input: shape}} objects, got {shapes!r}"
+            )
+        out["input_shapes"] = shapes
+    pads = doc.get("pad_values")
+    if pads is not None:
+        if not isinstance(pads, dict):
+            raise OptionError(f"{path}: 'pad_values' must map inputs to numbers, got {pads!r}")
+        try:
+            pads = check_pad_values(pads)
+        except OptionError as exc:
+            raise OptionError(f"{path}: 'pad_values': {exc}") from None
+    if "shape_buckets" in doc:
+        buckets = doc["shape_buckets"]
+        if buckets != "auto":
+            try:
+                buckets = ShapeBuckets.parse(buckets, pads, where=f"{path}: 'shape_buckets'")
+            except OptionError as exc:
+                raise OptionError(str(exc)) from None
+        out["shape_buckets"] = buckets
+    if pads is not None:
+        if "shape_buckets" not in doc:
+            raise OptionError(f"{path}: 'pad_values' pads 'shape_buckets', which it does not set")
+        out["pad_values"] = pads
+    if "specialisation_memory_mb" in doc:
+        out["memory_mb"] = _field(
+            path, "specialisation_memory_mb", doc["specialisation_memory_mb"], float, 1
+        )
+    if "max_specialisations" in doc:
+        out["max_specialisations"] = _field(
+            path, "max_specialisations", doc["max_specialisations"], int, 1
+        )
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _error(message: str) -> str:
@@ -413,7 +506,7 @@ class ModelRepository:
         if (d / PACKAGE_FILE).is_file():
             package = load_package(d / PACKAGE_FILE)
         elif (d / "model.json").is_file() or (d / "model.pdmodel").is_file():
-            package, _ = compile_model(str(d / "model"), micro_batch_size=mbs)
+            package, _ = compile_model(str(d / "model"), micro_batch_size=mbs, **config.shapes)
         else:
             raise OptionError(
                 f"{d} holds neither {PACKAGE_FILE} nor a saved inference model (model.json or "
@@ -426,10 +519,32 @@ class ModelRepository:
         options = {"host_spin_threads": self.spin, **self.host_options}
         if config.precision is not None:
             options["host_precision"] = config.precision
-        return runtime_for(
+        if (d / PACKAGE_FILE).is_file() and config.shapes:
+            raise OptionError(
+                f"{d / PACKAGE_FILE} is a package: its shapes were chosen when it was compiled "
+                f"({sorted(config.shapes)} are a saved model's options)"
+            )
+        runtime = runtime_for(
             package,
             self.backend,
             executor_options=options,
             timeout_ms=timeout_ms,
             num_buffers=num_buffers,
+            name=name,
         )
+        if config.warmup:
+            from paddle_ipu.serving.shaped import ShapeRuntime
+
+            if not isinstance(runtime, ShapeRuntime):
+                runtime.close()
+                raise OptionError(
+                    f"model {name!r}: 'warmup' makes the declared shapes of a model compiled "
+                    "per input shape; this one has one graph"
+                )
+            try:
+                made = runtime.warm_up()
+            except BaseException:
+                runtime.close()
+                raise
+            log.info("model %r: warmed up %d input shape(s)", name, len(made))
+        return runtime

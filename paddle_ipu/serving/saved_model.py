@@ -29,18 +29,21 @@ import numpy as np
 
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler.compile import static_mode
-from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.compiler.model import CompiledModel
 from paddle_ipu.compiler.tail import split_tail
 from paddle_ipu.errors import CompileError, IpuError, NotSupportedError, OptionError
 from paddle_ipu.executor.shapes import (
-    DEFAULT_MAX_SPECIALISATIONS,
+    DEFAULT_SPECIALISATION_MEMORY_MB,
     SequenceBuckets,
+    ShapeBuckets,
     ShapePolicy,
+    check_pad_values,
     read_inference_yml,
 )
 from paddle_ipu.serving import cache as compile_cache
 from paddle_ipu.serving.host_tail import HostTail
 from paddle_ipu.serving.package import PACKAGE_FORMAT, Package, spec_json
+from paddle_ipu.serving.shape_graphs import random_feed
 
 log = logging.getLogger("paddle_ipu")
 
@@ -71,6 +74,8 @@ def _versions() -> dict[str, str]:
         "paddle": paddle.__version__,
         "paddle2onnx": paddle2onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
+        # packages compiled per input shape hold their open graph since this layout
+        "shapes": "open-graph-1",
     }
 
 
@@ -112,14 +117,13 @@ def cache_key(prefix: str, options: dict[str, Any], backend: str, versions: dict
 
 
 def check_buckets(
-    seq_buckets: Sequence[int], pad_values: Mapping[str, float] | None
+    seq_buckets: Sequence[int], pad_values: Mapping[str, Any] | None
 ) -> tuple[list[int], dict[str, float]]:
+    """Sequence buckets and their pad values (numbers), checked."""
     lengths = list(seq_buckets)
     for n in lengths:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise OptionError(f"seq_buckets must be ints >= 1, got {list(seq_buckets)!r}")
-    if pad_values and not lengths:
-        raise OptionError("pad_values is given without seq_buckets: it pads sequence buckets")
     pads: dict[str, float] = {}
     for name, value in (pad_values or {}).items():
         try:
@@ -139,11 +143,13 @@ def compile_model(
     cache: bool = True,
     progress: Progress | None = None,
     seq_buckets: Sequence[int] = (),
-    pad_values: Mapping[str, float] | None = None,
+    pad_values: Mapping[str, float | str] | None = None,
     input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
-    max_specialisations: int = DEFAULT_MAX_SPECIALISATIONS,
+    max_specialisations: int | None = None,
     shape_ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
     fp16_black_list: Sequence[str] = (),
+    shape_buckets: Any = None,
+    memory_mb: float = DEFAULT_SPECIALISATION_MEMORY_MB,
 ) -> tuple[Package, bool]:
     """Compile the saved inference model at ``prefix`` (``prefix.json`` and
     ``prefix.pdiparams``) into a :class:`Package`; return it and whether it came
@@ -153,15 +159,24 @@ def compile_model(
     ``pad_values``: the padding of named sequence feeds (an attention mask's masking
     value), the others pad with 0.  A model whose feeds leave other dimensions open is
     compiled per input shape: ``input_shapes`` are the shapes to compile now (feed ->
-    shape; the batch may be left -1), the others are compiled on first use
-    (:func:`compile_shape`), at most ``max_specialisations`` in all; ``shape_ranges``
-    (feed -> ``[min, max]`` or ``[min, opt, max]`` shapes) bound the open dimensions a
-    request may bring (None: the ``trt_dynamic_shapes`` of an ``inference.yml`` beside
-    the model, as PaddleX exports ship it, if there is one; ``{}``: no bounds).
+    shape; the batch may be left -1: compiled into the package now, or, for a model with
+    an open graph, made when its executors start), the others are made on first use
+    (:mod:`paddle_ipu.serving.shape_graphs`), as many at once as ``memory_mb`` MiB hold
+    (and at most ``max_specialisations``, when given); ``shape_ranges`` (feed -> ``[min,
+    max]`` or ``[min, opt, max]`` shapes) bound the open dimensions a request may bring
+    (None: the ``trt_dynamic_shapes`` of an ``inference.yml`` beside the model, as PaddleX
+    exports ship it, if there is one; ``{}``: no bounds).  ``shape_buckets`` pads open
+    dimensions up to grids of sizes (:class:`ShapeBuckets`, or its declaration for
+    :meth:`ShapeBuckets.parse`; ``"auto"``: seeded from ``input_shapes`` and the shape
+    ranges; None: none, except on ``popart``, where it is ``"auto"``), with
+    ``pad_values`` (feed -> value; 0 otherwise).
     ``fp16_black_list``: with ``enable_fp16``, the Paddle operators the package's
     executors keep in float32 (the IpuStrategy option of that name)."""
     _check_options(micro_batch_size, batches_per_step)
-    lengths, pads = check_buckets(seq_buckets, pad_values)
+    if seq_buckets:
+        lengths, pads = check_buckets(seq_buckets, pad_values)
+    else:  # shape buckets' pad values (a number, or "edge")
+        lengths, pads = [], check_pad_values(pad_values)  # type: ignore[assignment]
     options: dict[str, Any] = {
         "micro_batch_size": micro_batch_size,
         "batches_per_step": batches_per_step,
@@ -181,13 +196,20 @@ def compile_model(
         options["pad_values"] = dict(sorted(pads.items()))
         if input_shapes:
             raise OptionError("input_shapes and seq_buckets cannot be given together")
+        if shape_buckets is not None:
+            raise OptionError("shape_buckets and seq_buckets cannot be given together")
+    elif pads and shape_buckets is None:
+        raise OptionError(
+            "pad_values is given without seq_buckets or shape_buckets: it pads buckets"
+        )
+    ranges, source = _shape_ranges(prefix, shape_ranges)
     versions = _versions()
     key = cache_key(prefix, options, backend, versions) if cache else ""
     package = compile_cache.get(key) if cache else None
     hit = package is not None
     if package is None:
         package = _compile_package(
-            prefix, options, backend, versions, lengths, pads, max_specialisations, progress
+            prefix, options, backend, versions, lengths, pads, progress, ranges, input_shapes
         )
     else:
         # the same files may have been saved elsewhere since: more shapes compile from here
@@ -197,17 +219,27 @@ def compile_model(
     if package.tail is not None:  # said once per compile (or compile-cache hit)
         log.info("%s: %s", prefix, package.tail.note)
     policy = package.policy
-    ranges, source = _shape_ranges(prefix, shape_ranges)
     if policy is not None:
-        policy = dataclasses.replace(policy, max_specialisations=max_specialisations)
+        policy = dataclasses.replace(
+            policy, max_specialisations=max_specialisations, memory_mb=memory_mb, buckets=None
+        )
         policy = policy.with_ranges(ranges or {})
         if policy.ranges:
             log.info("%s: input shape ranges from %s: %s", prefix, source, ranges)
+        if package.per_shape:
+            policy = policy.with_buckets(
+                _shape_buckets(prefix, policy, shape_buckets, pads, input_shapes, backend)
+            )
         package.policy = policy
     elif ranges and shape_ranges is not None:
         raise OptionError(
             f"shape ranges: {prefix!r} has no open dimensions besides the batch "
             f"(its feeds: {package.declared_shapes()}), which the ranges do not bound"
+        )
+    if shape_buckets is not None and not package.per_shape:
+        raise OptionError(
+            f"shape_buckets: {prefix!r} has no open dimensions besides the batch (its feeds: "
+            f"{package.declared_shapes()}); it compiles one graph"
         )
     added = False
     for shapes in input_shapes:
@@ -216,15 +248,61 @@ def compile_model(
                 f"input_shapes: {prefix!r} has no open dimensions besides the batch "
                 f"(its feeds: {package.declared_shapes()}); it compiles one graph"
             )
-        wanted = policy.key(_full_shapes(policy, shapes))
-        if wanted not in package.shapes:
-            compile_shape(package, wanted, store=False)
+        wanted, _ = policy.route(_full_shapes(policy, shapes))
+        if package.open is not None:  # made from the open graph when asked: noted only
+            ahead = package.meta.setdefault("input_shapes", [])
+            if wanted not in ahead:
+                ahead.append(wanted)
+        elif wanted not in package.shapes:
+            package.shapes[wanted] = compile_shape(package, wanted)
+            if package.model is None:
+                package.model = package.shapes[wanted]
             added = True
     if cache and (added or not hit):
         compile_cache.put(key, package)
     if cache:
         package.meta["cache_key"] = key
     return package, hit and not added
+
+
+def _shape_buckets(
+    prefix: str,
+    policy: ShapePolicy,
+    spec: Any,
+    pads: Mapping[str, float],
+    input_shapes: Sequence[Mapping[str, Sequence[int]]],
+    backend: str,
+) -> ShapeBuckets | None:
+    """The buckets a model compiled per input shape is served with (see
+    :func:`compile_model`)."""
+    if spec is None and backend == "popart":
+        spec = "auto"
+    if spec is None:
+        return None
+    buckets: ShapeBuckets | None
+    if isinstance(spec, ShapeBuckets):
+        buckets = spec
+    elif spec == "auto":
+        buckets = ShapeBuckets.seed(
+            policy.declared, shapes=[_full_shapes(policy, s) for s in input_shapes],
+            ranges=policy.ranges,
+        )  # fmt: skip
+        if buckets is None:
+            log.warning(
+                "%s: no shape buckets: the model declares no input shapes and no shape "
+                "ranges to seed them from; every input shape is a specialisation of its "
+                "own (on the IPU, a compile of minutes): declare them",
+                prefix,
+            )
+            return None
+        log.info("%s: shape buckets seeded from its declared shapes: %s", prefix, buckets.grids)
+    else:
+        grids = spec.get("grids", spec) if isinstance(spec, Mapping) else spec
+        declared_pads = spec.get("pad_values") if isinstance(spec, Mapping) else None
+        buckets = ShapeBuckets.parse(grids, declared_pads)
+    if pads:
+        buckets = dataclasses.replace(buckets, pad_values={**buckets.pad_values, **pads})
+    return buckets
 
 
 def _shape_ranges(
@@ -271,8 +349,9 @@ def _compile_package(
     versions: dict[str, str],
     lengths: list[int],
     pads: dict[str, float],
-    max_specialisations: int,
     progress: Progress | None,
+    ranges: Mapping[str, Sequence[Sequence[int]]] | None = None,
+    input_shapes: Sequence[Mapping[str, Sequence[int]]] = (),
 ) -> Package:
     step = 0
 
@@ -292,8 +371,18 @@ def _compile_package(
             f"({', '.join(loaded.tail.first)}): buckets cut outputs back to a request's "
             "length, which a data-dependent output does not have"
         )
-    policy = ShapePolicy(loaded.declared, max_specialisations)
+    policy = ShapePolicy(loaded.declared)
     model: CompiledModel | None = None
+    open_model: CompiledModel | None = None
+    open_why = ""
+    if policy.specialised and not lengths:
+        from paddle_ipu.serving.shape_graphs import open_graph
+
+        bounded = policy.with_ranges(ranges or {})
+        given = [_full_shapes(bounded, s) for s in input_shapes]
+        open_model, open_why = open_graph(loaded, bounded, micro_batch_size, given)
+        if open_why:
+            log.info("%s: compiled per input shape (%s)", prefix, open_why)
     buckets: dict[int, CompiledModel] = {}
     sequence = None
     with loaded.guard():
@@ -337,6 +426,11 @@ def _compile_package(
     if model is not None:
         main = packaged[lengths[-1]] if lengths else _packaged(model, micro_batch_size)
     package = Package(main, options, meta, packaged, sequence, policy=policy)
+    if policy.specialised and not lengths:
+        package.open = open_model
+        meta["open_graph"] = open_why or "checked"
+        if open_model is not None:  # no shape compiled: the open graph's operators
+            meta.setdefault("source_ops", list(open_model.source_ops))
     if loaded.tail is not None:
         split = loaded.tail
         package.tail = HostTail(
@@ -347,10 +441,9 @@ def _compile_package(
     return package
 
 
-def compile_shape(package: Package, key: str, store: bool = True) -> CompiledModel:
+def compile_shape(package: Package, key: str) -> CompiledModel:
     """Compile ``package``'s saved model for the input shape ``key``
-    (:meth:`ShapePolicy.key`), add it to the package and, with ``store``, to the compile
-    cache; return the graph."""
+    (:meth:`ShapePolicy.key`) and return the graph (the package is not changed)."""
     policy = package.policy
     if policy is None or not package.per_shape:
         raise NotSupportedError("this package is not compiled per input shape")
@@ -372,15 +465,8 @@ def compile_shape(package: Package, key: str, store: bool = True) -> CompiledMod
             loaded.program, loaded.feeds, loaded.compiled_fetches, scope=loaded.scope,
             micro_batch_size=micro_batch_size, input_shapes=policy.input_shapes(key),
         )  # fmt: skip
-    graph = _packaged(model, micro_batch_size)
-    package.shapes[key] = graph
-    if package.model is None:
-        package.model = graph
     package.meta.setdefault("source_ops", list(model.source_ops))
-    key_in_cache = package.meta.get("cache_key")
-    if store and key_in_cache:
-        compile_cache.put(str(key_in_cache), package)
-    return graph
+    return _packaged(model, micro_batch_size)
 
 
 @dataclasses.dataclass
@@ -578,19 +664,6 @@ def _compile_buckets(
     return buckets, sequence
 
 
-def _random_feed(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
-    """Valid random values for a feed: integers in the range its operators index
-    (0 or 1 without one), floats normal."""
-    dtype = spec.numpy_dtype
-    if dtype.kind in "iu":
-        low = max((r.low for r in spec.ranges), default=0)
-        high = min((r.high for r in spec.ranges), default=2)
-        return rng.integers(low, max(high, low + 1), spec.shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, spec.shape).astype(dtype)
-    return rng.standard_normal(spec.shape).astype(dtype)
-
-
 def _prefix(array: np.ndarray, axes: Sequence[int], n: int) -> np.ndarray:
     """``array``'s first ``n`` positions along ``axes``."""
     index = tuple(slice(0, n) if a in axes else slice(None) for a in range(array.ndim))
@@ -618,7 +691,7 @@ def check_padding(buckets: Mapping[int, CompiledModel], sequence: SequenceBucket
     try:
         names = [s.paddle_name or s.name for s in model.outputs]
         # random at full length; the request is its first `real` positions
-        base = {s.paddle_name or s.name: _random_feed(s, rng) for s in model.inputs}
+        base = {s.paddle_name or s.name: random_feed(s, rng) for s in model.inputs}
         request = {name: _prefix(v, sequence.feeds.get(name, ()), real) for name, v in base.items()}
         padded = sequence.pad(request, length)
         # the same request, padded with random values instead (masks keep their value)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from paddle_ipu import _core
 from paddle_ipu.errors import NotSupportedError, OptionError
 from paddle_ipu.serving.runtime import QueuePlan, QueueRuntime, Runtime, as_runtime
+from paddle_ipu.serving.shaped import ShapeRuntime
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.repository import ModelRepository
@@ -151,8 +152,10 @@ class InferenceServer:
         access_log: write one JSON line per inference request (HTTP and gRPC, every
             model) to this file, appended to (``"-"``: standard error); None: none.
         warmup: graph runs of a full micro-batch of zeros made for every fixed model
-            served at :meth:`start` (not dynamic ones: their shapes are open),
-            readiness answering 503 until they are done.
+            served at :meth:`start`, and a model compiled per input shape has its
+            declared shapes and buckets made (as many as its memory bound holds; other
+            dynamic models are left: their shapes are open), readiness answering 503
+            until they are done.
         drain_grace_s: on :meth:`stop` (SIGTERM), readiness turns 503 at once, but the
             server goes on serving for this long before its listeners close (the time
             a load balancer, e.g. Kubernetes' endpoints, needs to stop sending).
@@ -328,7 +331,10 @@ class InferenceServer:
                     self.instances,
                 )
                 front = _core.ServingFrontEnd(served, plan)
-                served.routes(self._router(front, name, version))
+                if isinstance(served, ShapeRuntime):  # routes that leave with their shape
+                    served.on_runtime(self._shape_router(front, name, version, served))
+                else:
+                    served.routes(self._router(front, name, version))
             self._models[(name, version)] = (runtime, served, front)
         self.server.add_model(front)
 
@@ -363,6 +369,38 @@ class InferenceServer:
                 log.debug("model %r: input shapes %s served without Python", name, shapes)
 
         return route
+
+    def _shape_router(self, front: Any, name: str, version: str, owner: ShapeRuntime) -> Any:
+        """What routes the requests of a shape to its runtime in C++ while it lives
+        (:meth:`_router`), stops routing them once it has closed (its specialisation
+        left memory), and keeps the model's statistics of its specialisations."""
+        route = self._router(front, name, version)
+
+        def publish() -> None:
+            front.set_specialisations(owner.specialisation_stats().to_json())
+
+        def watch(runtime: Any, added: bool) -> None:
+            if added:
+                route(runtime)
+            else:
+                try:
+                    plan = _plan(
+                        runtime.queue_plan(),
+                        name,
+                        version,
+                        self.request_timeout_ms,
+                        self.max_body,
+                        self.instances,
+                    )
+                    why = front.remove_route(runtime.queue, plan)
+                except Exception as e:  # the route stays; its closed queue sends requests back
+                    why = f"{type(e).__name__}: {e}"
+                if why:
+                    log.debug("model %r: a closed shape's route stays: %s", name, why)
+            publish()
+
+        publish()
+        return watch
 
     def models(self) -> list[tuple[str, str, str, str]]:
         """Every model version the server knows: (name, version, state, reason)."""
@@ -433,6 +471,9 @@ class InferenceServer:
             with self._models_lock:
                 served = [rt for _, rt, _ in self._models.values()]
             for rt in served:
+                if isinstance(rt, ShapeRuntime):  # compiled per input shape: its declared shapes
+                    rt.warm_up()
+                    continue
                 if rt.kind != "queue":
                     continue  # a handler: no one shape to warm up with
                 queue = _queue_runtime(rt)

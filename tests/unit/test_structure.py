@@ -20,7 +20,16 @@ COMPILED = ("paddle_ipu._core",)
 #: modules of its own layer and of the layers below, and the compiled core.  A module
 #: belongs to the layer of the longest prefix that names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("entry", ("paddle_ipu", "paddle_ipu.__main__", "paddle_ipu.cli", "paddle_ipu.patches")),
+    (
+        "entry",
+        (
+            "paddle_ipu",
+            "paddle_ipu.__main__",
+            "paddle_ipu.cli",
+            "paddle_ipu.cli_shapes",
+            "paddle_ipu.patches",
+        ),
+    ),
     ("Paddle 2.x names", ("paddle_ipu.compat",)),
     ("front doors", ("paddle_ipu.frontends", "paddle_ipu.inference")),
     ("serving", ("paddle_ipu.serving",)),

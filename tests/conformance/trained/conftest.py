@@ -67,3 +67,20 @@ def compiles(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[list[An
 
     monkeypatch.setattr(compiler, "compile_program", counting)
     yield calls
+
+
+@pytest.fixture
+def specialised(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """Every graph made from a model's open graph (OpenGraph.specialise): each entry
+    the input shapes it was made for."""
+    from paddle_ipu.compiler.open_shapes import OpenGraph
+
+    calls: list[Any] = []
+    real = OpenGraph.specialise
+
+    def counting(self: Any, shapes: Any) -> Any:
+        calls.append({n: tuple(s) for n, s in shapes.items()})
+        return real(self, shapes)
+
+    monkeypatch.setattr(OpenGraph, "specialise", counting)
+    yield calls

@@ -81,3 +81,64 @@ def render(
         canvas = canvas.rotate(180)
     rgb = np.asarray(canvas, dtype=np.uint8)
     return TextImage(f"img{index:02d}", lines, font, size, rotated, rgb[:, :, ::-1].copy())
+
+
+#: words the images of many sizes are written with
+WORDS = (
+    "Invoice", "Total", "Order", "Station", "Road", "Cambridge", "Berlin", "Welcome",
+    "Graphcore", "Paddle", "Model", "compiled", "seconds", "Temperature", "quick", "brown",
+    "jumps", "lazy", "Sale", "OPEN", "Monday", "Friday", "Service", "Number", "Date",
+    "Amount", "Price", "Hello", "World", "Street", "Avenue", "Receipt", "Tax", "Delivery",
+)  # fmt: skip
+FONTS = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
+
+
+def render_sized(index: int, width: int, height: int) -> TextImage:
+    """A text image of exactly ``width`` x ``height`` pixels: one to three lines of
+    words (chosen by ``index``) in a font sized to fill about half the height, on white,
+    the text block in the top left quarter's corner region."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(index)
+    count = int(rng.integers(1, 4)) if height >= 96 else 1
+    font = FONTS[index % len(FONTS)]
+    path = font_path(font)
+    if path is None:
+        raise FileNotFoundError(f"font {font} not found in {FONT_DIRS}")
+    size = max(12, min(64, int(height * 0.6 / count)))
+    lines = []
+    for _ in range(count):
+        words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, 4)))]
+        number = f" {int(rng.integers(10, 999))}" if rng.random() < 0.5 else ""
+        lines.append(" ".join(words) + number)
+    face = ImageFont.truetype(str(path), size)
+    # the lines shortened until they fit the width
+    while lines and max(face.getbbox(line)[2] for line in lines) > width * 0.9:
+        longest = max(range(len(lines)), key=lambda k: face.getbbox(lines[k])[2])
+        words = lines[longest].split()
+        if len(words) == 1:
+            size = max(8, size - 4)
+            face = ImageFont.truetype(str(path), size)
+            if size == 8:
+                break
+        else:
+            lines[longest] = " ".join(words[:-1])
+    canvas = Image.new("RGB", (width, height), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    margin_x = max(2, int(width * 0.04))
+    y = max(2, int((height - count * size * 1.3) / 2))
+    for line in lines:
+        box = face.getbbox(line)
+        draw.text((margin_x - box[0], y - box[1]), line, font=face, fill=(20, 20, 20))
+        y += int(size * 1.3)
+    rgb = np.asarray(canvas, dtype=np.uint8)
+    return TextImage(f"sized{index:04d}", tuple(lines), font, size, False, rgb[:, :, ::-1].copy())
+
+
+def random_sizes(count: int, seed: int = 0) -> list[tuple[int, int]]:
+    """``count`` distinct (width, height) pairs, 160-1800 x 48-900 pixels."""
+    rng = np.random.default_rng(seed)
+    out: dict[tuple[int, int], None] = {}
+    while len(out) < count:
+        out[(int(rng.integers(160, 1801)), int(rng.integers(48, 901)))] = None
+    return list(out)

@@ -62,12 +62,16 @@ def new_pipeline() -> Any:
 
 @contextlib.contextmanager
 def ported_engine(
-    strategy_options: dict[str, Any] | None = None, **ipu_config: Any
+    strategy_options: dict[str, Any] | None = None,
+    memory_mb: float | None = None,
+    made: list[Any] | None = None,
+    **ipu_config: Any,
 ) -> Iterator[None]:
     """Pipelines made inside run their engine's Config with ``enable_ipu()`` (and
-    ``set_ipu_config(**ipu_config)`` when given, and ``set_ipu_strategy_options`` with
-    ``strategy_options``) added just before ``create_predictor`` -- the package's engine
-    changed by that line, nothing else."""
+    ``set_ipu_config(**ipu_config)`` when given, ``set_ipu_strategy_options`` with
+    ``strategy_options``, ``set_ipu_specialisation_memory`` with ``memory_mb``) added
+    just before ``create_predictor`` -- the package's engine changed by that line,
+    nothing else; the predictors made are appended to ``made``."""
     import paddle.inference as paddle_infer
     from rapidocr_paddle.utils import infer_engine
 
@@ -79,7 +83,12 @@ def ported_engine(
             config.set_ipu_config(**ipu_config)
         if strategy_options:
             config.set_ipu_strategy_options(strategy_options)
-        return paddle_infer.create_predictor(config)
+        if memory_mb is not None:
+            config.set_ipu_specialisation_memory(memory_mb)
+        predictor = paddle_infer.create_predictor(config)
+        if made is not None:
+            made.append(predictor)
+        return predictor
 
     saved = infer_engine.inference
     infer_engine.inference = types.SimpleNamespace(
