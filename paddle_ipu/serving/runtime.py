@@ -49,6 +49,7 @@ __all__ = [
     "RuntimeKind",
     "RuntimeStats",
     "TensorSpec",
+    "Unroute",
     "as_runtime",
     "declared_specs",
     "v2_datatype",
@@ -165,6 +166,9 @@ class QueuePlan:
 #: what a handler's ``routes`` is given: ``route(queue runtime, bucket)``, the bucket
 #: None or a sequence bucket's description (``BucketedRuntime.buckets``)
 Route = Callable[["QueueRuntime", "dict[str, Any] | None"], None]
+#: what a handler's ``unroutes`` is given: ``unroute(queue runtime)`` once a runtime it
+#: routed has closed while the model is served (a shape's graph that left memory)
+Unroute = Callable[["QueueRuntime"], None]
 
 
 @runtime_checkable
@@ -190,6 +194,22 @@ class Runtime(Protocol):
     def routes(self, route: Route) -> None:
         """Give ``route`` every queue runtime that serves some of this model's requests
         without Python, now and as they are made (default: none)."""
+        return None
+
+    def unroutes(self, unroute: Unroute) -> None:
+        """Give ``unroute`` each queue runtime :meth:`routes` gave that closes while the
+        model is served (default: none close)."""
+        return None
+
+    def warm_up(self) -> list[str]:
+        """Make what the model declares it serves, before the server is ready (a model
+        compiled per input shape: its declared shapes); what was made (default:
+        nothing; a queue runtime is warmed up with :meth:`QueueRuntime.warmup_feed`)."""
+        return []
+
+    def specialisation_stats(self) -> Any:
+        """The statistics of the graphs made per input shape (with ``to_json()``), or
+        None for a model of fixed graphs (default)."""
         return None
 
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from paddle_ipu import _core
 from paddle_ipu.errors import NotSupportedError, OptionError
 from paddle_ipu.serving.runtime import QueuePlan, QueueRuntime, Runtime, as_runtime
-from paddle_ipu.serving.shaped import ShapeRuntime
 
 if TYPE_CHECKING:
     from paddle_ipu.serving.repository import ModelRepository
@@ -331,31 +330,39 @@ class InferenceServer:
                     self.instances,
                 )
                 front = _core.ServingFrontEnd(served, plan)
-                if isinstance(served, ShapeRuntime):  # routes that leave with their shape
-                    served.on_runtime(self._shape_router(front, name, version, served))
-                else:
-                    served.routes(self._router(front, name, version))
+                route, unroute = self._router(front, name, version, served)
+                served.routes(route)
+                served.unroutes(unroute)
             self._models[(name, version)] = (runtime, served, front)
         self.server.add_model(front)
 
-    def _router(self, front: Any, name: str, version: str) -> Any:
-        """What a handler's :meth:`~paddle_ipu.serving.runtime.Runtime.routes` is given:
-        the requests of one input shape (or, with a bucket, of every length the bucket
-        holds: :meth:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime.buckets`)
-        go to that queue runtime from C++, without Python from then on."""
+    def _router(self, front: Any, name: str, version: str, owner: Runtime) -> tuple[Any, Any]:
+        """What a handler's :meth:`~paddle_ipu.serving.runtime.Runtime.routes` and
+        :meth:`~paddle_ipu.serving.runtime.Runtime.unroutes` are given: the requests of
+        one input shape (or, with a bucket, of every length the bucket holds:
+        :meth:`~paddle_ipu.serving.bucketed_runtime.BucketedRuntime.buckets`) go to that
+        queue runtime from C++, without Python, until it closes (a shape's graph that
+        left memory); the model's statistics of its specialisations follow."""
+
+        def publish() -> None:
+            stats = owner.specialisation_stats()
+            if stats is not None:
+                front.set_specialisations(stats.to_json())
+
+        def plan_of(runtime: QueueRuntime) -> dict[str, Any]:
+            return _plan(
+                runtime.queue_plan(),
+                name,
+                version,
+                self.request_timeout_ms,
+                self.max_body,
+                self.instances,
+            )
 
         def route(runtime: QueueRuntime, bucket: dict[str, Any] | None = None) -> None:
             shapes = [list(t.dims) for t in runtime.inputs]
             try:
-                plan = _plan(
-                    runtime.queue_plan(),
-                    name,
-                    version,
-                    self.request_timeout_ms,
-                    self.max_body,
-                    self.instances,
-                )
-                why = front.add_route(runtime.queue, plan, bucket)
+                why = front.add_route(runtime.queue, plan_of(runtime), bucket)
             except Exception as e:  # the handler keeps serving the shape
                 why = f"{type(e).__name__}: {e}"
             if why:
@@ -367,40 +374,19 @@ class InferenceServer:
                 )
             else:
                 log.debug("model %r: input shapes %s served without Python", name, shapes)
+            publish()
 
-        return route
-
-    def _shape_router(self, front: Any, name: str, version: str, owner: ShapeRuntime) -> Any:
-        """What routes the requests of a shape to its runtime in C++ while it lives
-        (:meth:`_router`), stops routing them once it has closed (its specialisation
-        left memory), and keeps the model's statistics of its specialisations."""
-        route = self._router(front, name, version)
-
-        def publish() -> None:
-            front.set_specialisations(owner.specialisation_stats().to_json())
-
-        def watch(runtime: Any, added: bool) -> None:
-            if added:
-                route(runtime)
-            else:
-                try:
-                    plan = _plan(
-                        runtime.queue_plan(),
-                        name,
-                        version,
-                        self.request_timeout_ms,
-                        self.max_body,
-                        self.instances,
-                    )
-                    why = front.remove_route(runtime.queue, plan)
-                except Exception as e:  # the route stays; its closed queue sends requests back
-                    why = f"{type(e).__name__}: {e}"
-                if why:
-                    log.debug("model %r: a closed shape's route stays: %s", name, why)
+        def unroute(runtime: QueueRuntime) -> None:
+            try:
+                why = front.remove_route(runtime.queue, plan_of(runtime))
+            except Exception as e:  # the route stays; its closed queue sends requests back
+                why = f"{type(e).__name__}: {e}"
+            if why:
+                log.debug("model %r: a closed shape's route stays: %s", name, why)
             publish()
 
         publish()
-        return watch
+        return route, unroute
 
     def models(self) -> list[tuple[str, str, str, str]]:
         """Every model version the server knows: (name, version, state, reason)."""
@@ -471,11 +457,9 @@ class InferenceServer:
             with self._models_lock:
                 served = [rt for _, rt, _ in self._models.values()]
             for rt in served:
-                if isinstance(rt, ShapeRuntime):  # compiled per input shape: its declared shapes
-                    rt.warm_up()
-                    continue
                 if rt.kind != "queue":
-                    continue  # a handler: no one shape to warm up with
+                    rt.warm_up()  # what it declares (a model compiled per input shape's)
+                    continue
                 queue = _queue_runtime(rt)
                 feed = queue.warmup_feed()
                 for _ in range(self.warmup):

@@ -44,6 +44,7 @@ from paddle_ipu.serving.runtime import (
     RuntimeKind,
     RuntimeStats,
     TensorSpec,
+    Unroute,
     v2_datatype,
 )
 
@@ -144,6 +145,10 @@ class ShapeRuntime(Runtime):
     def routes(self, route: Route) -> None:
         """Every shape's model runtime, as :meth:`on_runtime` gives them made."""
         self.on_runtime(lambda runtime, made: route(runtime, None) if made else None)
+
+    def unroutes(self, unroute: Unroute) -> None:
+        """Every shape's model runtime that closes (its graph left memory)."""
+        self.on_runtime(lambda runtime, made: None if made else unroute(runtime))
 
     @property
     def inputs(self) -> list[TensorSpec]:
