@@ -65,21 +65,6 @@ __all__ = ["CONTROL_MODES", "ModelConfig", "ModelRepository", "read_config"]
 CONTROL_MODES = ("none", "explicit")
 CONFIG_FILE = "config.json"
 PACKAGE_FILE = "model.pdipu"
-_CONFIG_KEYS = (
-    "micro_batch_size",
-    "timeout_ms",
-    "num_buffers",
-    "version_policy",
-    "pipeline",
-    "precision",
-    "input_shapes",
-    "shape_buckets",
-    "pad_values",
-    "specialisation_memory_mb",
-    "max_specialisations",
-    "warmup",
-)
-_PRECISIONS = ("float32", "bfloat16")
 #: the keys of a model compiled per input shape (not a pipeline's)
 _SHAPE_KEYS = (
     "input_shapes",
@@ -89,6 +74,16 @@ _SHAPE_KEYS = (
     "max_specialisations",
     "warmup",
 )
+_CONFIG_KEYS = (
+    "micro_batch_size",
+    "timeout_ms",
+    "num_buffers",
+    "version_policy",
+    "pipeline",
+    "precision",
+    *_SHAPE_KEYS,
+)
+_PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
