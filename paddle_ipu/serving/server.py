@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -597,25 +598,30 @@ class InferenceServer:
         try:
             self.start()
             grpc = f" and grpc://{self.host}:{self.grpc_port}" if self._grpc is not None else ""
-            print(
-                f"paddle-ipu: serving {self._what()} on http://{self.host}:{self.port}{grpc}",
-                flush=True,
-            )
+            _say(f"paddle-ipu: serving {self._what()} on http://{self.host}:{self.port}{grpc}")
             while not received:
                 time.sleep(0.1)  # interrupted by the signal, which runs its handler
                 if self.warmup_error is not None:
                     raise self.warmup_error
             grace = f" (serving {self.drain_grace_s:g} s more)" if self.drain_grace_s else ""
-            print(f"paddle-ipu: draining{grace}", flush=True)
+            _say(f"paddle-ipu: draining{grace}")
         finally:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        print("paddle-ipu: stopped", flush=True)
+        _say("paddle-ipu: stopped")
 
     def prometheus(self) -> str:
         """Every model's counters and the server's in Prometheus' text format."""
         return str(self.server.prometheus())
+
+
+def _say(line: str) -> None:
+    """One line on stdout in one write: ``--workers`` processes share the pipe, and
+    print's text and newline, written apart (unbuffered or line-buffered), interleave
+    with another process's line."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _queue_runtime(runtime: Runtime) -> QueueRuntime:
