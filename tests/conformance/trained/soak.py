@@ -96,7 +96,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "paddle_ipu", "serve", "--model-repository", str(repository),
              "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=self._log, text=True,
+            stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(work),
             env=dict(os.environ, PADDLE_IPU_CACHE_DIR=str(cache)),
         )  # fmt: skip
         assert self.proc.stdout is not None
