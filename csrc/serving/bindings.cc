@@ -335,8 +335,9 @@ void RegisterServing(py::module_& m) {
       .def("start_grpc", &Server::StartGrpc, py::arg("host"), py::arg("port"),
            py::arg("reuse_port") = false, py::call_guard<py::gil_scoped_release>(),
            "Listen for gRPC (HTTP/2, nghttp2) on host:port on every IO thread (after\n"
-           "start_http); returns the port. ModelInfer runs without Python; the other RPCs\n"
-           "are taken by next_grpc().")
+           "start_http); returns the port. ModelInfer and the read-only RPCs run without\n"
+           "Python; ModelConfig, ModelStatistics and the repository's load / unload are\n"
+           "taken by next_grpc().")
       .def(
           "next_grpc",
           [](Server& s, double timeout) -> py::object {
@@ -349,7 +350,7 @@ void RegisterServing(py::module_& m) {
             return py::make_tuple(job->id, job->method, py::bytes(job->body));
           },
           py::arg("timeout"),
-          "The next gRPC call other than ModelInfer: (id, method, request bytes), or None\n"
+          "The next gRPC call for the Python side: (id, method, request bytes), or None\n"
           "on timeout or once the server shut down.")
       .def(
           "grpc_done",
