@@ -163,10 +163,76 @@ class GrpcInferCall:
         self, timeout: float, front_end: ServingFrontEnd | None = None
     ) -> tuple[Any, ...]: ...
 
+class ServingRange:
+    def __init__(
+        self, *, low: int, high: int, allowed: list[int], column: int | None, describe: str
+    ) -> None: ...
+    low: int
+    high: int
+    allowed: list[int]
+    column: int | None
+    describe: str
+
+class ServingTensor:
+    def __init__(
+        self,
+        *,
+        name: str,
+        datatype: str,
+        shape: list[int],
+        unit_bytes: int,
+        ranges: list[ServingRange] = ...,
+    ) -> None: ...
+    name: str
+    datatype: str
+    shape: list[int]
+    unit_bytes: int
+    ranges: list[ServingRange]
+
+class ServingPlan:
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        server_version: str,
+        auto_batch: bool,
+        max_rows: int,
+        capacity: int,
+        limit: int,
+        micro_batch_size: int,
+        batch_timeout_us: float,
+        request_timeout_s: float,
+        max_body: int,
+        inputs: list[ServingTensor],
+        outputs: list[ServingTensor],
+        instance_count: int = 1,
+        instance_kind: str = "KIND_CPU",
+        dynamic: bool = False,
+        workers: int = 1,
+    ) -> None: ...
+    name: str
+    version: str
+    server_version: str
+    auto_batch: bool
+    max_rows: int
+    capacity: int
+    limit: int
+    micro_batch_size: int
+    batch_timeout_us: float
+    request_timeout_s: float
+    max_body: int
+    inputs: list[ServingTensor]
+    outputs: list[ServingTensor]
+    instance_count: int
+    instance_kind: str
+    dynamic: bool
+    workers: int
+
 class ServingFrontEnd:
-    def __init__(self, queue: Any, plan: dict[str, Any]) -> None: ...
-    def add_route(self, queue: Any, plan: dict[str, Any], bucket: Any = None) -> str: ...
-    def remove_route(self, queue: Any, plan: dict[str, Any]) -> str: ...
+    def __init__(self, queue: Any, plan: ServingPlan) -> None: ...
+    def add_route(self, queue: Any, plan: ServingPlan, bucket: Any = None) -> str: ...
+    def remove_route(self, queue: Any, plan: ServingPlan) -> str: ...
     def set_specialisations(self, stats: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
     def config_json(self) -> str: ...
