@@ -11,11 +11,12 @@ keep-alive connection: the HTTP front end's own cost, a floor for the gRPC calls
 Every answer is decoded with tritonclient's messages and checked equal between the two
 servers first.
 
-With ``--peer DIR`` (another checkout, e.g. of main, with its ``paddle_ipu/_core`` built
-in place: the cmake route of docs/development.md) a second server runs that checkout's
-``paddle_ipu`` (this interpreter, ``PYTHONPATH=DIR``): the table prints each method's
-median latency on both and the ratio peer / this.  Without it only this checkout is
-measured.
+With ``--peer DIR`` (another checkout, e.g. of main, with its ``paddle_ipu/_core``
+built in place: ``pip install -e .`` there, or CMake with
+``-DPADDLE_IPU_PACKAGE_DIR=DIR/paddle_ipu`` and this environment's Paddle and pybind11,
+as setup.py passes them) a second server runs that checkout's ``paddle_ipu`` (this
+interpreter, ``PYTHONPATH=DIR``): the table prints each method's median latency on
+both and the ratio peer / this.  Without it only this checkout is measured.
 
     python bench/grpc_control.py [--peer /path/to/checkout] [--calls 400] [--rounds 5]
         [--json out.json]
