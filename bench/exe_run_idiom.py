@@ -18,7 +18,9 @@ model is ``mlp512`` of tests/support/models.py (512-1024-1024-10, ReLU), where a
 a full micro-batch costs a few times a 1-row run (printed: the batch's compute per row
 is what batching saves).  Every mode's answer to a probe is checked against Paddle's
 CPU executor first.  Printed: each round's requests/s, then the medians and the median
-of the rounds' ratios runtime/one and runtime/plain (the target is 1.5x both).
+of the rounds' ratios runtime/one and runtime/plain (the target is 1.5x both), and
+where each mode's CPU time goes per request (the client threads, the runtime's worker,
+the engine's threads: /proc's per-thread counters).
 
     python bench/exe_run_idiom.py [--threads 16] [--micro-batch 16] [--timeout-ms 2]
         [--seconds 2] [--rounds 5] [--json out.json]
@@ -43,35 +45,85 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def closed_loop(call: Callable[[np.ndarray], Any], clients: int, seconds: float, xs: list) -> float:
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of this process, by native id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class Where:
+    """Where a mode's CPU time went, in µs per request: the client threads (the
+    exe.run call: hook, checks, hand-off, wake-up), the model runtime's worker thread
+    (packing, the run's Python, scattering), and every other thread (the engine's:
+    ONNX Runtime's pool)."""
+
+    def __init__(self) -> None:
+        self.clients = self.worker = self.rest = 0.0
+
+
+def closed_loop(
+    call: Callable[[np.ndarray], Any],
+    clients: int,
+    seconds: float,
+    xs: list,
+    where: Where | None = None,
+) -> float:
     """Requests/s of ``clients`` threads each calling ``call`` back to back."""
     counts = [0] * clients
     stop = [0.0]
     barrier = threading.Barrier(clients + 1)
     errors: list[BaseException] = []
 
+    cpu = [0.0] * clients
+
     def client(c: int) -> None:
         try:
             barrier.wait()
+            t0 = time.thread_time()
             i = c * 7919
             while time.perf_counter() < stop[0]:
                 call(xs[i % len(xs)])
                 i += 1
                 counts[c] += 1
+            cpu[c] = time.thread_time() - t0
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
     for th in threads:
         th.start()
+    before = thread_cpu()
     stop[0] = time.perf_counter() + seconds
     t0 = time.perf_counter()
     barrier.wait()
     for th in threads:
         th.join()
     wall = time.perf_counter() - t0
+    after = thread_cpu()
     if errors:
         raise errors[0]
+    if where is not None:
+        n = max(sum(counts), 1)
+        where.clients += sum(cpu) / n * 1e6  # (the client threads have ended)
+        mine = {th.native_id for th in threads}
+        workers = {
+            th.native_id for th in threading.enumerate() if th.name == "paddle-ipu-model-runtime"
+        }
+        for tid, seconds in after.items():
+            spent = (seconds - before.get(tid, 0.0)) / n * 1e6
+            if tid in mine:
+                continue
+            elif tid in workers:
+                where.worker += spent
+            elif tid != threading.get_native_id():
+                where.rest += spent
     return sum(counts) / wall
 
 
@@ -149,13 +201,15 @@ def main() -> None:
     for call, clients in modes.values():
         closed_loop(call, clients, 0.3, xs)  # warm
     rounds: dict[str, list[float]] = {m: [] for m in modes}
+    where: dict[str, list[Where]] = {m: [] for m in modes}
     print(
         f"  round  runtime x{args.threads} (req/s)  one x1  plain x{args.threads}  "
         f"runtime/one  runtime/plain"
     )
     for r in range(args.rounds):
         for mode, (call, clients) in modes.items():
-            rounds[mode].append(closed_loop(call, clients, args.seconds, xs))
+            where[mode].append(Where())
+            rounds[mode].append(closed_loop(call, clients, args.seconds, xs, where[mode][-1]))
         rt, o, p = (rounds[m][-1] for m in ("runtime", "one", "plain"))
         print(f"  {r + 1:5d}  {rt:22.0f}  {o:6.0f}  {p:8.0f}  {rt / o:11.2f}  {rt / p:13.2f}")
     stats = rcpr.stats() if (rcpr := cpr.runtime) is not None else None
@@ -168,6 +222,12 @@ def main() -> None:
     )
     if stats is not None:
         print(f"rows per runtime run: {stats.units / max(stats.runs, 1):.2f}")
+    # CPU per request by thread: less moved by other processes than requests/s, and
+    # it says whose time a mode spends (a request's Python, or the engine's compute).
+    print("CPU µs per request (median of the rounds): clients, runtime worker, engine threads")
+    for mode in modes:
+        cells = [statistics.median(getattr(w, k) for w in where[mode]) for k in Where().__dict__]
+        print(f"  {mode:8} {cells[0]:8.1f} {cells[1]:8.1f} {cells[2]:8.1f}")
     print(
         f"runtime / one exe.run per request: {vs_one:.2f}x; runtime / {args.threads} threads "
         f"of plain exe.run: {vs_plain:.2f}x (target >= 1.5x both)"

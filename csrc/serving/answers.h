@@ -1,7 +1,8 @@
-// The answers to an infer request: the HTTP response body (a JSON header, with JSON
-// tensors or the binary tensor extension) and the serialized ModelInferResponse,
-// laid out before the run where they can be, so that the queue writes the outputs
-// straight into them.
+// The answers to an infer request, the one place KServe answers are written: the HTTP
+// response body (a JSON header, with JSON tensors or the binary tensor extension) and
+// the serialized ModelInferResponse. A fixed model's are laid out before the run where
+// they can be, so that the queue writes the outputs straight into them; a dynamic
+// model's (dynamic.h) are rendered after it, from the outputs its handler gave.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,13 @@ void FinishHttpAnswer(const ModelPlan& m, const InferRequest& r, HttpAnswer* a);
 // (outputs go to raw_output_contents).
 using GrpcAnswer = Answer;
 void StartGrpcAnswer(const ModelPlan& m, const InferRequest& r, GrpcAnswer* a);
+
+// A dynamic model's answers, from its handler's outputs (one per model output, of the
+// shapes the handler gave).
+void FinishHttpAnswer(const ModelPlan& m, const InferRequest& r,
+                      const std::vector<OutTensor>& outputs, HttpAnswer* a);
+void FinishGrpcAnswer(const ModelPlan& m, const InferRequest& r,
+                      const std::vector<OutTensor>& outputs, GrpcAnswer* a);
 
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -1,10 +1,14 @@
-// The Python side of the serving front ends: ServingFrontEnd (one model version, made
-// from a ServingQueue and the plan paddle_ipu/serving/server.py writes), ServingServer
+// The Python side of the serving front ends: ServingPlan (plan.h's ModelPlan, typed and
+// checked at construction), ServingFrontEnd (one model version, made from a
+// ServingQueue and the plan paddle_ipu/serving/server.py makes), ServingServer
 // (the models a server serves, its HTTP listeners, the repository's state and its
 // load / unload requests), GrpcInferCall, and kserve_datatypes (the datatype table of
 // dtypes.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <optional>
+#include <sstream>
 
 #include "../core/bindings.h"
 #include "front_end.h"
@@ -21,50 +25,178 @@ namespace serving {
 
 namespace {
 
-TensorPlan TensorFrom(const py::dict& d) {
-  TensorPlan t;
-  t.name = d["name"].cast<std::string>();
-  const std::string dt = d["datatype"].cast<std::string>();
-  t.dtype = FromV2(dt);
-  if (t.dtype == DType::kInvalid) throw py::value_error("unknown KServe datatype " + dt);
-  t.shape = d["shape"].cast<std::vector<int64_t>>();
-  t.unit_bytes = d["unit_bytes"].cast<int64_t>();
-  t.unit_elems = ElemSize(t.dtype) ? t.unit_bytes / ElemSize(t.dtype) : 0;  // BYTES: 0
-  if (d.contains("ranges")) {
-    for (const py::handle h : d["ranges"]) {
-      const py::dict r = h.cast<py::dict>();
-      IndexRange b;
-      b.low = r["low"].cast<int64_t>();
-      b.high = r["high"].cast<int64_t>();
-      b.allowed = r["allowed"].cast<std::vector<int64_t>>();
-      b.column = r["column"].is_none() ? -1 : r["column"].cast<int64_t>();
-      b.describe = r["describe"].cast<std::string>();
-      t.ranges.push_back(std::move(b));
-    }
+// The plan's checks at the boundary (ServingPlan's constructor): a plan the protocol
+// code could misread (a unit that is not its tensor's bytes, a queue of no unit) is a
+// ValueError naming the field, here, not a wrong answer later.
+[[noreturn]] void Bad(const std::string& what) { throw py::value_error("ServingPlan: " + what); }
+
+void CheckTensor(const ModelPlan& m, const TensorPlan& t) {
+  const std::string what = "tensor " + Repr(t.name);
+  if (t.name.empty()) Bad("a tensor's name is empty");
+  if (t.unit_bytes < 0) Bad(what + ": unit_bytes " + std::to_string(t.unit_bytes) + " < 0");
+  if (m.dynamic) return;  // a handler's tensors: -1 on any axis, no fixed unit
+  if (t.shape.empty()) Bad(what + ": a fixed model's tensor has at least one dimension");
+  for (size_t k = 0; k < t.shape.size(); ++k) {
+    if (t.shape[k] >= 1 || (k == 0 && m.auto_batch && t.shape[k] == -1)) continue;
+    Bad(what + ": dimension " + std::to_string(k) + " is " + std::to_string(t.shape[k]) +
+        " in shape " + ShapeStr(t.shape) +
+        " (only the first may be -1, and only when auto-batching)");
   }
-  return t;
+  const int64_t size = ElemSize(t.dtype);
+  if (size == 0) return;  // BYTES: elements of any length
+  int64_t elems = 1;
+  for (size_t k = m.auto_batch ? 1 : 0; k < t.shape.size(); ++k) elems *= t.shape[k];
+  if (t.unit_bytes != elems * size) {
+    Bad(what + ": unit_bytes " + std::to_string(t.unit_bytes) + " is not the bytes of one " +
+        (m.auto_batch ? "row" : "micro-batch") + " of " + V2Name(t.dtype) + " " +
+        ShapeStr(t.shape) + " (" + std::to_string(elems * size) + ")");
+  }
 }
 
-ModelPlan PlanFrom(const py::dict& d) {
-  ModelPlan m;
-  m.name = d["name"].cast<std::string>();
-  m.version = d["version"].cast<std::string>();
-  m.server_version = d["server_version"].cast<std::string>();
-  m.auto_batch = d["auto_batch"].cast<bool>();
-  m.max_rows = d["max_rows"].cast<int64_t>();
-  m.capacity = d["capacity"].cast<int64_t>();
-  m.limit = d["limit"].cast<int64_t>();
-  m.micro_batch_size = d["micro_batch_size"].cast<int64_t>();
-  m.batch_timeout_us = d["batch_timeout_us"].cast<double>();
-  m.request_timeout_s = d["request_timeout_s"].cast<double>();
-  m.max_body = d["max_body"].cast<int64_t>();
-  if (d.contains("instance_count")) m.instance_count = d["instance_count"].cast<int64_t>();
-  if (d.contains("instance_kind")) m.instance_kind = d["instance_kind"].cast<std::string>();
-  for (const py::handle h : d["inputs"]) m.inputs.push_back(TensorFrom(h.cast<py::dict>()));
-  for (const py::handle h : d["outputs"]) m.outputs.push_back(TensorFrom(h.cast<py::dict>()));
-  if (d.contains("dynamic")) m.dynamic = d["dynamic"].cast<bool>();
-  if (d.contains("workers")) m.workers = d["workers"].cast<int>();
-  return m;
+void CheckPlan(const ModelPlan& m) {
+  if (m.name.empty() || m.version.empty()) Bad("name and version must be non-empty");
+  auto at_least = [](const char* field, double value, double low) {
+    if (value < low) {
+      std::ostringstream got;
+      got << value;
+      Bad(std::string(field) + " must be >= " + std::to_string(static_cast<int64_t>(low)) +
+          ", got " + got.str());
+    }
+  };
+  at_least("capacity", static_cast<double>(m.capacity), 1);
+  at_least("limit", static_cast<double>(m.limit), 1);
+  at_least("max_rows", static_cast<double>(m.max_rows), m.auto_batch ? 1 : 0);
+  at_least("micro_batch_size", static_cast<double>(m.micro_batch_size), m.dynamic ? 0 : 1);
+  at_least("batch_timeout_us", m.batch_timeout_us, 0);
+  at_least("request_timeout_s", m.request_timeout_s, 0);
+  at_least("max_body", static_cast<double>(m.max_body), 1);
+  at_least("instance_count", static_cast<double>(m.instance_count), 1);
+  at_least("workers", m.workers, 1);
+  if (m.instance_kind != "KIND_CPU" && m.instance_kind != "KIND_MODEL") {
+    Bad("instance_kind must be KIND_CPU or KIND_MODEL, got " + Repr(m.instance_kind));
+  }
+  if (m.dynamic && m.auto_batch) Bad("a dynamic model does not auto-batch");
+  for (const TensorPlan& t : m.inputs) CheckTensor(m, t);
+  for (const TensorPlan& t : m.outputs) CheckTensor(m, t);
+}
+
+// ServingRange, ServingTensor, ServingPlan: plan.h's structs, typed, made once by
+// paddle_ipu/serving/server.py and checked here.
+void RegisterPlan(py::module_& m) {
+  py::class_<IndexRange>(m, "ServingRange",
+                         "The values an integer input may take (compiler.model.IndexRange).")
+      .def(py::init([](int64_t low, int64_t high, std::vector<int64_t> allowed,
+                       std::optional<int64_t> column, std::string describe) {
+             if (low > high) {
+               throw py::value_error("ServingRange: low " + std::to_string(low) + " > high " +
+                                     std::to_string(high));
+             }
+             IndexRange r;
+             r.low = low;
+             r.high = high;
+             r.allowed = std::move(allowed);
+             r.column = column.value_or(-1);
+             r.describe = std::move(describe);
+             return r;
+           }),
+           py::kw_only(), py::arg("low"), py::arg("high"), py::arg("allowed"),
+           py::arg("column"), py::arg("describe"))
+      .def_readonly("low", &IndexRange::low)
+      .def_readonly("high", &IndexRange::high)
+      .def_readonly("allowed", &IndexRange::allowed)
+      .def_property_readonly("column",
+                             [](const IndexRange& r) -> std::optional<int64_t> {
+                               if (r.column < 0) return std::nullopt;
+                               return r.column;
+                             })
+      .def_readonly("describe", &IndexRange::describe);
+
+  py::class_<TensorPlan>(m, "ServingTensor",
+                         "One input or output of a served model: its KServe datatype, the\n"
+                         "shape of one request, the bytes of one queue unit (a row when\n"
+                         "auto-batching, else the micro-batch; 0 for a dynamic model).")
+      .def(py::init([](std::string name, const std::string& datatype,
+                       std::vector<int64_t> shape, int64_t unit_bytes,
+                       std::vector<IndexRange> ranges) {
+             TensorPlan t;
+             t.name = std::move(name);
+             t.dtype = FromV2(datatype);
+             if (t.dtype == DType::kInvalid) {
+               throw py::value_error("ServingTensor " + Repr(t.name) +
+                                     ": unknown KServe datatype " + Repr(datatype));
+             }
+             t.shape = std::move(shape);
+             t.unit_bytes = unit_bytes;
+             t.unit_elems = ElemSize(t.dtype) ? unit_bytes / ElemSize(t.dtype) : 0;  // BYTES: 0
+             t.ranges = std::move(ranges);
+             return t;
+           }),
+           py::kw_only(), py::arg("name"), py::arg("datatype"), py::arg("shape"),
+           py::arg("unit_bytes"), py::arg("ranges") = std::vector<IndexRange>())
+      .def_readonly("name", &TensorPlan::name)
+      .def_property_readonly("datatype", [](const TensorPlan& t) { return V2Name(t.dtype); })
+      .def_readonly("shape", &TensorPlan::shape)
+      .def_readonly("unit_bytes", &TensorPlan::unit_bytes)
+      .def_readonly("ranges", &TensorPlan::ranges);
+
+  py::class_<ModelPlan>(
+      m, "ServingPlan",
+      "What the C++ front end checks a request of one model version against, and how it\n"
+      "queues it: made once by paddle_ipu.serving.server, checked here (ValueError naming\n"
+      "the field). `dynamic`: a handler's plan (shapes may hold -1 on any axis, `workers`\n"
+      "threads hand requests to it).")
+      .def(py::init([](std::string name, std::string version, std::string server_version,
+                       bool auto_batch, int64_t max_rows, int64_t capacity, int64_t limit,
+                       int64_t micro_batch_size, double batch_timeout_us,
+                       double request_timeout_s, int64_t max_body,
+                       std::vector<TensorPlan> inputs, std::vector<TensorPlan> outputs,
+                       int64_t instance_count, std::string instance_kind, bool dynamic,
+                       int workers) {
+             ModelPlan p;
+             p.name = std::move(name);
+             p.version = std::move(version);
+             p.server_version = std::move(server_version);
+             p.auto_batch = auto_batch;
+             p.max_rows = max_rows;
+             p.capacity = capacity;
+             p.limit = limit;
+             p.micro_batch_size = micro_batch_size;
+             p.batch_timeout_us = batch_timeout_us;
+             p.request_timeout_s = request_timeout_s;
+             p.max_body = max_body;
+             p.inputs = std::move(inputs);
+             p.outputs = std::move(outputs);
+             p.instance_count = instance_count;
+             p.instance_kind = std::move(instance_kind);
+             p.dynamic = dynamic;
+             p.workers = workers;
+             CheckPlan(p);
+             return p;
+           }),
+           py::kw_only(), py::arg("name"), py::arg("version"), py::arg("server_version"),
+           py::arg("auto_batch"), py::arg("max_rows"), py::arg("capacity"), py::arg("limit"),
+           py::arg("micro_batch_size"), py::arg("batch_timeout_us"),
+           py::arg("request_timeout_s"), py::arg("max_body"), py::arg("inputs"),
+           py::arg("outputs"), py::arg("instance_count") = 1,
+           py::arg("instance_kind") = "KIND_CPU", py::arg("dynamic") = false,
+           py::arg("workers") = 1)
+      .def_readonly("name", &ModelPlan::name)
+      .def_readonly("version", &ModelPlan::version)
+      .def_readonly("server_version", &ModelPlan::server_version)
+      .def_readonly("auto_batch", &ModelPlan::auto_batch)
+      .def_readonly("max_rows", &ModelPlan::max_rows)
+      .def_readonly("capacity", &ModelPlan::capacity)
+      .def_readonly("limit", &ModelPlan::limit)
+      .def_readonly("micro_batch_size", &ModelPlan::micro_batch_size)
+      .def_readonly("batch_timeout_us", &ModelPlan::batch_timeout_us)
+      .def_readonly("request_timeout_s", &ModelPlan::request_timeout_s)
+      .def_readonly("max_body", &ModelPlan::max_body)
+      .def_readonly("inputs", &ModelPlan::inputs)
+      .def_readonly("outputs", &ModelPlan::outputs)
+      .def_readonly("instance_count", &ModelPlan::instance_count)
+      .def_readonly("instance_kind", &ModelPlan::instance_kind)
+      .def_readonly("dynamic", &ModelPlan::dynamic)
+      .def_readonly("workers", &ModelPlan::workers);
 }
 
 py::tuple ParsedTuple(const ModelPlan& m, const Error& e, const InferRequest& r) {
@@ -96,6 +228,7 @@ py::tuple Datatypes() {
 }  // namespace
 
 void RegisterServing(py::module_& m) {
+  RegisterPlan(m);
   m.def("kserve_datatypes", &Datatypes,
         "The KServe v2 datatypes a served model's tensors may have, one row each:\n"
         "(v2 name, numpy dtype name, item size in bytes), e.g. ('FP32', 'float32', 4).");
@@ -138,14 +271,14 @@ void RegisterServing(py::module_& m) {
       "One model version over its ServingQueue, for the KServe v2 front ends: HTTP\n"
       "(Boost.Beast, through a ServingServer) and the gRPC ModelInfer path; requests never\n"
       "touch Python (see csrc/serving).")
-      .def(py::init([](py::object queue, const py::dict& plan) {
-             auto fe = std::make_shared<FrontEnd>(queue, PlanFrom(plan));
+      .def(py::init([](py::object queue, const ModelPlan& plan) {
+             auto fe = std::make_shared<FrontEnd>(queue, plan);
              fe->Start();
              return fe;
            }),
            py::arg("queue"), py::arg("plan"),
-           "`queue`: a fixed model's ServingQueue, or (plan['dynamic']) a dynamic model's\n"
-           "handler (paddle_ipu.serving.dynamic.DynamicModel), run by plan['workers'] threads.")
+           "`queue`: a fixed model's ServingQueue, or (plan.dynamic) a dynamic model's\n"
+           "handler (paddle_ipu.serving.dynamic.DynamicModel), run by plan.workers threads.")
       .def("stop_workers", &FrontEnd::StopWorkers, py::call_guard<py::gil_scoped_release>(),
            "A dynamic model: stop its workers once what was admitted was handed over (after\n"
            "close()).")
@@ -172,8 +305,8 @@ void RegisterServing(py::module_& m) {
           "call's W3C trace context, for the access log).")
       .def(
           "add_route",
-          [](FrontEnd& f, const py::object& queue, const py::dict& plan, const py::object& seq) {
-            if (seq.is_none()) return f.AddRoute(queue, PlanFrom(plan));
+          [](FrontEnd& f, const py::object& queue, const ModelPlan& plan, const py::object& seq) {
+            if (seq.is_none()) return f.AddRoute(queue, plan);
             Bucket b;
             b.length = seq["length"].cast<int64_t>();
             for (auto [name, v] : seq["inputs"].cast<py::dict>()) {
@@ -184,7 +317,7 @@ void RegisterServing(py::module_& m) {
             for (auto [name, v] : seq["outputs"].cast<py::dict>()) {
               b.outputs[name.cast<std::string>()] = v.cast<std::vector<int64_t>>();
             }
-            return f.AddRoute(queue, PlanFrom(plan), &b);
+            return f.AddRoute(queue, plan, &b);
           },
           py::arg("queue"), py::arg("plan"), py::arg("bucket") = py::none(),
           "A dynamic model: serve requests of the shape of `plan` (the plan of one of its\n"
@@ -197,8 +330,8 @@ void RegisterServing(py::module_& m) {
                              "A dynamic model's input shapes served without Python.")
       .def(
           "remove_route",
-          [](FrontEnd& f, const py::object& queue, const py::dict& plan) {
-            return f.RemoveRoute(queue, PlanFrom(plan));
+          [](FrontEnd& f, const py::object& queue, const ModelPlan& plan) {
+            return f.RemoveRoute(queue, plan);
           },
           py::arg("queue"), py::arg("plan"),
           "A dynamic model: stop routing the shape of `plan` to `queue` (given to\n"
@@ -335,8 +468,9 @@ void RegisterServing(py::module_& m) {
       .def("start_grpc", &Server::StartGrpc, py::arg("host"), py::arg("port"),
            py::arg("reuse_port") = false, py::call_guard<py::gil_scoped_release>(),
            "Listen for gRPC (HTTP/2, nghttp2) on host:port on every IO thread (after\n"
-           "start_http); returns the port. ModelInfer runs without Python; the other RPCs\n"
-           "are taken by next_grpc().")
+           "start_http); returns the port. ModelInfer and the read-only RPCs run without\n"
+           "Python; ModelConfig, ModelStatistics and the repository's load / unload are\n"
+           "taken by next_grpc().")
       .def(
           "next_grpc",
           [](Server& s, double timeout) -> py::object {
@@ -349,7 +483,7 @@ void RegisterServing(py::module_& m) {
             return py::make_tuple(job->id, job->method, py::bytes(job->body));
           },
           py::arg("timeout"),
-          "The next gRPC call other than ModelInfer: (id, method, request bytes), or None\n"
+          "The next gRPC call for the Python side: (id, method, request bytes), or None\n"
           "on timeout or once the server shut down.")
       .def(
           "grpc_done",

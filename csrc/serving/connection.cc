@@ -369,7 +369,7 @@ void Connection::Answer(const RequestPtr& r) {
   Guard([&] {
     if (r->state == RequestState::kDone) {
       if (m.dynamic) {
-        DynamicHttpAnswer(m, job.get(), &job->http);
+        FinishHttpAnswer(m, job->req, job->outputs, &job->http);
       } else {
         FinishHttpAnswer(m, job->req, &job->http);
       }

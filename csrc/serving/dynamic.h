@@ -86,9 +86,5 @@ class DynamicQueue : public std::enable_shared_from_this<DynamicQueue> {
   QueueStats stats_;
 };
 
-// The answers of a dynamic model, from the outputs its handler gave (job->outputs).
-void DynamicHttpAnswer(const ModelPlan& m, Job* job, HttpAnswer* a);
-void DynamicGrpcAnswer(const ModelPlan& m, Job* job, GrpcAnswer* a);
-
 }  // namespace serving
 }  // namespace paddle_ipu

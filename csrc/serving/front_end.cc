@@ -57,7 +57,7 @@ FrontEnd::FrontEnd(py::object queue, ModelPlan plan) : queue_obj_(queue), plan_(
     queue_ = QueueOf(queue);
   }
   metadata_ = ModelMetadataJson(plan_);
-  server_metadata_ = ServerMetadataJson(plan_);
+  server_metadata_ = ServerMetadataJson(plan_.server_version);
   config_ = ModelConfigJson(plan_);
 }
 

@@ -50,7 +50,7 @@ void GrpcCall::Done(int status, std::string message) {
 void GrpcCall::Finish(const Request& r) {
   RanTimes(r, &queue_s_, &compute_s_);
   if (r.state == RequestState::kDone) {
-    if (fe_->dynamic()) DynamicGrpcAnswer(fe_->plan(), job_.get(), &job_->grpc);
+    if (fe_->dynamic()) FinishGrpcAnswer(fe_->plan(), job_->req, job_->outputs, &job_->grpc);
     return Done(200, std::string());
   }
   Error e = fe_->Failure(r, *job_);

@@ -580,6 +580,14 @@ void GrpcConnection::InferDone(int32_t id, const std::shared_ptr<GrpcCall>& call
 }
 
 void GrpcConnection::Unary(int32_t id, Stream& s, std::string msg) {
+  // The read-only calls are answered here, from the server's state.
+  int code = kOk;
+  std::string message, answer;
+  if (srv_->GrpcControl(std::string_view(s.path).substr(kService.size()), msg, &code, &message,
+                        &answer)) {
+    if (code == kOk) return Respond(id, s, std::move(answer));
+    return Fail(id, s, code, message);
+  }
   std::weak_ptr<GrpcConnection> weak = weak_from_this();
   std::weak_ptr<Listener> wio = io_->weak_from_this();
   auto job = std::make_shared<GrpcUnaryJob>();

@@ -1,4 +1,5 @@
-// The gRPC calls other than ModelInfer (see server.h): a queue the Python side
+// The gRPC calls the Python side answers (ModelConfig, ModelStatistics, the
+// repository's load / unload; see server.h): a queue it
 // (paddle_ipu/serving/grpc_service.py) takes them from; each answer is posted back to
 // the connection's IO thread by the job's `done`.
 #include "server.h"

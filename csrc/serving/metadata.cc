@@ -1,6 +1,7 @@
 // Server and model metadata, the model configuration (see metadata.h).
 #include "metadata.h"
 
+#include "protobuf.h"
 #include "text.h"
 
 namespace paddle_ipu {
@@ -35,12 +36,47 @@ std::string ConfigTensors(const ModelPlan& m, const std::vector<TensorPlan>& ts)
   return TensorList(ts, "data_type", ConfigName, "dims", m.auto_batch ? 1 : 0);
 }
 
+// The protocol's extensions the server offers (server metadata).
+constexpr const char* kExtensions[] = {"binary_tensor_data", "statistics", "model_configuration",
+                                       "model_repository"};
+
 }  // namespace
 
-std::string ServerMetadataJson(const ModelPlan& m) {
-  return "{\"name\":\"paddle-ipu\",\"version\":" + Quote(m.server_version) +
-         ",\"extensions\":[\"binary_tensor_data\",\"statistics\",\"model_configuration\","
-         "\"model_repository\"]}";
+std::string ServerMetadataJson(const std::string& server_version) {
+  std::string s = "{\"name\":\"paddle-ipu\",\"version\":" + Quote(server_version) +
+                  ",\"extensions\":[";
+  bool first = true;
+  for (const char* e : kExtensions) {
+    s += std::string(first ? "" : ",") + Quote(e);
+    first = false;
+  }
+  return s + "]}";
+}
+
+std::string ServerMetadataMessage(const std::string& server_version) {
+  std::string o;
+  PutString(&o, 1, "paddle-ipu");
+  PutString(&o, 2, server_version);
+  for (const char* e : kExtensions) PutBytes(&o, 3, e);
+  return o;
+}
+
+std::string ModelMetadataMessage(const ModelPlan& m, const std::vector<std::string>& versions) {
+  std::string o;
+  PutString(&o, 1, m.name);
+  for (const std::string& v : versions) PutBytes(&o, 2, v);
+  PutString(&o, 3, "paddle_ipu");
+  for (int field : {4, 5}) {
+    for (const TensorPlan& t : field == 4 ? m.inputs : m.outputs) {
+      std::string tensor, shape;
+      PutString(&tensor, 1, t.name);
+      PutString(&tensor, 2, V2Name(t.dtype));
+      for (int64_t d : t.shape) PutVarint(&shape, static_cast<uint64_t>(d));
+      if (!shape.empty()) PutBytes(&tensor, 3, shape);  // packed, as proto3 writes it
+      PutBytes(&o, field, tensor);
+    }
+  }
+  return o;
 }
 
 std::string ModelMetadataJson(const ModelPlan& m) {

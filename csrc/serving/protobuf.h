@@ -1,5 +1,5 @@
-// The protobuf wire format, as much of it as KServe v2's ModelInferRequest and
-// ModelInferResponse need: a reader over a message's bytes and the writers of
+// The protobuf wire format, as much of it as KServe v2's messages need (ModelInfer's,
+// and the read-only calls' of grpc_control.cc): a reader over a message's bytes and the writers of
 // varints, tags and length-delimited fields. No generated code, no libprotobuf.
 #pragma once
 
@@ -74,6 +74,16 @@ inline void PutBytes(std::string* o, int field, std::string_view s) {
   PutTag(o, field, 2);
   PutVarint(o, s.size());
   o->append(s.data(), s.size());
+}
+
+// proto3's scalars: a field at its default value (false, "") is not written.
+inline void PutString(std::string* o, int field, std::string_view s) {
+  if (!s.empty()) PutBytes(o, field, s);
+}
+inline void PutBool(std::string* o, int field, bool v) {
+  if (!v) return;
+  PutTag(o, field, 0);
+  o->push_back(1);
 }
 
 }  // namespace serving

@@ -112,9 +112,8 @@ void RunIo(asio::io_context& ioc, Server* srv) {
 
 Server::Server(std::string server_version, ServerLimits limits)
     : limits_(limits), unrouted_(std::make_shared<Counters>()) {
-  ModelPlan p;
-  p.server_version = std::move(server_version);
-  server_metadata_ = ServerMetadataJson(p);
+  server_version_ = std::move(server_version);
+  server_metadata_ = ServerMetadataJson(server_version_);
 }
 
 Server::~Server() {

@@ -151,8 +151,17 @@ class Server {
   std::shared_ptr<GrpcCall> GrpcRefused(const Error& e, std::string trace,
                                         std::function<void(std::shared_ptr<GrpcCall>)> done);
 
-  // The other RPCs of the service go to the Python side (grpc_unary.cc), which
-  // answers them with the GIL; the IO thread never waits for it.
+  // The read-only RPCs are answered on the IO thread from the server's state
+  // (grpc_control.cc): ServerLive, ServerReady, ModelReady, ServerMetadata,
+  // ModelMetadata, RepositoryIndex; so are the RPCs the server does not offer, or
+  // that the service does not have (UNIMPLEMENTED). Returns false for any other
+  // method (it goes to GrpcUnary); else sets a gRPC code, its message and (code 0)
+  // the serialized answer of `method` to the serialized request `msg`.
+  bool GrpcControl(std::string_view method, std::string_view msg, int* code,
+                   std::string* message, std::string* answer) const;
+  // The other RPCs (ModelConfig, ModelStatistics, RepositoryModelLoad / Unload) go to
+  // the Python side (grpc_unary.cc), which answers them with the GIL; the IO thread
+  // never waits for it.
   // Queues a call; false when the server takes none (stopping).
   bool GrpcUnary(std::shared_ptr<GrpcUnaryJob> job);
   // The next call (waits without the GIL at most `timeout` seconds; negative: no
@@ -182,7 +191,7 @@ class Server {
   std::vector<ModelEntry>::iterator Locate(const std::string& name, const std::string& version);
   void Deliver(const std::shared_ptr<ControlJob>& job, int status, std::string body);
 
-  std::string server_metadata_;
+  std::string server_version_, server_metadata_;
   ServerLimits limits_;
   DecodePool decode_;
   std::atomic<int64_t> refused_{0}, io_failures_{0};

@@ -37,48 +37,48 @@ def _plan(
     request_timeout_ms: float,
     max_body: int,
     instances: int = 1,
-) -> dict[str, Any]:
+) -> _core.ServingPlan:
     """What the C++ front end checks a request of a queue runtime against."""
     from paddle_ipu._version import __version__
 
-    def tensors(specs: Any) -> list[dict[str, Any]]:
+    def tensors(specs: Any) -> list[_core.ServingTensor]:
         return [
-            {
-                "name": t.name,
-                "datatype": t.datatype,
-                "shape": list(t.shape),
-                "unit_bytes": t.unit_bytes,
-                "ranges": [
-                    {
-                        "low": int(r.low),
-                        "high": int(r.high),
-                        "allowed": [int(v) for v in r.allowed],
-                        "column": r.column,
-                        "describe": r.describe(),
-                    }
+            _core.ServingTensor(
+                name=t.name,
+                datatype=t.datatype,
+                shape=list(t.shape),
+                unit_bytes=t.unit_bytes,
+                ranges=[
+                    _core.ServingRange(
+                        low=int(r.low),
+                        high=int(r.high),
+                        allowed=[int(v) for v in r.allowed],
+                        column=r.column,
+                        describe=r.describe(),
+                    )
                     for r in t.ranges
                 ],
-            }
+            )
             for t in specs
         ]
 
-    return {
-        "name": name,
-        "version": version,
-        "server_version": __version__,
-        "auto_batch": queue.auto_batch,
-        "max_rows": queue.max_rows,
-        "capacity": queue.capacity,
-        "limit": queue.limit,
-        "micro_batch_size": queue.micro_batch_size,
-        "batch_timeout_us": queue.batch_timeout_us,
-        "request_timeout_s": request_timeout_ms / 1e3,
-        "max_body": max_body,
-        "instance_count": instances,
-        "instance_kind": queue.instance_kind,
-        "inputs": tensors(queue.inputs),
-        "outputs": tensors(queue.outputs),
-    }
+    return _core.ServingPlan(
+        name=name,
+        version=version,
+        server_version=__version__,
+        auto_batch=queue.auto_batch,
+        max_rows=queue.max_rows,
+        capacity=queue.capacity,
+        limit=queue.limit,
+        micro_batch_size=queue.micro_batch_size,
+        batch_timeout_us=queue.batch_timeout_us,
+        request_timeout_s=request_timeout_ms / 1e3,
+        max_body=max_body,
+        instance_count=instances,
+        instance_kind=queue.instance_kind,
+        inputs=tensors(queue.inputs),
+        outputs=tensors(queue.outputs),
+    )
 
 
 def _handler_plan(
@@ -90,39 +90,36 @@ def _handler_plan(
     queue_limit: int,
     workers: int,
     instances: int,
-) -> dict[str, Any]:
+) -> _core.ServingPlan:
     """The plan of a handler: its declared tensors (-1: open) and its queue's bound."""
     from paddle_ipu._version import __version__
 
-    def tensors(specs: Any) -> list[dict[str, Any]]:
+    def tensors(specs: Any) -> list[_core.ServingTensor]:
         return [
-            {
-                "name": s.name,
-                "datatype": s.datatype,
-                "shape": [int(d) for d in s.dims],
-                "unit_bytes": 0,
-            }
+            _core.ServingTensor(
+                name=s.name, datatype=s.datatype, shape=[int(d) for d in s.dims], unit_bytes=0
+            )
             for s in specs
         ]
 
-    return {
-        "name": name,
-        "version": version,
-        "server_version": __version__,
-        "auto_batch": False,
-        "max_rows": 0,
-        "capacity": 1,
-        "limit": int(queue_limit),
-        "micro_batch_size": 0,
-        "batch_timeout_us": 0.0,
-        "request_timeout_s": request_timeout_ms / 1e3,
-        "max_body": max_body,
-        "inputs": tensors(runtime.inputs),
-        "outputs": tensors(runtime.outputs),
-        "dynamic": True,
-        "workers": int(workers),
-        "instance_count": instances,
-    }
+    return _core.ServingPlan(
+        name=name,
+        version=version,
+        server_version=__version__,
+        auto_batch=False,
+        max_rows=0,
+        capacity=1,
+        limit=int(queue_limit),
+        micro_batch_size=0,
+        batch_timeout_us=0.0,
+        request_timeout_s=request_timeout_ms / 1e3,
+        max_body=max_body,
+        inputs=tensors(runtime.inputs),
+        outputs=tensors(runtime.outputs),
+        dynamic=True,
+        workers=int(workers),
+        instance_count=instances,
+    )
 
 
 class InferenceServer:
@@ -350,7 +347,7 @@ class InferenceServer:
             if stats is not None:
                 front.set_specialisations(stats.to_json())
 
-        def plan_of(runtime: QueueRuntime) -> dict[str, Any]:
+        def plan_of(runtime: QueueRuntime) -> _core.ServingPlan:
             return _plan(
                 runtime.queue_plan(),
                 name,

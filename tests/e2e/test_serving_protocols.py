@@ -146,6 +146,71 @@ def test_tritonclient_grpc_equals_paddle(server: ServerProcess, mlp: Built) -> N
     client.close()
 
 
+def test_grpc_control_calls_answer_what_http_answers(server: ServerProcess) -> None:
+    """The read-only RPCs (answered in C++ from the server's state) against the HTTP
+    routes' JSON, decoded by tritonclient's messages; their errors by status code."""
+    http_client = httpclient.InferenceServerClient(server.url)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    meta = http_client.get_server_metadata()
+    gmeta = client.get_server_metadata()
+    assert (gmeta.name, gmeta.version) == (meta["name"], meta["version"])
+    assert list(gmeta.extensions) == meta["extensions"] and "model_repository" in meta["extensions"]
+    model = http_client.get_model_metadata("mlp")
+    gmodel = client.get_model_metadata("mlp", "1")
+    assert (gmodel.name, list(gmodel.versions), gmodel.platform) == (
+        model["name"],
+        model["versions"],
+        model["platform"],
+    )
+    for tensors, gtensors in ((model["inputs"], gmodel.inputs), (model["outputs"], gmodel.outputs)):
+        assert [(t.name, t.datatype, list(t.shape)) for t in gtensors] == [
+            (t["name"], t["datatype"], t["shape"]) for t in tensors
+        ]
+    assert client.is_model_ready("mlp", "1") and not client.is_model_ready("mlp", "7")
+    gindex = client.get_model_repository_index().models
+    assert [(m.name, m.version, m.state, m.reason) for m in gindex] == [
+        (m["name"], m["version"], m["state"], m["reason"])
+        for m in http_client.get_model_repository_index()
+    ]
+    for name, version, want in (
+        ("other", "", "unknown model 'other'"),
+        ("mlp", "7", "no version '7'"),
+    ):
+        with pytest.raises(InferenceServerException, match=want) as info:
+            client.get_model_metadata(name, version)
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+    client.close()
+    http_client.close()
+
+    # raw calls: malformed and unknown-field requests, methods not offered or unknown
+    from tritonclient.grpc import service_pb2
+
+    channel = grpc.insecure_channel(server.grpc_url)
+
+    def call(method: str, body: bytes) -> bytes:
+        stub = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        return bytes(stub(body, timeout=WAIT))
+
+    for method in ("ServerLive", "ModelReady", "ModelMetadata"):
+        with pytest.raises(grpc.RpcError) as err:
+            call(method, b"\x0a\x05ab")  # a string field cut short
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        assert f"malformed {method} request" in str(err.value.details())
+    # a field this message does not have (9, a varint) is passed over, as protobuf does
+    ready = service_pb2.ModelReadyRequest(name="mlp").SerializeToString() + b"\x48\x01"
+    assert service_pb2.ModelReadyResponse.FromString(call("ModelReady", ready)).ready
+    for method, want in (
+        ("SystemSharedMemoryStatus", "not offered"),
+        ("TraceSetting", "not offered"),
+        ("NoSuchMethod", "has no method 'NoSuchMethod'"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call(method, b"")
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, method
+        assert want in str(err.value.details()), err.value.details()
+    channel.close()
+
+
 def test_config_index_and_statistics_on_both_protocols(server: ServerProcess) -> None:
     http_client = httpclient.InferenceServerClient(server.url)
     grpc_client = grpcclient.InferenceServerClient(server.grpc_url)

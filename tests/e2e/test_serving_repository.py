@@ -159,6 +159,14 @@ def test_one_server_serves_every_model_of_the_repository(
             reference(models["mlp/1"], {"x": x}), reference(models["mlp/2"], {"x": x})
         )
         assert http.get_model_metadata("mlp")["versions"] == ["1", "2"]
+        assert list(grpc.get_model_metadata("mlp", "1").versions) == ["1", "2"]
+        assert grpc.get_model_metadata("mlp", "1").inputs[0].shape == [-1, 16]
+        # the failed entry's reason over gRPC too
+        gindex = {
+            (m.name, m.version): (m.state, m.reason)
+            for m in grpc.get_model_repository_index().models
+        }
+        assert gindex == index(http)
         # the models' own configuration
         assert http.get_model_config("transformer")["dynamic_batching"]["preferred_batch_size"] == [
             2

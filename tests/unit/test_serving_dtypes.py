@@ -76,13 +76,13 @@ def test_the_python_side_reads_the_table() -> None:
 
 def test_the_cpp_parser_names_the_table_for_an_unknown_datatype() -> None:
     queue = _core.ServingQueue([np.zeros((4, 2), np.float32)], [4], 4, 16, 0.002, True)
-    tensor = {"name": "x", "datatype": "FP32", "shape": [-1, 2], "unit_bytes": 8}
-    plan = {
-        "name": "m", "version": "1", "server_version": "0", "auto_batch": True,
-        "max_rows": 4, "capacity": 4, "limit": 16, "micro_batch_size": 4,
-        "batch_timeout_us": 2000.0, "request_timeout_s": 0.0, "max_body": 1 << 20,
-        "inputs": [tensor], "outputs": [{**tensor, "name": "y", "shape": [-1, 1], "unit_bytes": 4}],
-    }  # fmt: skip
+    plan = _core.ServingPlan(
+        name="m", version="1", server_version="0", auto_batch=True,
+        max_rows=4, capacity=4, limit=16, micro_batch_size=4,
+        batch_timeout_us=2000.0, request_timeout_s=0.0, max_body=1 << 20,
+        inputs=[_core.ServingTensor(name="x", datatype="FP32", shape=[-1, 2], unit_bytes=8)],
+        outputs=[_core.ServingTensor(name="y", datatype="FP32", shape=[-1, 1], unit_bytes=4)],
+    )  # fmt: skip
     fe = _core.ServingFrontEnd(queue, plan)
     try:
         body = {"inputs": [{"name": "x", "datatype": "BF16", "shape": [1, 2], "data": [1, 2]}]}

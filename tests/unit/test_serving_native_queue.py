@@ -30,21 +30,21 @@ class Fixture:
     def __init__(self, timeout_s: float = 0.05) -> None:
         self.step = np.zeros((MBS, 4), np.float32)
         self.queue = _core.ServingQueue([self.step], [12], MBS, LIMIT, timeout_s, True)
-        plan = {
-            "name": "m",
-            "version": "1",
-            "server_version": "0",
-            "auto_batch": True,
-            "max_rows": 64,
-            "capacity": MBS,
-            "limit": LIMIT,
-            "micro_batch_size": MBS,
-            "batch_timeout_us": timeout_s * 1e6,
-            "request_timeout_s": 0.0,
-            "max_body": 1 << 20,
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4], "unit_bytes": 16}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3], "unit_bytes": 12}],
-        }
+        plan = _core.ServingPlan(
+            name="m",
+            version="1",
+            server_version="0",
+            auto_batch=True,
+            max_rows=64,
+            capacity=MBS,
+            limit=LIMIT,
+            micro_batch_size=MBS,
+            batch_timeout_us=timeout_s * 1e6,
+            request_timeout_s=0.0,
+            max_body=1 << 20,
+            inputs=[_core.ServingTensor(name="x", datatype="FP32", shape=[-1, 4], unit_bytes=16)],
+            outputs=[_core.ServingTensor(name="y", datatype="FP32", shape=[-1, 3], unit_bytes=12)],
+        )
         self.fe = _core.ServingFrontEnd(self.queue, plan)
         self.gate = threading.Event()
         self.gate.set()

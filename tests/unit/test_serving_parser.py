@@ -35,30 +35,32 @@ def front(auto: bool = True, max_rows: int = 32, ranges: bool = False) -> Any:
         steps, [3 * 4 * unit], capacity, 4 * capacity, 0.002 if auto else 0.0, auto
     )
     lead = -1 if auto else mbs
-    plan = {
-        "name": "m",
-        "version": "1",
-        "server_version": "0",
-        "auto_batch": auto,
-        "max_rows": max_rows,
-        "capacity": capacity,
-        "limit": 4 * capacity,
-        "micro_batch_size": mbs,
-        "batch_timeout_us": 2000.0,
-        "request_timeout_s": 0.0,
-        "max_body": 1 << 20,
-        "inputs": [
-            {"name": "x", "datatype": "FP32", "shape": [lead, 4], "unit_bytes": 16 * unit},
-            {
-                "name": "ids",
-                "datatype": "INT32",
-                "shape": [lead, 2],
-                "unit_bytes": 8 * unit,
-                "ranges": [RANGE] if ranges else [],
-            },
+    plan = _core.ServingPlan(
+        name="m",
+        version="1",
+        server_version="0",
+        auto_batch=auto,
+        max_rows=max_rows,
+        capacity=capacity,
+        limit=4 * capacity,
+        micro_batch_size=mbs,
+        batch_timeout_us=2000.0,
+        request_timeout_s=0.0,
+        max_body=1 << 20,
+        inputs=[
+            _core.ServingTensor(name="x", datatype="FP32", shape=[lead, 4], unit_bytes=16 * unit),
+            _core.ServingTensor(
+                name="ids",
+                datatype="INT32",
+                shape=[lead, 2],
+                unit_bytes=8 * unit,
+                ranges=[_core.ServingRange(**RANGE)] if ranges else [],
+            ),
         ],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [lead, 3], "unit_bytes": 12 * unit}],
-    }
+        outputs=[
+            _core.ServingTensor(name="y", datatype="FP32", shape=[lead, 3], unit_bytes=12 * unit)
+        ],
+    )
     return _core.ServingFrontEnd(queue, plan)
 
 

@@ -1,0 +1,138 @@
+// The read-only calls of inference.GRPCInferenceService, answered on the IO thread
+// from the server's state (see Server::GrpcControl in server.h): their requests are
+// read and their answers written with protobuf.h, as tritonclient's generated
+// messages (service_pb2) spell them.
+#include <algorithm>
+
+#include "metadata.h"
+#include "protobuf.h"
+#include "server.h"
+#include "text.h"
+
+namespace paddle_ipu {
+namespace serving {
+
+namespace {
+
+constexpr int kOk = 0, kInvalidArgument = 3, kNotFound = 5, kUnimplemented = 12,
+              kUnavailable = 14;
+
+// RPCs of the service this server does not offer.
+constexpr std::string_view kUnoffered[] = {
+    "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",   "CudaSharedMemoryRegister",   "CudaSharedMemoryUnregister",
+    "TraceSetting",             "LogSettings"};
+// RPCs the Python side answers (paddle_ipu/serving/grpc_service.py).
+constexpr std::string_view kPython[] = {"ModelConfig", "ModelStatistics", "RepositoryModelLoad",
+                                        "RepositoryModelUnload"};
+
+// A request's fields: its strings (wire type 2) and integers (wire type 0) by field
+// number (1 and 2: every read-only request has at most two); other fields are passed
+// over, as protobuf's parsers do. False (with `why`) when the bytes are no message.
+struct Fields {
+  std::string_view text[3];
+  uint64_t number[3] = {0, 0, 0};
+};
+
+bool Read(std::string_view msg, Fields* f, std::string* why) {
+  Wire w(msg);
+  while (w.ok && !w.done()) {
+    const uint64_t tag = w.Varint();
+    const uint64_t field = tag >> 3;
+    const int wt = static_cast<int>(tag & 7);
+    if (!w.ok) break;
+    if (field == 0) {
+      *why = "field number 0";
+      return false;
+    }
+    if (field <= 2 && wt == 2) {
+      f->text[field] = w.Bytes();
+      if (w.ok && ValidUtf8(f->text[field]) != f->text[field]) {
+        *why = "field " + std::to_string(field) + " is a string but not valid UTF-8";
+        return false;
+      }
+    } else if (field <= 2 && wt == 0) {
+      f->number[field] = w.Varint();
+    } else {
+      w.Skip(wt);
+    }
+  }
+  if (!w.ok) *why = "truncated or invalid wire format";
+  return w.ok;
+}
+
+}  // namespace
+
+bool Server::GrpcControl(std::string_view method, std::string_view msg, int* code,
+                         std::string* message, std::string* answer) const {
+  *code = kOk;
+  message->clear();
+  answer->clear();
+  if (std::find(std::begin(kPython), std::end(kPython), method) != std::end(kPython)) {
+    return false;
+  }
+  if (std::find(std::begin(kUnoffered), std::end(kUnoffered), method) != std::end(kUnoffered)) {
+    *code = kUnimplemented;
+    *message = std::string(method) +
+               " is not offered by paddle-ipu's server (no shared memory, trace or log "
+               "settings)";
+    return true;
+  }
+  const bool known = method == "ServerLive" || method == "ServerReady" ||
+                     method == "ModelReady" || method == "ServerMetadata" ||
+                     method == "ModelMetadata" || method == "RepositoryIndex";
+  if (!known) {
+    *code = kUnimplemented;
+    *message = "inference.GRPCInferenceService has no method " + Repr(ValidUtf8(method));
+    return true;
+  }
+  Fields f;
+  std::string why;
+  if (!Read(msg, &f, &why)) {
+    *code = kInvalidArgument;
+    *message = "malformed " + std::string(method) + " request: " + why;
+    return true;
+  }
+  if (method == "ServerLive") {
+    PutBool(answer, 1, true);
+  } else if (method == "ServerReady") {
+    PutBool(answer, 1, ready());
+  } else if (method == "ModelReady") {
+    Error e;
+    const std::shared_ptr<FrontEnd> fe = Find(f.text[1], f.text[2], &e, true);
+    PutBool(answer, 1, fe && fe->ready());
+  } else if (method == "ServerMetadata") {
+    *answer = ServerMetadataMessage(server_version_);
+  } else if (method == "ModelMetadata") {
+    Error e;
+    const std::shared_ptr<FrontEnd> fe = Find(f.text[1], f.text[2], &e, true);
+    if (!fe) {
+      *code = e.status == 503 ? kUnavailable : kNotFound;
+      *message = e.message;
+      return true;
+    }
+    // Every READY version of the model is listed (as MetadataJson does).
+    std::vector<std::string> versions;
+    for (const ModelEntry& entry : Entries()) {
+      if (entry.name == fe->plan().name && entry.state == "READY") {
+        versions.push_back(entry.version);
+      }
+    }
+    if (versions.empty()) versions.push_back(fe->plan().version);
+    *answer = ModelMetadataMessage(fe->plan(), versions);
+  } else {  // RepositoryIndex: every entry, or (ready) the READY ones
+    for (const ModelEntry& entry : Entries()) {
+      if (f.number[2] && entry.state != "READY") continue;
+      std::string model;
+      PutString(&model, 1, entry.name);
+      PutString(&model, 2, entry.version);
+      PutString(&model, 3, entry.state);
+      PutString(&model, 4, entry.reason);
+      PutBytes(answer, 1, model);
+    }
+  }
+  return true;
+}
+
+}  // namespace serving
+}  // namespace paddle_ipu
