@@ -224,6 +224,17 @@ class SpecialisedExecutor:
             self._entries.move_to_end(key)
             return entry.executor
 
+    def charge(self, key: str, executor: IpuExecutor, extra: int) -> None:
+        """Count ``extra`` bytes its owner holds for specialisation ``key`` while
+        ``executor`` is the one in memory (a serving runtime's buffers) in its
+        measured bytes; others leave memory when that passes the bound."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.executor is not executor:
+                return
+            entry.bytes += int(extra)
+        self._evict(keep=key)
+
     def make_async(self, key: str) -> Future[IpuExecutor]:
         """A future of the executor of ``key``: done at once when it is in memory, else
         made on this executor's worker thread (or joined to a make under way)."""

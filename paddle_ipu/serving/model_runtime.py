@@ -409,6 +409,11 @@ class ModelRuntime(QueueRuntime):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @property
+    def buffer_bytes(self) -> int:
+        """The bytes of the step buffers requests are packed into (held while it lives)."""
+        return sum(int(step.nbytes) for step in self._steps)
+
     def stats(self) -> RuntimeStats:
         """A copy of the runtime's counters."""
         return RuntimeStats(**self._queue.stats())
