@@ -11,12 +11,15 @@ outputs cut back to the request's rows.  No number of rows ever compiles again.
 
 The specialisations are a resident set bounded in memory (``policy.memory_mb``, and
 ``policy.max_specialisations`` when set): a specialisation's bytes are measured while
-it is made (the process's resident memory before and after its graph is had and its
-session built, one make at a time in the process), at least its graph's size and the
-median of the model's earlier measurements (memory freed by a specialisation that left
-is reused by the next without growing the process); beyond the bound the least
-recently used leaves memory -- never one a run is using -- to be made again from where
-it came from when a request brings its shape back.  Nothing is refused for its size.
+it is made (the bytes the process holds from the C allocator before and after its graph
+is had and its session built, one make at a time in the process: glibc's count, which a
+session built in memory another one freed does not hide, as the resident memory did --
+the bound then held 3-5 times the shapes it said; the resident memory where glibc's
+count is not there), at least its graph's size and the median of the model's earlier
+measurements; beyond the bound the least recently used leaves memory -- never one a run
+is using -- and what glibc keeps of the memory freed is given back to the system
+(``malloc_trim``), to be made again from where it came from when a request brings its
+shape back.  Nothing is refused for its size.
 Not counted: the activations of a run, which every session of the host backend takes
 from one arena of the process (as large as the largest shape run needs, kept).
 
@@ -40,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from paddle_ipu._util import memory
 from paddle_ipu.errors import CompileError, NotSupportedError
 from paddle_ipu.executor import feeds
 from paddle_ipu.executor.ipu_executor import IpuExecutor
@@ -47,7 +51,13 @@ from paddle_ipu.executor.shapes import ShapePolicy
 
 log = logging.getLogger("paddle_ipu")
 
-__all__ = ["SpecialisationStats", "SpecialisedExecutor", "corners", "resident_bytes"]
+__all__ = [
+    "SpecialisationStats",
+    "SpecialisedExecutor",
+    "corners",
+    "held_bytes",
+    "resident_bytes",
+]
 
 #: make(key) -> (a prepared executor of that specialisation, how it was had: "compiled",
 #: "specialised from the open graph", ...)
@@ -61,19 +71,15 @@ _measure_lock = threading.Lock()
 
 def resident_bytes() -> int:
     """The process's resident memory (Linux: /proc/self/statm; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
+    return memory.resident_bytes()
 
 
-try:
-    import os as _os
-
-    _PAGE = int(_os.sysconf("SC_PAGE_SIZE"))
-except (AttributeError, ValueError, OSError):  # pragma: no cover - not Linux
-    _PAGE = 4096
+def held_bytes() -> int:
+    """What the process holds now, as a specialisation's cost is measured: the bytes
+    held from the C allocator where glibc says (:func:`paddle_ipu._util.memory.allocated_bytes`),
+    else the resident memory."""
+    held = memory.allocated_bytes()
+    return resident_bytes() if held is None else held
 
 
 @dataclass
@@ -218,6 +224,17 @@ class SpecialisedExecutor:
             self._entries.move_to_end(key)
             return entry.executor
 
+    def charge(self, key: str, executor: IpuExecutor, extra: int) -> None:
+        """Count ``extra`` bytes its owner holds for specialisation ``key`` while
+        ``executor`` is the one in memory (a serving runtime's buffers) in its
+        measured bytes; others leave memory when that passes the bound."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.executor is not executor:
+                return
+            entry.bytes += int(extra)
+        self._evict(keep=key)
+
     def make_async(self, key: str) -> Future[IpuExecutor]:
         """A future of the executor of ``key``: done at once when it is in memory, else
         made on this executor's worker thread (or joined to a make under way)."""
@@ -287,7 +304,7 @@ class SpecialisedExecutor:
             again = key in self._ever
         self._evict(keep=key, incoming=1, incoming_bytes=self.typical_bytes())
         with _measure_lock:
-            before = resident_bytes()
+            before = held_bytes()
             start = time.perf_counter()
             executor, how = self._make(key)
             try:
@@ -296,7 +313,7 @@ class SpecialisedExecutor:
                 executor.reset()
                 raise
             took = time.perf_counter() - start
-            measured = max(0, resident_bytes() - before)
+            measured = max(0, held_bytes() - before)
         graph = len(executor.model.onnx)
         with self._lock:
             self._footprints.append(max(measured, graph))
@@ -374,6 +391,16 @@ class SpecialisedExecutor:
                 total / 2**20,
                 self.policy.memory_mb,
             )
+        if victims:
+            # glibc keeps what the sessions freed in its arenas: given back, the process
+            # does not grow by the sessions of every size it has made and dropped
+            start = time.perf_counter()
+            if memory.trim():
+                log.debug(
+                    "%s: freed memory returned to the system in %.3f s",
+                    self.name,
+                    time.perf_counter() - start,
+                )
 
     def _check(self, executor: IpuExecutor, key: str) -> None:
         if executor.layout.accumulation_factor * executor.layout.replication_factor != 1:

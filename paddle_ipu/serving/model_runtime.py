@@ -96,6 +96,19 @@ class _RequestFuture(Future):
         return super().cancel()
 
 
+class _Closed:
+    """What a closed runtime leaves as its executor's ``serving``
+    (:class:`~paddle_ipu.executor.ipu_executor.Server`): closed, with no worker."""
+
+    closed = True
+
+    def is_worker_thread(self) -> bool:
+        return False
+
+
+_CLOSED = _Closed()
+
+
 class ModelRuntime(QueueRuntime):
     """Queue-based serving over a prepared inference executor.
 
@@ -383,12 +396,23 @@ class ModelRuntime(QueueRuntime):
         elif thread is not threading.current_thread():
             thread.join(timeout)
         atexit.unregister(self.close)
+        # The executor keeps refusing direct runs, without a reference back here: the
+        # runtime and the executor no longer hold each other, and both go (with the
+        # queue's step buffers and the graph) when their owner drops them, not at the
+        # garbage collector's next full pass
+        if (thread is None or not thread.is_alive()) and self.executor.serving is self:
+            self.executor.serving = _CLOSED
 
     def __enter__(self) -> ModelRuntime:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The bytes of the step buffers requests are packed into (held while it lives)."""
+        return sum(int(step.nbytes) for step in self._steps)
 
     def stats(self) -> RuntimeStats:
         """A copy of the runtime's counters."""

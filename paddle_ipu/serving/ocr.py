@@ -70,8 +70,15 @@ DET_SIZES = (
     1888, 1984, 2112, 2240, 2368, 2496, 2624, 2784, 2944, 3104, 3264, 3456, 3648, 3840,
     4032, 4256, 4480, 4704, 4960, 5216, 5504, 5792, 6016,
 )  # fmt: skip
-#: the recogniser's bucket widths (its height is 48): about 1.15 times the last, by 16
-REC_WIDTHS = (320, 368, 432, 512, 592, 688, 800, 928, 1072, 1248, 1440, 1664, 1920, 2208)
+#: the recogniser's bucket widths (its height is 48): every width 8k + 3, the widest of
+#: those it reads as k time steps (floor((W + 4) / 8)), from RapidOCR's narrowest, 320.
+#: Padded up to one, a crop is read in the time steps of its own width: the padding adds
+#: no step for its attention to look at.  Padded by up to 1.15 times its width (a grid
+#: 320, 368, ... 2208), one stably-read image of 60 read "OPENTaX" for "OPEN TaX" (761
+#: pixels padded to 800; up to 768 it read the same, to 776 not: bench/padding.py)
+REC_WIDTHS = tuple(8 * k + 3 for k in range(40, 277))
+#: the recogniser widths made at warm-up: spread over the range, about 1.15 times apart
+_REC_WARM = (323, 371, 435, 515, 595, 691, 803, 931, 1075, 1251, 1443, 1667, 1923, 2211)
 #: with ``buckets``: the models' shape buckets and pad values -- the detector's image
 #: padded with its edge repeated (a page's background going on: measured against zeros
 #: and white by bench/padding.py, the one that left every stably-read text as it was),
@@ -85,12 +92,13 @@ BUCKETS: dict[str, dict[str, Any]] = {
 }
 #: with ``warmup``: the shapes made when the models load -- the detector's buckets with
 #: the shorter side 736 (what RapidOCR gives most images) up to 2496 wide or 1184 tall,
-#: every recogniser bucket, the classifier's one shape
+#: 14 recogniser buckets spread over its widths, the classifier's one shape (then more
+#: buckets, smallest first, while the memory bound holds them)
 WARMUP: dict[str, list[dict[str, list[int]]]] = {
     "ocr_det": [{"x": [1, 3, 736, s]} for s in DET_SIZES[:21]]
     + [{"x": [1, 3, s, 736]} for s in DET_SIZES[1:8]],
     "ocr_cls": [{"x": [1, 3, 48, 192]}],
-    "ocr_rec": [{"x": [1, 3, 48, w]} for w in REC_WIDTHS],
+    "ocr_rec": [{"x": [1, 3, 48, w]} for w in _REC_WARM],
 }
 
 

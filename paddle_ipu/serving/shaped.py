@@ -178,6 +178,8 @@ class ShapeRuntime(Runtime):
             watchers = list(self._watchers)
         for watcher in watchers:
             watcher(runtime, True)
+        # the runtime's buffers are the shape's too: counted in what it holds
+        self.shapes.charge(key, executor, runtime.buffer_bytes)
         return runtime
 
     def _evicted(self, key: str) -> None:

@@ -107,6 +107,33 @@ def test_beyond_the_memory_bound_shapes_leave_and_come_back_without_a_compile(
         assert runtime.stats().requests == len(sizes)
 
 
+def test_a_shape_that_leaves_memory_is_freed_without_the_garbage_collector(
+    pointwise: Saved,
+) -> None:
+    """Its runtime and executor held each other (the executor refuses direct runs once
+    its runtime is closed): every shape that left stayed in memory, with its graph and
+    its queue's buffers, until the collector's next full pass, and a server's memory
+    grew with the sizes it had seen (issue 39's soak)."""
+    import gc
+    import weakref
+
+    with _runtime(pointwise, max_specialisations=1) as runtime:
+        gc.collect()
+        gc.disable()
+        try:
+            left = []
+            for h, w in [(8, 8), (8, 12), (12, 8), (4, 4)]:
+                runtime.run({"x": _image(h, w)})
+                left.append(
+                    weakref.ref(runtime.shapes.resident(runtime.shapes.specialisations()[0]))
+                )
+            alive = [k for k, ref in enumerate(left[:-1]) if ref() is not None]
+            assert not alive, f"shapes {alive} left memory but their executors are still alive"
+            assert left[-1]() is not None  # the one in memory
+        finally:
+            gc.enable()
+
+
 def test_concurrent_first_requests_of_one_new_shape_make_it_once(pointwise: Saved) -> None:
     with _runtime(pointwise) as runtime:
         feeds = [_image(8, 20, rows=1 + k % 3) for k in range(8)]
