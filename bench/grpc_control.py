@@ -28,9 +28,7 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +37,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+import serving  # noqa: E402 - bench/serving.py: its server process
 
 METHODS = (
     "ServerLive",
@@ -51,53 +51,16 @@ METHODS = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Served:
+class Served(serving.Served):
     """``paddle-ipu serve`` of the package (``pythonpath``: another checkout's
-    paddle_ipu), on fresh ports."""
+    paddle_ipu), on fresh ports, with a gRPC channel and an HTTP connection to it."""
 
     def __init__(self, package: Path, label: str, pythonpath: str | None = None) -> None:
         self.label = label
         env = dict(os.environ)
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
-        self.port, self.grpc_port = free_port(), free_port()
-        self.log = package.with_name(f"{label}.log")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "paddle_ipu",
-                "serve",
-                str(package),
-                "--name",
-                "m",
-                "--port",
-                str(self.port),
-                "--grpc-port",
-                str(self.grpc_port),
-            ],
-            cwd=package.parent,  # not a source tree: the interpreter's own install
-            stdout=self.log.open("w"),
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                conn.request("GET", "/v2/health/ready")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(self.log.read_text()) from None
-                time.sleep(0.2)
+        super().__init__(package, env=env, log_suffix=f".{label}.log")
         import grpc
 
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
@@ -106,8 +69,7 @@ class Served:
     def stop(self) -> None:
         self.channel.close()
         self.http.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=120)
+        super().stop()
 
 
 def requests() -> dict[str, tuple[bytes, Any]]:

@@ -651,34 +651,27 @@ def run_h2load(
 
 
 class Served:
-    """``paddle-ipu serve`` of one package, on fresh ports."""
+    """``paddle-ipu serve`` of one package, on fresh ports (``args``: more of its
+    options; ``env``: its environment; its log ``package`` with ``log_suffix``)."""
 
-    def __init__(self, package: Path, timeout_ms: float) -> None:
+    def __init__(
+        self,
+        package: Path,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        log_suffix: str = ".log",
+    ) -> None:
         self.port, self.grpc_port = free_port(), free_port()
-        self.log = package.with_suffix(".log")
+        self.log = package.with_suffix(log_suffix)
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "paddle_ipu",
-                "serve",
-                str(package),
-                "--name",
-                "m",
-                "--port",
-                str(self.port),
-                "--grpc-port",
-                str(self.grpc_port),
-                "--timeout-ms",
-                str(timeout_ms),
-                "--num-buffers",
-                "256",
-            ],
+            [sys.executable, "-m", "paddle_ipu", "serve", str(package), "--name", "m",
+             "--port", str(self.port), "--grpc-port", str(self.grpc_port), *args],
             cwd=package.parent,  # the installed package, not the source tree
             stdout=self.log.open("w"),  # a file: a full pipe would block the server
             stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 120
+            env=env,
+        )  # fmt: skip
+        deadline = time.monotonic() + 180
         while True:
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
@@ -772,7 +765,9 @@ def out_of_process(args: argparse.Namespace) -> list[Row]:
                 ):
                     package, _ = compile_model(prefix, micro_batch_size=mbs, cache=False)
                     path = package.save(work / f"{kind}_{batching}.pdipu")
-                    servers[batching] = Served(path, timeout)
+                    servers[batching] = Served(
+                        path, ("--timeout-ms", str(timeout), "--num-buffers", "256")
+                    )
                     out = package.model.outputs[0]
                     out_name = out.paddle_name or out.name
                     got = HttpClient(servers[batching].port, "m", out_name)(x)
