@@ -48,8 +48,10 @@ REPEATS = {
     "densenet169", "densenet201", "densenet264",
     "shufflenet_v2_x0_33", "shufflenet_v2_x0_5", "shufflenet_v2_x1_5",
 }  # fmt: skip
+# the models run at their full input size (below), resnet50's small run a repeat of it
+FULL_SIZE = ["resnet50", "mobilenet_v2", "densenet121"]
 # every other model of the zoo, alexnet's and vgg11's 240-530 MB of weights included
-SLOW = [name for name in Z.VISION if name not in FAST and name not in REPEATS]
+SLOW = [name for name in Z.VISION if name not in {*FAST, *REPEATS, *FULL_SIZE}]
 
 
 #: float16's smallest normal value and its largest finite one
@@ -99,7 +101,7 @@ def test_the_repeats_left_out_are_models_of_the_zoo() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "densenet121"])
+@pytest.mark.parametrize("name", FULL_SIZE)
 def test_inference_full_size(name: str) -> None:
     _check_inference(name, size=Z.VISION[name][2])
 
