@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -378,15 +379,35 @@ def _run_crf(saved: Path, api: str, ipu: str, tmp: Path) -> tuple[dict, list]:
     return dict(np.load(out)), json.loads(proc.stdout.strip().splitlines()[-1])["lods"]
 
 
+@pytest.fixture(scope="module")
+def crf_cpu(
+    crf_saved: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], tuple[dict, list]]:
+    """Paddle's CPU predictor on the sentences through one API (the oracle): run once per
+    API for the tests of this module, in a process without paddle-ipu."""
+    runs: dict[str, tuple[dict, list]] = {}
+
+    def run(api: str) -> tuple[dict, list]:
+        if api not in runs:
+            runs[api] = _run_crf(crf_saved, api, "cpu", tmp_path_factory.mktemp(f"crf_{api}"))
+        return runs[api]
+
+    return run
+
+
 @pytest.mark.parametrize(("api", "sequences"), [("predictor", "1"), ("predictor", "4"),
                                                 ("legacy", "2")])  # fmt: skip
 def test_a_bigru_crf_tagger_runs_sentences_in_buckets_as_paddle_inference_does(
-    crf_saved: Path, api: str, sequences: str, tmp_path: Path
+    crf_saved: Path,
+    crf_cpu: Callable[[str], tuple[dict, list]],
+    api: str,
+    sequences: str,
+    tmp_path: Path,
 ) -> None:
     """The sentences padded into buckets of lengths and run ``sequences`` at a time
     (frontends/lod_runner.py), through Paddle Inference's handles or Paddle 1.x/2.x's
     ``create_paddle_predictor`` API, against the same calls on Paddle's CPU predictor."""
-    want, want_lods = _run_crf(crf_saved, api, "cpu", tmp_path)
+    want, want_lods = crf_cpu(api)
     got, got_lods = _run_crf(crf_saved, api, sequences, tmp_path)
     offsets = list(np.cumsum([0, *CRF_LENGTHS]).tolist())
     assert got_lods == want_lods == [[offsets], [offsets]]
@@ -397,12 +418,12 @@ def test_a_bigru_crf_tagger_runs_sentences_in_buckets_as_paddle_inference_does(
 
 
 def test_the_first_predictor_api_on_the_cpu_is_paddles_with_paddle_ipu_loaded(
-    crf_saved: Path, tmp_path: Path
+    crf_saved: Path, crf_cpu: Callable[[str], tuple[dict, list]], tmp_path: Path
 ) -> None:
     """AnalysisConfig / create_paddle_predictor, which ``import paddle_ipu`` points at
     its router: a Config that did not enable the IPU runs on Paddle's own predictor,
     with the same results as in a process without paddle-ipu."""
-    want, want_lods = _run_crf(crf_saved, "legacy", "cpu", tmp_path)
+    want, want_lods = crf_cpu("legacy")
     got, got_lods = _run_crf(crf_saved, "legacy", "plain", tmp_path)
     assert got_lods == want_lods
     for name in want:
