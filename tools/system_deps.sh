@@ -8,8 +8,7 @@
 #                                      (the compile-only check of the C++ parts), DejaVu
 #                                      fonts (the trained-weights tier's text images),
 #                                      clang and its libFuzzer runtime (the serving
-#                                      decoders' fuzz harnesses, tools/fuzz.sh), ccache
-#                                      (CI's several builds of the C++ parts, .ci/run)
+#                                      decoders' fuzz harnesses, tools/fuzz.sh)
 # Another distribution: install its nghttp2 development package (and, for the tests,
 # nghttp2's client tools) by hand; this script then finds nothing missing.
 set -euo pipefail
@@ -19,7 +18,6 @@ packages=()
 [ -f /usr/include/nghttp2/nghttp2.h ] || packages+=(libnghttp2-dev)
 if [ "$what" = test ]; then
   command -v h2load >/dev/null 2>&1 || packages+=(nghttp2-client)
-  command -v ccache >/dev/null 2>&1 || packages+=(ccache)
   command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || packages+=(g++-aarch64-linux-gnu)
   [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || packages+=(fonts-dejavu-core)
   clang=$(command -v clang++ || command -v clang++-14 || true)
