@@ -530,3 +530,54 @@ def boolean_where(model: onnx.ModelProto) -> int:
         return count
 
     return fix(model.graph)
+
+
+def concat_scalars(model: onnx.ModelProto) -> int:
+    """Make the scalars a Concat joins with vectors vectors (an Unsqueeze each); returns
+    how many.
+
+    The converter builds a shape from a list of sizes by squeezing a size read from
+    ``Shape`` to a scalar and concatenating it with one-element vectors.  With every
+    size static the shape folds into a constant and nothing runs it; in a graph whose
+    sizes stay open ONNX Runtime refuses the Concat ("all inputs to Concat must have
+    same rank")."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    rank: dict[str, int] = {}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        t = value.type.tensor_type
+        if t.HasField("shape"):
+            rank[value.name] = len(t.shape.dim)
+    for init in model.graph.initializer:
+        rank[init.name] = len(init.dims)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    rank[node.output[0]] = len(attr.t.dims)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    taken = {n.name for n in model.graph.node} | all_names(model.graph)
+    nodes: list[onnx.NodeProto] = []
+    fixed = 0
+    for node in model.graph.node:
+        ranks = [rank.get(i) for i in node.input]
+        if node.op_type == "Concat" and 0 in ranks and 1 in ranks:
+            for k, (name, r) in enumerate(zip(list(node.input), ranks)):
+                if r != 0:
+                    continue
+                out = unique_name(f"{name}.as_vector", taken)
+                taken.add(out)
+                if opset >= 13:
+                    axes = unique_name(f"{name}.axes", taken)
+                    taken.add(axes)
+                    zero = numpy_helper.from_array(np.array([0], np.int64))
+                    nodes.append(helper.make_node("Constant", [], [axes], name=axes, value=zero))
+                    nodes.append(helper.make_node("Unsqueeze", [name, axes], [out], name=out))
+                else:
+                    nodes.append(helper.make_node("Unsqueeze", [name], [out], name=out, axes=[0]))
+                node.input[k] = out
+                fixed += 1
+        nodes.append(node)
+    if fixed:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return fixed

@@ -91,6 +91,10 @@ class CompiledModel:
         source_ops: the Paddle operator names of the forward graph, for reports.
         node_ops: ONNX node name -> the index in ``source_ops`` of the Paddle
             operator it was converted from (for errors that name an operator).
+        origin: the open graph (:class:`~paddle_ipu.compiler.open_shapes.OpenGraph`)
+            this graph was made static from, when it was: the host backend runs every
+            shape made from one open graph on one session of that graph.  Not part of
+            what the model is (never compared, stored or shown).
     """
 
     onnx: bytes
@@ -104,6 +108,7 @@ class CompiledModel:
     shards: dict[str, ShardSpec] = field(default_factory=dict)
     source_ops: list[str] = field(default_factory=list)
     node_ops: dict[str, int] = field(default_factory=dict)
+    origin: Any = field(default=None, compare=False, repr=False)
 
     def input(self, name: str) -> TensorSpec:
         for spec in self.inputs:

@@ -21,6 +21,7 @@ one shape (:func:`paddle_ipu.serving.saved_model.compile_model`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,7 @@ def compile_open(
         # what does not depend on the open sizes folds now, the rest per shape
         onnx_passes.fold_shape_arithmetic(model, set(weights))
         converter_fixes.omit_empty_resize_inputs(model.graph)
+        converter_fixes.concat_scalars(model)
         onnx_passes.drop_dead_nodes(model.graph)
         onnx_passes.drop_unused_weights(model.graph, weights)
         outputs = _open_outputs(model, lowered.names, fg.fetches)
@@ -185,7 +187,14 @@ class OpenGraph:
             opset=self.model.opset,
             source_ops=list(self.model.source_ops),
             node_ops=dict(self.model.node_ops),
+            origin=self,
         )
+
+    def session_model(self) -> CompiledModel:
+        """The open graph as one model for every shape, its weights in it and none kept
+        in sync with a scope: what the host backend runs the shapes made from it on
+        (:mod:`paddle_ipu.backends.host.session`)."""
+        return dataclasses.replace(self.model, weights={}, origin=None)
 
     def output_shapes(self, shapes: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
         """The outputs' static shapes for input ``shapes``, without writing a graph."""

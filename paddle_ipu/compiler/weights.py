@@ -183,15 +183,26 @@ def _aligned_prefix(offset: int, header: bytes, nbytes: int) -> bytes:
     with a doc_string padding the data's start to :data:`WEIGHT_ALIGNMENT` bytes when
     the prefix starts at ``offset``."""
     raw_field = _len_field(_TENSOR_RAW_DATA, nbytes)
-    # No padding, then doc_strings of 0, 1, 2... characters: the prefix grows by one
-    # byte at a time, but for a length varint that gains a byte (a skipped size), so
-    # two alignments' worth of candidates cover every remainder.
-    for size in range(-1, 2 * WEIGHT_ALIGNMENT):
+
+    def prefix_for(size: int) -> bytes:
         padding = b"" if size < 0 else _len_field(_TENSOR_DOC_STRING, size) + b" " * size
         tensor_size = len(header) + len(padding) + len(raw_field) + nbytes
         initializer = _len_field(_GRAPH_INITIALIZER, tensor_size)
         graph = _len_field(_MODEL_GRAPH, len(initializer) + tensor_size)
-        prefix = graph + initializer + header + padding + raw_field
+        return graph + initializer + header + padding + raw_field
+
+    # No padding, then doc_strings of 0, 1, 2... characters: the prefix grows by at
+    # least one byte a character (a length varint that gains a byte skips a size), so
+    # two alignments' worth of candidates cover every remainder.  A doc_string of
+    # ``size`` characters adds its 2 + size bytes and at most 4 of longer varints:
+    # sizes below ``short - 6`` fall short of the first remainder that aligns, and the
+    # search starts there (the same prefix as trying every size from 0).
+    bare = prefix_for(-1)
+    short = -(offset + len(bare)) % WEIGHT_ALIGNMENT
+    if short == 0:
+        return bare
+    for size in range(max(0, short - 6), 2 * WEIGHT_ALIGNMENT):
+        prefix = prefix_for(size)
         if (offset + len(prefix)) % WEIGHT_ALIGNMENT == 0:
             return prefix
     raise AssertionError("unreachable: the candidates cover every remainder")

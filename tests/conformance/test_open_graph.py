@@ -80,6 +80,81 @@ def test_every_shape_made_from_the_open_graph_answers_as_paddle(legacy: bool) ->
                 np.testing.assert_allclose(got, w, **TOL)
 
 
+def test_the_shapes_of_one_open_graph_run_on_one_host_session() -> None:
+    """On the host every shape made from one open graph runs on one ONNX Runtime session
+    of that graph (backends/host/open_sessions): each shape builds none, and answers as
+    Paddle.  A configuration whose graph is not the one compiled (here the
+    floating-point checks' flags) builds a session per shape, with the same answers."""
+    main, scope, fetches = _build(False)
+    with paddle.pir_utils.IrGuard(), paddle.static.scope_guard(scope):
+        graph = OpenGraph(compile_open(main, ["x"], fetches, scope=scope, micro_batch_size=2))
+        cpu = paddle.static.Executor(paddle.CPUPlace())
+        for options, shared in (({}, True), ({"enable_floating_point_checks": True}, False)):
+            held = []
+            for shape in SHAPES:
+                feed = np.random.default_rng(sum(shape)).standard_normal(shape).astype("float32")
+                want = cpu.run(main, feed={"x": feed}, fetch_list=fetches)
+                strategy = paddle_ipu.IpuStrategy()
+                strategy.set_graph_config(is_training=False, micro_batch_size=2)
+                strategy.set_options(options)
+                executor = executor_for(graph.specialise({"x": shape}), strategy)
+                for got, w in zip(executor.run({"x": feed}), want):
+                    np.testing.assert_allclose(got, w, **TOL)
+                held.append(executor)
+            ones = [e.session._shared for e in held]  # type: ignore[union-attr]
+            if shared:
+                assert ones[0] is not None and all(o is ones[0] for o in ones)
+            else:
+                assert ones == [None] * len(SHAPES)
+            for executor in held:
+                executor.reset()
+
+
+def test_a_scalar_joined_with_vectors_becomes_a_vector() -> None:
+    """converter_fixes.concat_scalars: a shape built by concatenating a size read from
+    Shape and squeezed to a scalar with one-element vectors (the converter's reshape
+    to a list of sizes; PP-OCRv4's recogniser has one) is refused by ONNX Runtime with
+    its sizes open, and runs once the scalar is made a vector."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from paddle_ipu.compiler.converter_fixes import concat_scalars
+
+    def const(name: str, values: list[int]) -> Any:
+        value = numpy_helper.from_array(np.array(values, np.int64))
+        return helper.make_node("Constant", [], [name], value=value)
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        const("start", [1]),
+        const("end", [2]),
+        helper.make_node("Slice", ["shape", "start", "end"], ["width1"]),
+        const("axes", [0]),
+        helper.make_node("Squeeze", ["width1", "axes"], ["width"]),
+        const("lead", [1]),
+        const("half", [2]),
+        helper.make_node("Div", ["width", "two"], ["halfwidth"]),
+        helper.make_node("Concat", ["lead", "halfwidth", "half"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(2, np.int64), "two")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(Exception, match="Concat"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert concat_scalars(model) == 1
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for width in (4, 10):
+        x = np.arange(width, dtype=np.float32)[None]
+        (y,) = session.run(None, {"x": x})
+        np.testing.assert_array_equal(y, x.reshape(1, width // 2, 2))
+
+
 def _save(tmp_path: Path, net: Any) -> str:
     with paddle.pir_utils.IrGuard(), fresh_programs(3) as (main, startup, _):
         x, fetches = net()
@@ -122,27 +197,30 @@ def test_an_open_graph_that_differs_from_a_compile_is_not_used(
 ) -> None:
     """The check compares the open graph with a compile at one shape: a graph made
     wrong (every output doubled, as a lowering that misread an attribute would) is
-    refused, and the model is compiled per shape."""
+    refused, and the model is compiled per shape.  The open graph is made wrong: the
+    host runs it (one session for every shape), and each shape's graph is made from
+    it."""
+    import dataclasses
+
     import paddle_ipu.compiler.open_shapes as open_shapes
     from paddle_ipu.serving.saved_model import compile_model
 
-    real = open_shapes.OpenGraph.specialise
+    real = open_shapes.compile_open
 
-    def doubled(self: Any, shapes: Any) -> Any:
+    def doubled(*args: Any, **kwargs: Any) -> Any:
         import onnx
         from onnx import helper
 
-        model = real(self, shapes)
+        model = real(*args, **kwargs)
         proto = onnx.load_from_string(model.onnx)
         out = proto.graph.output[0].name
         proto.graph.node.append(helper.make_node("Add", [out + "_x", out + "_x"], [out]))
         for node in proto.graph.node[:-1]:
             node.output[:] = [o + "_x" if o == out else o for o in node.output]
             node.input[:] = [i + "_x" if i == out else i for i in node.input]
-        model.onnx = proto.SerializeToString()
-        return model
+        return dataclasses.replace(model, onnx=proto.SerializeToString())
 
-    monkeypatch.setattr(open_shapes.OpenGraph, "specialise", doubled)
+    monkeypatch.setattr(open_shapes, "compile_open", doubled)
     package, _ = compile_model(_save(tmp_path, _image_net), micro_batch_size=2)
     assert package.open is None
     assert "the open graph differs from a compile at" in package.meta["open_graph"]

@@ -26,7 +26,7 @@ import numpy as np
 from paddle_ipu._util import dtypes
 from paddle_ipu._util.arrays import same_bytes
 from paddle_ipu.backends.base import AnchorReturnType, Session, SessionConfig
-from paddle_ipu.backends.host import inference_graph
+from paddle_ipu.backends.host import inference_graph, open_sessions
 from paddle_ipu.backends.host.support import SUPPORT as SUPPORT
 from paddle_ipu.backends.layout import StepLayout, check_output_buffer
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
@@ -134,13 +134,13 @@ class HostSession(Session):
         self._output_names = [spec.name for spec in model.outputs]
         #: the replicas in other processes (enable_distribution), joined at prepare
         self.replicas: Any = None
+        #: the session of the open graph this shape's graph was made from, when its runs
+        #: are that session's (open_sessions)
+        self._shared: HostSession | None = None
 
     # -- device ---------------------------------------------------------------
     def prepare_device(self) -> None:
-        import onnx
-
         from paddle_ipu.backends.host import replica_group
-        from paddle_ipu.compiler.weights import split_weights
 
         # The job first: a process that cannot take part fails before any work, and
         # the ranks wait for each other here (compiles take different times) rather
@@ -150,6 +150,22 @@ class HostSession(Session):
             self.replicas.barrier("the start of training (every rank compiled its program)")
         # Will it fit: the Poplar compile refuses a model that does not (compiler.memory).
         self.check_memory()
+        if open_sessions.shares(self.model, self.config):
+            key = (self._threads(), _spin(self.config))
+            self._shared = open_sessions.shared_session(self.model, self.config, key, _prepared)
+            if self._shared is not None:
+                self._dirty = True
+                return
+        self._prepare_graph()
+
+    def _threads(self) -> int:
+        return self.config.num_threads or _default_threads(self.replicas)
+
+    def _prepare_graph(self) -> None:
+        import onnx
+
+        from paddle_ipu.compiler.weights import split_weights
+
         # The weights come out as read-only views of the model's bytes (no copy); the
         # graph marks them external, and the session hands ONNX Runtime the arrays
         # (add_external_initializers).  The fp16 pass runs on that weightless graph too:
@@ -251,6 +267,14 @@ class HostSession(Session):
         return _Training(self.model, self.config, self.replicas)
 
     def _session(self) -> Any:
+        shared = self._shared
+        if shared is not None:
+            if self._ort is None or self._dirty:
+                self._ort = shared._session()
+                self._built, self._direct = shared._built, shared._direct
+                self._ort_run = shared._ort_run
+                self._dirty = False
+            return self._ort
         if self._plan is None:
             raise BackendError("the host session is not prepared: call prepare_device() first")
         if self._ort is None or self._dirty:
@@ -279,7 +303,7 @@ class HostSession(Session):
         try:
             return plan.build(
                 self._weights,
-                threads=self.config.num_threads or _default_threads(self.replicas),
+                threads=self._threads(),
                 spin=_spin(self.config),
                 seed=self._seed,
             )
@@ -445,10 +469,22 @@ class HostSession(Session):
             outs = self._ort_run(names + self._built.extra(), feed)
         except Exception as exc:
             raise BackendError(f"the emulated IPU failed to run the graph: {exc}") from exc
+        if self._shared is not None:
+            self._check_shapes(outs)
         if inference_graph.needs_saturation(self._built, outs):
             self._runs += 1
             outs = self._run_micro(self._saturating_built(), names, feed, "micro-batch 0")
         return dict(zip(names, outs))
+
+    def _check_shapes(self, outs: Sequence[np.ndarray]) -> None:
+        """The open graph's outputs at this shape are the static graph's shapes."""
+        for spec, out in zip(self.model.outputs, outs):
+            if tuple(out.shape) != tuple(spec.shape):
+                raise BackendError(
+                    f"output {spec.paddle_name or spec.name!r}: the open graph gave shape "
+                    f"{list(out.shape)} where this input shape's graph gives "
+                    f"{list(spec.shape)}"
+                )
 
     def _saturating_built(self) -> Any:
         if self._saturating is None:
@@ -506,6 +542,8 @@ class HostSession(Session):
             outs = built.session.run(names + built.extra(), dict(feed))
         except Exception as exc:
             raise BackendError(f"the emulated IPU failed to run the graph: {exc}") from exc
+        if self._shared is not None:
+            self._check_shapes(outs)
         if checked is not None:
             failure = inference_graph.first_failure(outs.pop(), checked)
             if failure is not None:
@@ -568,6 +606,8 @@ class HostSession(Session):
     def model_to_host(self, path: str) -> None:
         import onnx
 
+        if self._plan is None and self._shared is not None:
+            self._prepare_graph()  # the graph of this shape, not the open one
         if self._plan is None:
             raise BackendError("the host session is not prepared: call prepare_device() first")
         proto = self._plan.proto.__deepcopy__()
@@ -585,6 +625,14 @@ class HostSession(Session):
     def close(self) -> None:
         self._ort = None
         self._dirty = True
+
+
+def _prepared(model: CompiledModel, config: SessionConfig) -> HostSession:
+    """A session of ``model``, prepared and built (open_sessions)."""
+    session = HostSession(model, config)
+    session.prepare_device()
+    session._session()
+    return session
 
 
 class _Training:
