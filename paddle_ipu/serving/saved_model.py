@@ -74,8 +74,9 @@ def _versions() -> dict[str, str]:
         "paddle": paddle.__version__,
         "paddle2onnx": paddle2onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
-        # packages compiled per input shape hold their open graph since this layout
-        "shapes": "open-graph-1",
+        # packages compiled per input shape hold their open graph since this layout;
+        # -2: its scalars joined with vectors made vectors (the host runs it)
+        "shapes": "open-graph-2",
     }
 
 
