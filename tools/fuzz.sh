@@ -4,7 +4,7 @@
 # SECONDS from its seed corpus (tests/fuzz/corpus/<harness>, read only: what a run
 # finds goes to a scratch folder). A crash, a sanitizer report or a timeout fails the
 # run and leaves the input in build/fuzz/artifacts/.
-#   bash tools/fuzz.sh [SECONDS] [HARNESS...]      (default: 30 s, all four)
+#   bash tools/fuzz.sh [SECONDS] [HARNESS...]      (default: 30 s, all five)
 # Needs clang and its libFuzzer runtime (Debian: clang-14 libclang-rt-14-dev;
 # bash tools/system_deps.sh test) and the test extra's boost-headers (pip install .[test]).
 #   bash tools/fuzz.sh --build-only                 (the harnesses built, none run)
@@ -18,7 +18,7 @@ fi
 seconds="${1:-30}"
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -gt 0 ] || harnesses=(fuzz_http_request fuzz_json_infer fuzz_binary_infer fuzz_grpc_infer)
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(fuzz_http_request fuzz_json_infer fuzz_binary_infer fuzz_grpc_infer fuzz_grpc_control)
 cxx="${CXX_FUZZ:-$(command -v clang++-14 || command -v clang++ || true)}"
 if [ -z "$cxx" ]; then
   echo "fuzz.sh: no clang++ (apt-get install clang-14 libclang-rt-14-dev)" >&2

@@ -6,6 +6,7 @@
 
 #include "metadata.h"
 #include "protobuf.h"
+#include "requests.h"
 #include "server.h"
 #include "text.h"
 
@@ -25,41 +26,6 @@ constexpr std::string_view kUnoffered[] = {
 // RPCs the Python side answers (paddle_ipu/serving/grpc_service.py).
 constexpr std::string_view kPython[] = {"ModelConfig", "ModelStatistics", "RepositoryModelLoad",
                                         "RepositoryModelUnload"};
-
-// A request's fields: its strings (wire type 2) and integers (wire type 0) by field
-// number (1 and 2: every read-only request has at most two); other fields are passed
-// over, as protobuf's parsers do. False (with `why`) when the bytes are no message.
-struct Fields {
-  std::string_view text[3];
-  uint64_t number[3] = {0, 0, 0};
-};
-
-bool Read(std::string_view msg, Fields* f, std::string* why) {
-  Wire w(msg);
-  while (w.ok && !w.done()) {
-    const uint64_t tag = w.Varint();
-    const uint64_t field = tag >> 3;
-    const int wt = static_cast<int>(tag & 7);
-    if (!w.ok) break;
-    if (field == 0) {
-      *why = "field number 0";
-      return false;
-    }
-    if (field <= 2 && wt == 2) {
-      f->text[field] = w.Bytes();
-      if (w.ok && ValidUtf8(f->text[field]) != f->text[field]) {
-        *why = "field " + std::to_string(field) + " is a string but not valid UTF-8";
-        return false;
-      }
-    } else if (field <= 2 && wt == 0) {
-      f->number[field] = w.Varint();
-    } else {
-      w.Skip(wt);
-    }
-  }
-  if (!w.ok) *why = "truncated or invalid wire format";
-  return w.ok;
-}
 
 }  // namespace
 
@@ -86,9 +52,9 @@ bool Server::GrpcControl(std::string_view method, std::string_view msg, int* cod
     *message = "inference.GRPCInferenceService has no method " + Repr(ValidUtf8(method));
     return true;
   }
-  Fields f;
+  ControlFields f;
   std::string why;
-  if (!Read(msg, &f, &why)) {
+  if (!ParseGrpcControl(msg, &f, &why)) {
     *code = kInvalidArgument;
     *message = "malformed " + std::string(method) + " request: " + why;
     return true;

@@ -318,5 +318,33 @@ Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r) 
   return {};
 }
 
+
+bool ParseGrpcControl(std::string_view msg, ControlFields* f, std::string* why) {
+  Wire w(msg);
+  while (w.ok && !w.done()) {
+    const uint64_t tag = w.Varint();
+    const uint64_t field = tag >> 3;
+    const int wt = static_cast<int>(tag & 7);
+    if (!w.ok) break;
+    if (field == 0) {
+      *why = "field number 0";
+      return false;
+    }
+    if (field <= 2 && wt == 2) {
+      f->text[field] = w.Bytes();
+      if (w.ok && ValidUtf8(f->text[field]) != f->text[field]) {
+        *why = "field " + std::to_string(field) + " is a string but not valid UTF-8";
+        return false;
+      }
+    } else if (field <= 2 && wt == 0) {
+      f->number[field] = w.Varint();
+    } else {
+      w.Skip(wt);
+    }
+  }
+  if (!w.ok) *why = "truncated or invalid wire format";
+  return w.ok;
+}
+
 }  // namespace serving
 }  // namespace paddle_ipu

@@ -4,6 +4,8 @@
 // (checks.h) and leave it ready for the queue.
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "plan.h"
@@ -17,6 +19,17 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
                      InferRequest* r);
 // A serialized inference.ModelInferRequest. Inputs may point into msg.
 Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r);
+
+// A read-only gRPC control request's fields (ServerLive ... RepositoryIndex: see
+// Server::GrpcControl): its strings (wire type 2) and integers (wire type 0) by field
+// number, 1 and 2 (every such request has at most two); other fields are passed over,
+// as protobuf's parsers do. The strings point into the message.
+struct ControlFields {
+  std::string_view text[3];
+  uint64_t number[3] = {0, 0, 0};
+};
+// False (with `why`) when the bytes are no message, or a string field is not UTF-8.
+bool ParseGrpcControl(std::string_view msg, ControlFields* f, std::string* why);
 
 }  // namespace serving
 }  // namespace paddle_ipu
