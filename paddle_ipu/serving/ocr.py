@@ -91,12 +91,16 @@ BUCKETS: dict[str, dict[str, Any]] = {
     "ocr_rec": {"shape_buckets": {"x": {"3": list(REC_WIDTHS)}}, "pad_values": {"x": 0.0}},
 }
 #: with ``warmup``: the shapes made when the models load -- the detector's buckets with
-#: the shorter side 736 (what RapidOCR gives most images) up to 2496 wide or 1184 tall,
-#: 14 recogniser buckets spread over its widths, the classifier's one shape (then more
-#: buckets, smallest first, while the memory bound holds them)
+#: the shorter side 736 (what RapidOCR gives every image it scales up), wide and tall
+#: by turns, smallest first, 14 recogniser buckets spread over its widths, the
+#: classifier's one shape; then more buckets, smallest first -- each as long as the
+#: model's memory bound holds them (the default 1024 MiB holds the detector's up to
+#: about 2,500 pixels long; all 75 take about 2.2 GB)
 WARMUP: dict[str, list[dict[str, list[int]]]] = {
-    "ocr_det": [{"x": [1, 3, 736, s]} for s in DET_SIZES[:21]]
-    + [{"x": [1, 3, s, 736]} for s in DET_SIZES[1:8]],
+    "ocr_det": [
+        {"x": [1, 3, *hw]}
+        for hw in dict.fromkeys(hw for s in DET_SIZES for hw in ((736, s), (s, 736)))
+    ],
     "ocr_cls": [{"x": [1, 3, 48, 192]}],
     "ocr_rec": [{"x": [1, 3, 48, w]} for w in _REC_WARM],
 }
