@@ -59,6 +59,12 @@ def _line(name: str, answers: list[Any], refs: list[Any]) -> str:
     import soak
 
     ok = [a for a in answers if a.status == 200]
+    failed = [a for a in answers if a.status != 200]
+    if failed:
+        errors = sorted({f"{a.status} {a.error[:300]}" for a in failed})
+        print(f"  {name:6}: {len(failed)} of {len(answers)} not answered: {errors[:3]}")
+    if not ok:
+        return f"  {name:6}: none of {len(answers)} answered"
     t = soak.summary([a.seconds * 1e3 for a in ok])
     cpu = soak.summary([refs[a.image].seconds * 1e3 for a in ok])
     r = _ratios(answers, refs)
