@@ -95,7 +95,7 @@ BUCKETS: dict[str, dict[str, Any]] = {
 #: by turns, smallest first, 14 recogniser buckets spread over its widths, the
 #: classifier's one shape; then more buckets, smallest first -- each as long as the
 #: model's memory bound holds them (the default 1024 MiB held 48 of the detector's 75,
-#: to about 2,800 pixels long, and 84 of the recogniser's 237 widths; 3072 MiB every
+#: to about 3,100 pixels long, and 84 of the recogniser's 237 widths; 3072 MiB every
 #: one of both: bench/ocr_soak.py, docs/serving.md)
 WARMUP: dict[str, list[dict[str, list[int]]]] = {
     "ocr_det": [
