@@ -110,6 +110,34 @@ def test_the_shapes_of_one_open_graph_run_on_one_host_session() -> None:
                 executor.reset()
 
 
+def test_replicas_and_steps_run_on_the_shared_session() -> None:
+    """Two replicas and two batches per step on shapes made from one open graph: each
+    micro-batch of each replica runs on the one shared session, and the answer is
+    Paddle's, in the step layout [bps, rf, mbs, ...]."""
+    main, scope, fetches = _build(False)
+    with paddle.pir_utils.IrGuard(), paddle.static.scope_guard(scope):
+        graph = OpenGraph(compile_open(main, ["x"], fetches, scope=scope, micro_batch_size=2))
+        cpu = paddle.static.Executor(paddle.CPUPlace())
+        held = []
+        for shape in SHAPES[:2]:
+            rows = (8, *shape[1:])
+            feed = np.random.default_rng(sum(shape)).standard_normal(rows).astype("float32")
+            want = cpu.run(main, feed={"x": feed}, fetch_list=fetches)
+            strategy = paddle_ipu.IpuStrategy()
+            strategy.set_graph_config(num_ipus=2, is_training=False, micro_batch_size=2)
+            strategy.set_pipelining_config(batches_per_step=2)
+            strategy.set_options({"enable_replicated_graphs": True, "replicated_graph_count": 2})
+            executor = executor_for(graph.specialise({"x": shape}), strategy)
+            for got, w in zip(executor.run({"x": feed}), want):
+                assert got.shape == (2, 2, 2, *w.shape[1:])
+                np.testing.assert_allclose(got.reshape(w.shape), w, **TOL)
+            held.append(executor)
+        assert held[0].session._shared is not None  # type: ignore[union-attr]
+        assert held[0].session._shared is held[1].session._shared  # type: ignore[union-attr]
+        for executor in held:
+            executor.reset()
+
+
 def test_a_scalar_joined_with_vectors_becomes_a_vector() -> None:
     """converter_fixes.concat_scalars: a shape built by concatenating a size read from
     Shape and squeezed to a scalar with one-element vectors (the converter's reshape

@@ -515,7 +515,9 @@ class HostSession(Session):
         """The session of ``replica``: its own with stochastic rounding (a seed of its
         own, as on the IPU), else the one session."""
         plan = self._plan
-        if replica == 0 or plan.arith is None or not plan.arith.stochastic:
+        if self._shared is not None or replica == 0:
+            return self._built
+        if plan.arith is None or not plan.arith.stochastic:
             return self._built
         if replica not in self._replica_built:
             self._replica_built[replica] = self._build(
