@@ -235,6 +235,8 @@ setup(
         "numpy>=1.24,<3",
         "onnx>=1.16,<1.18",
         "onnxruntime>=1.20,<1.33",
+        # ONNX Runtime's symbolic shape inference: an open graph's output sizes as formulas
+        "sympy>=1.12,<2",
         "paddle2onnx>=2.1,<2.2",
         "onnxconverter-common>=1.14,<1.17",
         "safetensors>=0.4,<1",

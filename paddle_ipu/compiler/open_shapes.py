@@ -22,21 +22,26 @@ one shape (:func:`paddle_ipu.serving.saved_model.compile_model`).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from paddle_ipu._util import dtypes
 from paddle_ipu.compiler import converter_fixes, onnx_passes
 from paddle_ipu.compiler.model import CompiledModel, TensorSpec
+from paddle_ipu.compiler.size_formulas import SizeFormulas, formulas
 from paddle_ipu.compiler.weights import serialize_with_weights, split_weights
 from paddle_ipu.errors import CompileError
 
-__all__ = ["OpenGraph", "compile_open", "open_dim_name"]
+log = logging.getLogger("paddle_ipu")
+
+__all__ = ["OpenGraph", "compile_open", "fold_static_shape_parts", "open_dim_name"]
 
 
 def open_dim_name(feed: str, axis: int) -> str:
@@ -75,6 +80,7 @@ def compile_open(
             raise CompileError("the program has no open dimension besides the batch")
         weights = dict(lowered.weights)
         # what does not depend on the open sizes folds now, the rest per shape
+        fold_static_shape_parts(model, set(weights))
         onnx_passes.fold_shape_arithmetic(model, set(weights))
         converter_fixes.omit_empty_resize_inputs(model.graph)
         converter_fixes.concat_scalars(model)
@@ -82,6 +88,84 @@ def compile_open(
         onnx_passes.drop_unused_weights(model.graph, weights)
         outputs = _open_outputs(model, lowered.names, fg.fetches)
         return lowered.compiled(model, inputs, outputs, weights, scope)
+
+
+def fold_static_shape_parts(model: onnx.ModelProto, weights: set[str]) -> int:
+    """A Slice or Gather of a ``Shape`` that picks only sizes which are static in the open
+    graph becomes a constant (how many did).  The converter builds a reshape's target
+    from its input's shape (``Concat(Shape(x)[0:1], [4, -1])``): once the static part is
+    a constant the target folds, and neither a fold per shape nor the size formulas
+    (:mod:`.size_formulas`) have to follow it."""
+    graph = model.graph
+    shape_of = {n.output[0]: n for n in graph.node if n.op_type == "Shape"}
+    if not shape_of:
+        return 0
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    onnx_passes.constants_as_initializers(probe.graph)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+    except Exception:  # nothing folds now; the fold per shape does it all, as before
+        return 0
+    wanted = {n.input[0] for n in shape_of.values()}
+    dims: dict[str, list[int | None]] = {}  # the Shapes' inputs' sizes, None if open
+    for vi in [*inferred.graph.input, *inferred.graph.value_info]:
+        tt = vi.type.tensor_type
+        if vi.name in wanted and tt.HasField("shape"):
+            dims[vi.name] = [
+                int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None
+                for d in tt.shape.dim
+            ]
+    const = {
+        i.name: numpy_helper.to_array(i)
+        for i in graph.initializer
+        if i.name not in weights and int(np.prod(list(i.dims), dtype=np.int64)) <= _LARGE
+    }
+    for node in graph.node:
+        value = onnx_passes.constant_value(node)
+        if value is not None:
+            const[node.output[0]] = numpy_helper.to_array(value)
+    folded = 0
+    for pos, node in enumerate(graph.node):
+        source = shape_of.get(node.input[0]) if node.input else None
+        if node.op_type not in ("Slice", "Gather") or source is None:
+            continue
+        sizes = dims.get(source.input[0])
+        if sizes is None:
+            continue
+        attrs = {a.name: a.i for a in source.attribute}
+        part = sizes[attrs.get("start", 0) : attrs.get("end", len(sizes))]
+        # the node run on the sizes' positions tells which sizes it picks
+        picked = _evaluate_on(node, {**const, node.input[0]: np.arange(len(part), dtype=np.int64)})
+        if picked is None or any(part[int(k)] is None for k in picked.reshape(-1)):
+            continue
+        sizes_picked = np.array([part[int(k)] for k in picked.reshape(-1)], np.int64)
+        out = node.output[0]
+        graph.node[pos].CopyFrom(
+            helper.make_node(
+                "Constant",
+                [],
+                [out],
+                name=node.name,
+                value=numpy_helper.from_array(sizes_picked.reshape(picked.shape), out),
+            )
+        )
+        folded += 1
+    return folded
+
+
+def _evaluate_on(node: onnx.NodeProto, const: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """``node``'s output on constant inputs; None when one is not constant or it fails."""
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [n for n in node.input if n]
+    if any(n not in const for n in ins):
+        return None
+    try:
+        results: Any = ReferenceEvaluator(node).run(None, {n: const[n] for n in ins})
+        return np.asarray(results[0])
+    except Exception:
+        return None
 
 
 def _open_inputs(
@@ -171,12 +255,27 @@ class OpenGraph:
         self._proto, self._arrays = split_weights(model.onnx, names)
         self._bytes = self._proto.SerializeToString()
         self._weights = {n: n for n in names}
+        self._lock = threading.Lock()
+        self._found: object = _UNSET  # the size formulas, once found (or None)
+        self._finding: threading.Thread | None = None
+        self._agreed = 0  # answers of the formulas that agreed with the fold's; -1: one did not
 
     def specialise(self, shapes: Mapping[str, Sequence[int]]) -> CompiledModel:
         """The static graph for ``shapes`` (feed -> full shape; the batch is the open
         graph's micro-batch size whatever it says).  A CompileError names the feed
-        when a shape does not fit its declared one."""
-        model, inputs, outputs, weights = self._static(shapes)
+        when a shape does not fit its declared one, and the size when the model cannot
+        take it (by the size formulas, found then if not yet)."""
+        try:
+            model, inputs, outputs, weights = self._static(shapes)
+        except CompileError as exc:
+            # the fold fails without naming the size; the formulas name it when they can
+            found = self.size_formulas(wait=True) if self._agreed >= 0 else None
+            if found is not None:
+                try:
+                    found.shapes(shapes)
+                except CompileError as named:
+                    raise named from exc
+            raise
         arrays = {n: a for n, a in self._arrays.items() if n in weights}
         return CompiledModel(
             onnx=serialize_with_weights(model, arrays),
@@ -197,8 +296,82 @@ class OpenGraph:
         return dataclasses.replace(self.model, weights={}, origin=None)
 
     def output_shapes(self, shapes: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
-        """The outputs' static shapes for input ``shapes``, without writing a graph."""
+        """The outputs' static shapes for input ``shapes``, without writing a graph.
+
+        From the open graph's size formulas (:mod:`.size_formulas`: a few evaluations)
+        once they are found (:meth:`size_formulas`) and their first answers agreed
+        with the fold's; else the graph is folded at
+        that shape as :meth:`specialise` folds it (tens of milliseconds).  A size the
+        formulas refuse is a CompileError naming it.  After an answer that differs
+        from the fold's, every shape is folded (a warning says so)."""
+        found = self.size_formulas(wait=False) if self._agreed >= 0 else None
+        if found is None:
+            return self._folded(shapes)
+        quick: list[tuple[int, ...]] | None = None
+        refused: CompileError | None = None
+        try:
+            quick = found.shapes(shapes)
+        except CompileError as exc:
+            if self._agreed >= _CHECKS:
+                raise
+            refused = exc
+        except Exception:  # formulas that do not evaluate: folded from now on
+            log.exception(
+                "the open graph's size formulas failed at %s: every shape is folded", dict(shapes)
+            )
+            self._agreed = -1
+            return self._folded(shapes)
+        if quick is not None and self._agreed >= _CHECKS:
+            return quick
+        if quick is None and refused is None:  # a broadcast the formulas do not follow
+            return self._folded(shapes)
+        try:
+            slow = self._folded(shapes)
+        except CompileError:
+            if refused is not None:
+                raise refused from None
+            raise
+        with self._lock:
+            if quick == slow:
+                self._agreed += 1 if self._agreed >= 0 else 0
+            elif self._agreed >= 0:
+                self._agreed = -1
+                log.warning(
+                    "the open graph's size formulas gave outputs %s at %s, its fold %s: "
+                    "every shape is folded",
+                    quick if refused is None else f"a refusal ({refused})",
+                    dict(shapes),
+                    slow,
+                )
+        return slow
+
+    def _folded(self, shapes: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
         return [spec.shape for spec in self._static(shapes)[2]]
+
+    def size_formulas(self, wait: bool = True) -> SizeFormulas | None:
+        """The size formulas (None: there are none, every size is folded).  They are
+        found once, on a thread of their own (seconds for a large graph); with
+        ``wait=False``, None until they are found."""
+        with self._lock:
+            if self._finding is None:
+                self._finding = threading.Thread(
+                    target=self._find_formulas, name="paddle-ipu-size-formulas", daemon=True
+                )
+                self._finding.start()
+            finding = self._finding
+        if wait:
+            finding.join()
+        with self._lock:
+            return None if self._found is _UNSET else self._found  # type: ignore[return-value]
+
+    def _find_formulas(self) -> None:
+        try:
+            found = formulas(self.model.onnx, self.model.inputs)
+        except Exception:  # folded per size, as without formulas
+            log.exception("the open graph's size formulas failed: every size is folded")
+            found = None
+        with self._lock:
+            self._found = found
 
     def _static(
         self, shapes: Mapping[str, Sequence[int]]
@@ -237,6 +410,10 @@ class OpenGraph:
         outputs = fold_and_infer(model, weights, names, fetches)
         return model, inputs, outputs, weights
 
+
+#: answers of the size formulas checked against the fold's (OpenGraph.output_shapes)
+_CHECKS = 2
+_UNSET = object()
 
 #: an initializer of more elements than this is a weight, never shape arithmetic
 _LARGE = 4096

@@ -455,6 +455,16 @@ class SpecialisedExecutor:
             return list(outputs)
         return corners(outputs, self.cut_shapes(real))
 
+    def prepare_cut(self) -> None:
+        """Find again, now, which output axes padded requests' outputs are cut back
+        on (:meth:`cut_shapes`), by the model's shape inference as it stands: a
+        warm-up does once the open graph's size formulas are found, so that their
+        checks against the fold are not made on the path of a request."""
+        if self.policy.buckets is not None and self._output_shapes is not None:
+            with self._lock:
+                self._rules = None
+            self._cut_rules()
+
     def _cut_rules(self) -> list[list[tuple[str, int] | None]]:
         """Per output, per axis: the bucketed input axis (feed, axis) its size follows,
         or None; found once by the model's shape inference at the smallest bucket and

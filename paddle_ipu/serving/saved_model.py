@@ -76,7 +76,7 @@ def _versions() -> dict[str, str]:
         "onnxruntime": onnxruntime.__version__,
         # packages compiled per input shape hold their open graph since this layout;
         # -2: its scalars joined with vectors made vectors (the host runs it)
-        "shapes": "open-graph-2",
+        "shapes": "open-graph-3",
     }
 
 

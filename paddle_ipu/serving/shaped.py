@@ -228,6 +228,12 @@ class ShapeRuntime(Runtime):
                 self.policy.route({n: tuple(int(d) for d in v) for n, v in s.items()})[0]
                 for s in shapes
             ]
+        if self.policy.buckets is not None:
+            # a padded request's cut sizes from formulas, found now, not on its path
+            graph = self.package.open_graph()
+            if graph is not None:
+                graph.size_formulas(wait=True)
+            self.shapes.prepare_cut()
         made: list[str] = []
         for key in dict.fromkeys(keys):
             stats = self.shapes.stats()
