@@ -68,7 +68,8 @@ MICRO_BATCH_SIZES = {"ocr_det": 1, "ocr_cls": 6, "ocr_rec": 1}
 DET_SIZES = (
     736, 800, 864, 928, 992, 1056, 1120, 1184, 1248, 1312, 1408, 1504, 1600, 1696, 1792,
     1888, 1984, 2112, 2240, 2368, 2496, 2624, 2784, 2944, 3104, 3264, 3456, 3648, 3840,
-    4032, 4256, 4480, 4704, 4960, 5216, 5504, 5792, 6016,
+    4032, 4256, 4480, 4704, 4960, 5216, 5504, 5792, 6112, 6432, 6752, 7104, 7456, 7840,
+    8224, 8640, 9088, 9536, 10016,
 )  # fmt: skip
 #: the recogniser's bucket widths (its height is 48): every width 8k + 3, the widest of
 #: those it reads as k time steps (floor((W + 4) / 8)), from RapidOCR's narrowest, 320.
@@ -94,9 +95,10 @@ BUCKETS: dict[str, dict[str, Any]] = {
 #: the shorter side 736 (what RapidOCR gives every image it scales up), wide and tall
 #: by turns, smallest first, 14 recogniser buckets spread over its widths, the
 #: classifier's one shape; then more buckets, smallest first -- each as long as the
-#: model's memory bound holds them (the default 1024 MiB held 48 of the detector's 75,
-#: to about 3,100 pixels long, and 84 of the recogniser's 237 widths; 3072 MiB every
-#: one of both: bench/ocr_soak.py, docs/serving.md)
+#: model's memory bound holds them (with a grid to 6016, the default 1024 MiB held 48
+#: of the detector's 75 of shorter side 736, to about 3,100 pixels long, and 84 of the
+#: recogniser's 237 widths; 3072 MiB 127 detector shapes and every recogniser width:
+#: bench/ocr_soak.py, docs/serving.md)
 WARMUP: dict[str, list[dict[str, list[int]]]] = {
     "ocr_det": [
         {"x": [1, 3, *hw]}

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -248,7 +249,47 @@ class ShapeRuntime(Runtime):
                 break
             self._runtime(key, self.shapes.executor(key))
             made.append(key)
+        if made:
+            self._first_run(made)
         return made
+
+    def _first_run(self, made: Sequence[str]) -> None:
+        """Run the largest shape made once, on zeros, outside its runtime (no request
+        counted): a session's first run sets up the engine and grows its memory arena
+        to that shape, which otherwise the first request pays (1.3 s more than later
+        runs for PP-OCRv4's detector at 736 x 5216 on the host)."""
+
+        def elements(key: str) -> int:
+            shapes = self.policy.input_shapes(key, self.shapes.rows_per_run)
+            return sum(int(np.prod(s)) for s in shapes.values())
+
+        key = max(made, key=elements)
+        executor = self.shapes.resident(key)
+        if executor is None:
+            return
+        rows = self.shapes.rows_per_run
+        feed = {
+            spec.paddle_name or spec.name: np.zeros((rows, *spec.shape[1:]), spec.numpy_dtype)
+            for spec in executor.model.inputs
+        }
+        start = time.perf_counter()
+        try:
+            executor.run(feed)
+        except Exception as exc:  # a model that zeros do not suit: the first request sets up
+            log.warning(
+                "%s: the warm-up's run of input shape %s on zeros failed (%s): the first "
+                "request of a shape sets the session up",
+                self.shapes.name,
+                key,
+                exc,
+            )
+            return
+        log.info(
+            "%s: warm-up ran input shape %s once, on zeros, in %.2f s",
+            self.shapes.name,
+            key,
+            time.perf_counter() - start,
+        )
 
     # -- requests -------------------------------------------------------------------
     def run(self, feed: Mapping[str, Any], timeout: float | None = None) -> list[np.ndarray]:

@@ -289,10 +289,16 @@ def test_paddles_own_config_takes_buckets_and_a_memory_bound(pointwise: Saved) -
         predictor.close()
 
 
-def test_a_warm_up_makes_the_declared_shapes(pointwise: Saved) -> None:
+def test_a_warm_up_makes_the_declared_shapes(
+    pointwise: Saved, caplog: pytest.LogCaptureFixture
+) -> None:
     with _runtime(pointwise, shape_buckets=BUCKETS, input_shapes=[{"x": [1, 3, 8, 8]}]) as rt:
-        made = rt.warm_up()
+        with caplog.at_level("INFO", "paddle_ipu"):
+            made = rt.warm_up()
         assert made[0] == "x=3x8x8" and len(made) == 6  # 2 x 3 buckets
+        # the largest shape made ran once (its session set up), and no request counted
+        assert "warm-up ran input shape x=3x16x24 once, on zeros" in caplog.text
+        assert rt.stats().requests == 0 and rt.stats().runs == 0
         before = rt.specialisation_stats().made
         start = time.perf_counter()
         rt.run({"x": _image(16, 20)})
