@@ -2,7 +2,8 @@
 pipeline on the CPU: first answers of new sizes, warm answers, and a soak.
 
     python bench/ocr_soak.py [--images 200] [--first 60] [--minutes 30] [--clients 4]
-                             [--configs plain,buckets] [--memory-mb 1024] [--json FILE]
+                             [--configs plain,buckets,predictor] [--memory-mb 1024]
+                             [--json FILE]
 
 The images: ``--images`` rendered text images of distinct sizes, 160-1800 x 48-900
 pixels (tests/conformance/trained/images.py), as PNG bytes.  rapidocr-paddle's own
@@ -22,6 +23,12 @@ compile cache and:
 2. warm answers: the same images again;
 3. soak: ``--clients`` clients send images of the whole set picked at random for
    ``--minutes``; the server's resident memory every second.
+
+``predictor`` (not run unless named in ``--configs``): the other route to open shapes,
+rapidocr-paddle's own pipeline with its engine changed by one line (``enable_ipu()``,
+its shapes bounded by ``--memory-mb`` when given), in a process of its own over an
+empty compile cache: the first ``--first`` images, each run twice in a row (its first
+answer, then warm), one image at a time; no soak.
 
 Printed: the ratios (median, 90th percentile, max over the images), p50 and p99 of
 the answers, errors, images whose text differs from the CPU's among those read
@@ -144,6 +151,53 @@ def run_config(
     return out
 
 
+def _predictor_worker(
+    pngs: list[bytes], order: list[int], memory_mb: float | None, cache: str
+) -> list[tuple[float, float, list[str]]]:
+    """rapidocr-paddle's pipeline changed by one line (``enable_ipu()``) over an empty
+    compile cache: per image of ``order``, its first time, its second time, its text."""
+    os.environ["PADDLE_IPU_CACHE_DIR"] = cache
+    import images
+    import ocr
+    import soak
+
+    with ocr.ported_engine(memory_mb=memory_mb):
+        pipeline = ocr.new_pipeline()
+    # not counted: the pipeline's first call sets up what no size changes
+    pipeline(soak.png(images.render_sized(10**6, 300, 100).image))
+    out = []
+    for k in order:
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            result, _ = pipeline(pngs[k])
+            times.append(time.perf_counter() - start)
+        out.append((times[0], times[1], [str(line[1]) for line in result or []]))
+    return out
+
+
+def run_predictor(
+    pngs: list[bytes], refs: list[Any], args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
+    """The predictor's route: the first and second time of each of the first
+    ``--first`` images through the ported pipeline, in a process of its own."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import soak
+
+    order = list(range(min(args.first, len(pngs))))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = pool.submit(
+            _predictor_worker, pngs, order, args.memory_mb, str(work / "cache")
+        ).result()
+    first = [soak.Answer(k, 200, t1, text) for k, (t1, _, text) in zip(order, done)]
+    warm = [soak.Answer(k, 200, t2, text) for k, (_, t2, text) in zip(order, done)]
+    print(_line("first", first, refs), flush=True)
+    print(_line("warm", warm, refs), flush=True)
+    return {"first": [vars(a) for a in first], "warm": [vars(a) for a in warm]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=200)
@@ -173,7 +227,11 @@ def main() -> None:
     result: dict[str, Any] = {"sizes": sizes, "cpu": [vars(r) for r in refs]}
     for name in args.configs.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            result[name] = run_config(name, pngs, refs, args, Path(tmp))
+            if name == "predictor":
+                print("predictor: rapidocr-paddle's pipeline with enable_ipu()", flush=True)
+                result[name] = run_predictor(pngs, refs, args, Path(tmp))
+            else:
+                result[name] = run_config(name, pngs, refs, args, Path(tmp))
     print(f"cores: {os.cpu_count()}, load average {os.getloadavg()}")
     if args.json:
         soak.dump(args.json, result)

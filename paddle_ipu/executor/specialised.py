@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from paddle_ipu._util import memory
-from paddle_ipu.errors import CompileError, NotSupportedError
+from paddle_ipu.errors import CompileError, IpuMemoryError, NotSupportedError
 from paddle_ipu.executor import feeds
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 from paddle_ipu.executor.shapes import ShapePolicy
@@ -290,6 +290,10 @@ class SpecialisedExecutor:
         except BaseException as exc:
             with self._lock:
                 self._making.pop(key, None)
+            if isinstance(exc, IpuMemoryError):  # which shape does not fit
+                named = IpuMemoryError(f"input shape {key}: {exc}", exc.report)
+                named.__cause__ = exc
+                exc = named
             pending.set_exception(exc)
             return
         with self._lock:

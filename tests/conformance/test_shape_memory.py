@@ -343,3 +343,19 @@ def test_on_popart_buckets_are_seeded_by_default(pointwise: Saved) -> None:
     assert package.policy.buckets.grids == {"x": {2: (16, 32), 3: (48, 64)}}
     host, _ = compile_model(pointwise.prefix, input_shapes=shapes)
     assert host.policy is not None and host.policy.buckets is None
+
+
+def test_a_shape_that_does_not_fit_an_ipu_is_refused_by_name(pointwise: Saved) -> None:
+    """The host's memory check refuses a shape an IPU cannot hold (8 x 4000 x 4000
+    float32 activations: 512 MB, and more); the error names that shape, and the model
+    goes on answering the shapes that fit."""
+    from paddle_ipu.errors import IpuMemoryError
+
+    with _runtime(pointwise) as runtime:
+        big = np.zeros((1, 3, 4000, 4000), "float32")
+        with pytest.raises(
+            IpuMemoryError, match=r"input shape x=3x4000x4000: the model does not fit"
+        ):
+            runtime.run({"x": big})
+        feed = _image(8, 8)
+        np.testing.assert_allclose(runtime.run({"x": feed})[0], pointwise.cpu(feed)[0], **TOL)
