@@ -99,6 +99,9 @@ def run_config(
     out: dict[str, Any] = {"ready_seconds": server.ready_seconds}
     try:
         print(f"{name}: the server is up in {server.ready_seconds:.1f} s", flush=True)
+        for entry in server.client().get_model_repository_index():
+            if entry.get("state") != "READY":
+                print(f"  {entry.get('name')} is {entry.get('state')}: {entry.get('reason')}")
         # Not counted: the pipeline's host steps make rapidocr-paddle's engine on their
         # first call, whatever the size.
         import images
