@@ -155,7 +155,7 @@ class Server {
   std::shared_ptr<GrpcCall> GrpcRefused(const Error& e, std::string trace,
                                         std::function<void(std::shared_ptr<GrpcCall>)> done);
 
-  // The read-only RPCs are answered on the IO thread from the server's state
+  // The control RPCs are answered on the IO thread from the server's state
   // (grpc_control.cc): ServerLive, ServerReady, ModelReady, ServerMetadata,
   // ModelMetadata, RepositoryIndex, ModelConfig, ModelStatistics; so are the RPCs the
   // server does not offer, or that the service does not have (UNIMPLEMENTED). Returns
