@@ -424,12 +424,14 @@ def test_config_and_statistics_answer_while_python_holds_the_gil(package: str) -
     process holds the GIL, and as HTTP answers them."""
     import select
     import sys
+    import tempfile
 
     httpclient = pytest.importorskip("tritonclient.http")
     from support.kserve_forms import config_and_statistics
 
     proc = subprocess.Popen(
         [sys.executable, "-c", GIL_HOLDER, package],
+        cwd=tempfile.gettempdir(),  # the installed paddle_ipu, not the checkout's folder
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
