@@ -1,13 +1,13 @@
-"""The gRPC port's control calls: latency of health and metadata calls, this checkout's
-server against a peer.
+"""The gRPC port's control calls: latency of health, metadata, configuration and
+statistics calls, this checkout's server against a peer.
 
 ``paddle-ipu serve`` of the MLP of tests/support/models.py (micro-batch 8) in its own
 process, a client in this one: one channel of grpcio, ``--calls`` calls of each method
 in turn, one at a time (closed loop), per round; rounds alternate between the servers
 (a ratio is fair only between runs made together on a shared machine).  The methods:
 ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, RepositoryIndex,
-ModelConfig (answered by the Python side), and HTTP's ``GET /v2/health/live`` (one
-keep-alive connection: the HTTP front end's own cost, a floor for the gRPC calls).
+ModelConfig, ModelStatistics, and HTTP's ``GET /v2/health/live`` (one keep-alive
+connection: the HTTP front end's own cost, a floor for the gRPC calls).
 Every answer is decoded with tritonclient's messages and checked equal between the two
 servers first.
 
@@ -48,6 +48,7 @@ METHODS = (
     "ModelMetadata",
     "RepositoryIndex",
     "ModelConfig",
+    "ModelStatistics",
 )
 
 
@@ -95,6 +96,10 @@ def requests() -> dict[str, tuple[bytes, Any]]:
         "ModelConfig": (
             pb.ModelConfigRequest(name="m").SerializeToString(),
             pb.ModelConfigResponse,
+        ),
+        "ModelStatistics": (
+            pb.ModelStatisticsRequest(name="m").SerializeToString(),
+            pb.ModelStatisticsResponse,
         ),
     }
 

@@ -1,5 +1,6 @@
-// libFuzzer: the reader of the read-only gRPC control requests (ServerLive, ModelReady,
-// ModelMetadata, RepositoryIndex, ...: ParseGrpcControl in grpc_request.cc, protobuf.h).
+// libFuzzer: the reader of the gRPC control requests answered in C++ (ServerLive,
+// ModelReady, ModelMetadata, RepositoryIndex, ModelConfig, ModelStatistics, ...:
+// ParseGrpcControl in grpc_request.cc, protobuf.h).
 // Input: the serialized message. A message read is answered as Server::GrpcControl
 // answers RepositoryIndex, from the strings it read.
 #include "../serving/protobuf.h"

@@ -468,9 +468,8 @@ void RegisterServing(py::module_& m) {
       .def("start_grpc", &Server::StartGrpc, py::arg("host"), py::arg("port"),
            py::arg("reuse_port") = false, py::call_guard<py::gil_scoped_release>(),
            "Listen for gRPC (HTTP/2, nghttp2) on host:port on every IO thread (after\n"
-           "start_http); returns the port. ModelInfer and the read-only RPCs run without\n"
-           "Python; ModelConfig, ModelStatistics and the repository's load / unload are\n"
-           "taken by next_grpc().")
+           "start_http); returns the port. ModelInfer and the control RPCs run without\n"
+           "Python; the repository's load / unload are taken by next_grpc().")
       .def(
           "next_grpc",
           [](Server& s, double timeout) -> py::object {

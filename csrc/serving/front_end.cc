@@ -59,6 +59,7 @@ FrontEnd::FrontEnd(py::object queue, ModelPlan plan) : queue_obj_(queue), plan_(
   metadata_ = ModelMetadataJson(plan_);
   server_metadata_ = ServerMetadataJson(plan_.server_version);
   config_ = ModelConfigJson(plan_);
+  config_message_ = ModelConfigMessage(plan_, &config_refused_);
 }
 
 // The last owner may be an IO thread (a connection that served the model, after an
@@ -86,14 +87,15 @@ bool FrontEnd::ready() const {
   return ready_.load() && !draining_.load() && !closed;
 }
 
-std::string FrontEnd::StatisticsJson() {
+std::string FrontEnd::Statistics(bool message) {
   const QueueStats s = dynamic_ ? dynamic_->Stats() : StatsOf(queue_.get());
   SpecialisationValues v;
   {
     std::lock_guard<std::mutex> lock(specialisations_mu_);
     v = specialisations_;
   }
-  return serving::StatisticsJson(plan_, counters_.Copy(), s, &v);
+  return message ? serving::StatisticsMessage(plan_, counters_.Copy(), s, &v)
+                 : serving::StatisticsJson(plan_, counters_.Copy(), s, &v);
 }
 
 std::string FrontEnd::Prometheus() {

@@ -1,7 +1,9 @@
 // The serving front ends of paddle_ipu._core: KServe v2 over HTTP/1.1 (Boost.Beast on
-// Boost.Asio: listener.h, connection.h, routes.cc) and the ModelInfer path of KServe
-// v2 over gRPC (nghttp2 on the same IO threads: grpc_connection.h, grpc_call.h), both
-// feeding the model runtime's ServingQueue (csrc/core/queue.h) without the GIL.
+// Boost.Asio: listener.h, connection.h, routes.cc) and over gRPC (nghttp2 on the same
+// IO threads: grpc_connection.h; ModelInfer in grpc_call.h, the control calls in
+// grpc_control.cc), both feeding the model runtime's ServingQueue
+// (csrc/core/queue.h) without the GIL. Of the control calls, only the repository's
+// load and unload go to Python (repository.cc, grpc_unary.cc).
 //
 // A request is parsed, checked (requests.h), and admitted to the queue on an IO
 // thread; its inputs are read by the queue straight from the request body, and its
@@ -102,15 +104,21 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   const std::string& metadata() const { return metadata_; }
   const std::string& server_metadata() const { return server_metadata_; }
   const std::string& config() const { return config_; }
+  // The configuration as model_config.proto's ModelConfig; "" when a value does not
+  // fit its field (then config_refused() says which).
+  const std::string& config_message() const { return config_message_; }
+  const std::string& config_refused() const { return config_refused_; }
   bool draining() const { return draining_.load(); }
   // Refuses new requests (503) from now on: the model is unloading or the server
   // stopping; Drain() waits for those admitted.
   void Close() { draining_ = true; }
   bool ready() const;
   void set_ready(bool ready) { ready_ = ready; }
-  // Triton's statistics JSON and the Prometheus text of /metrics, from one copy of
-  // the counters and one of the queue's.
-  std::string StatisticsJson();
+  // Triton's statistics JSON, the same as gRPC's ModelStatistics message, and the
+  // Prometheus text of /metrics, each from one copy of the counters and one of the
+  // queue's.
+  std::string StatisticsJson() { return Statistics(false); }
+  std::string StatisticsMessage() { return Statistics(true); }
   std::string Prometheus();
 
   // Admits a request to the queue: no error when queued (then one more is active),
@@ -155,6 +163,8 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   void NotifyDrain();
 
  private:
+  std::string Statistics(bool message);
+
   pybind11::object queue_obj_;
   std::shared_ptr<ServingQueue> queue_;      // a fixed model's
   std::shared_ptr<DynamicQueue> dynamic_;    // a dynamic model's
@@ -162,7 +172,7 @@ class FrontEnd : public std::enable_shared_from_this<FrontEnd> {
   Counters counters_;
   std::mutex specialisations_mu_;
   SpecialisationValues specialisations_;
-  std::string metadata_, server_metadata_, config_;
+  std::string metadata_, server_metadata_, config_, config_message_, config_refused_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> ready_{true};
   std::mutex drain_mu_;

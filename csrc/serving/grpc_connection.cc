@@ -580,7 +580,8 @@ void GrpcConnection::InferDone(int32_t id, const std::shared_ptr<GrpcCall>& call
 }
 
 void GrpcConnection::Unary(int32_t id, Stream& s, std::string msg) {
-  // The read-only calls are answered here, from the server's state.
+  // The control calls are answered here, from the server's state (but the
+  // repository's load and unload).
   int code = kOk;
   std::string message, answer;
   if (srv_->GrpcControl(std::string_view(s.path).substr(kService.size()), msg, &code, &message,

@@ -4,9 +4,10 @@
 // its message goes to Server::GrpcInfer (grpc_call.h), and the answer is posted
 // back to this IO thread. ModelStreamInfer likewise (grpc_stream.cc): every request
 // message on the stream is one ModelInfer call, answered on the stream as it finishes
-// (decoupled: in the order the calls finish). The read-only RPCs (health, metadata,
-// the repository's index) are answered here too, from the server's state
-// (Server::GrpcControl); the others go to the Python side (Server::GrpcUnary).
+// (decoupled: in the order the calls finish). The control RPCs (health, metadata,
+// the repository's index, the model configuration and statistics) are answered here
+// too, from the server's state (Server::GrpcControl); the repository's load and
+// unload go to the Python side (Server::GrpcUnary).
 //
 // A call's deadline (grpc-timeout) bounds its wait in the queue: the server's own
 // timeout ends a little before it, so that the server answers DEADLINE_EXCEEDED

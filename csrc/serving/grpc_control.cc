@@ -1,7 +1,7 @@
-// The read-only calls of inference.GRPCInferenceService, answered on the IO thread
-// from the server's state (see Server::GrpcControl in server.h): their requests are
-// read and their answers written with protobuf.h, as tritonclient's generated
-// messages (service_pb2) spell them.
+// The control calls of inference.GRPCInferenceService but the repository's load and
+// unload, answered on the IO thread from the server's state (see Server::GrpcControl
+// in server.h): their requests are read and their answers written with protobuf.h,
+// as tritonclient's generated messages (service_pb2, model_config_pb2) spell them.
 #include <algorithm>
 
 #include "metadata.h"
@@ -16,16 +16,19 @@ namespace serving {
 namespace {
 
 constexpr int kOk = 0, kInvalidArgument = 3, kNotFound = 5, kUnimplemented = 12,
-              kUnavailable = 14;
+              kInternal = 13, kUnavailable = 14;
 
 // RPCs of the service this server does not offer.
 constexpr std::string_view kUnoffered[] = {
     "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
     "CudaSharedMemoryStatus",   "CudaSharedMemoryRegister",   "CudaSharedMemoryUnregister",
     "TraceSetting",             "LogSettings"};
-// RPCs the Python side answers (paddle_ipu/serving/grpc_service.py).
-constexpr std::string_view kPython[] = {"ModelConfig", "ModelStatistics", "RepositoryModelLoad",
-                                        "RepositoryModelUnload"};
+// RPCs the Python side answers (paddle_ipu/serving/grpc_service.py): they drive its
+// model repository.
+constexpr std::string_view kPython[] = {"RepositoryModelLoad", "RepositoryModelUnload"};
+
+// A model's error as gRPC's code: 503 (loading) UNAVAILABLE, else (404) NOT_FOUND.
+int ModelCode(const Error& e) { return e.status == 503 ? kUnavailable : kNotFound; }
 
 }  // namespace
 
@@ -46,7 +49,8 @@ bool Server::GrpcControl(std::string_view method, std::string_view msg, int* cod
   }
   const bool known = method == "ServerLive" || method == "ServerReady" ||
                      method == "ModelReady" || method == "ServerMetadata" ||
-                     method == "ModelMetadata" || method == "RepositoryIndex";
+                     method == "ModelMetadata" || method == "RepositoryIndex" ||
+                     method == "ModelConfig" || method == "ModelStatistics";
   if (!known) {
     *code = kUnimplemented;
     *message = "inference.GRPCInferenceService has no method " + Repr(ValidUtf8(method));
@@ -73,7 +77,7 @@ bool Server::GrpcControl(std::string_view method, std::string_view msg, int* cod
     Error e;
     const std::shared_ptr<FrontEnd> fe = Find(f.text[1], f.text[2], &e, true);
     if (!fe) {
-      *code = e.status == 503 ? kUnavailable : kNotFound;
+      *code = ModelCode(e);
       *message = e.message;
       return true;
     }
@@ -86,6 +90,26 @@ bool Server::GrpcControl(std::string_view method, std::string_view msg, int* cod
     }
     if (versions.empty()) versions.push_back(fe->plan().version);
     *answer = ModelMetadataMessage(fe->plan(), versions);
+  } else if (method == "ModelConfig") {  // ModelConfigResponse: the config (1)
+    Error e;
+    const std::shared_ptr<FrontEnd> fe = Find(f.text[1], f.text[2], &e, true);
+    if (!fe) {
+      *code = ModelCode(e);
+      *message = e.message;
+    } else if (!fe->config_refused().empty()) {
+      *code = kInternal;
+      *message = "ModelConfig of " + Repr(fe->plan().name) + ": " + fe->config_refused();
+    } else {
+      PutBytes(answer, 1, fe->config_message());
+    }
+  } else if (method == "ModelStatistics") {
+    // Every model's ("" name), every version's ("" version), or one version's.
+    Error e;
+    *answer = StatisticsMessage(f.text[1], f.text[2], &e);
+    if (e) {
+      *code = ModelCode(e);
+      *message = e.message;
+    }
   } else {  // RepositoryIndex: every entry, or (ready) the READY ones
     for (const ModelEntry& entry : Entries()) {
       if (f.number[2] && entry.state != "READY") continue;

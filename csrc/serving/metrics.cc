@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "protobuf.h"
 #include "text.h"
 
 namespace paddle_ipu {
@@ -11,9 +12,20 @@ namespace serving {
 
 namespace {
 
+int64_t Nanos(double seconds) { return static_cast<int64_t>(seconds * 1e9); }
+
 std::string Duration(int64_t count, double seconds) {
-  return "{\"count\":" + std::to_string(count) +
-         ",\"ns\":" + std::to_string(static_cast<int64_t>(seconds * 1e9)) + "}";
+  return "{\"count\":" + std::to_string(count) + ",\"ns\":" + std::to_string(Nanos(seconds)) +
+         "}";
+}
+
+// A StatisticDuration (count 1, ns 2) as field `field` of `o`: written even when both
+// are 0 (an empty message), as the JSON writes every duration.
+void PutDuration(std::string* o, int field, int64_t count, double seconds) {
+  std::string d;
+  PutUint(&d, 1, static_cast<uint64_t>(count));
+  PutUint(&d, 2, static_cast<uint64_t>(Nanos(seconds)));
+  PutBytes(o, field, d);
 }
 
 std::string Seconds(double s) {
@@ -130,6 +142,40 @@ std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const Que
            Seconds(v->make_seconds) + "}";
   }
   return out + "}]}";
+}
+
+std::string StatisticsMessage(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
+                              const SpecialisationValues* v) {
+  std::string o, infer;
+  PutString(&o, 1, m.name);
+  PutString(&o, 2, m.version);
+  PutUint(&o, 3, static_cast<uint64_t>(c.last_inference_ms));
+  PutUint(&o, 4, static_cast<uint64_t>(c.success_rows));
+  PutUint(&o, 5, static_cast<uint64_t>(s.runs));
+  PutDuration(&infer, 1, c.success, static_cast<double>(c.success_ns) * 1e-9);
+  PutDuration(&infer, 2, c.fail, static_cast<double>(c.fail_ns) * 1e-9);
+  PutDuration(&infer, 3, s.requests, s.queue_seconds);
+  PutDuration(&infer, 4, 0, 0);
+  PutDuration(&infer, 5, s.runs, s.busy_seconds);
+  PutDuration(&infer, 6, 0, 0);
+  PutBytes(&o, 6, infer);
+  for (size_t k = 0; k < s.fill_histogram.size(); ++k) {
+    if (s.fill_histogram[k] == 0) continue;
+    std::string batch;
+    PutUint(&batch, 1, k);
+    PutDuration(&batch, 2, 0, 0);
+    PutDuration(&batch, 3, s.fill_histogram[k],
+                k < s.fill_seconds.size() ? s.fill_seconds[k] : 0.0);
+    PutDuration(&batch, 4, 0, 0);
+    PutBytes(&o, 7, batch);
+  }
+  if (v && v->set) {  // memory_usage (type 1, id 2: 0, byte_size 3); no field for the rest
+    std::string memory;
+    PutString(&memory, 1, "CPU");
+    PutUint(&memory, 3, static_cast<uint64_t>(v->resident_bytes));
+    PutBytes(&o, 8, memory);
+  }
+  return o;
 }
 
 std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s,

@@ -1,6 +1,6 @@
 // The front ends' counters (HTTP and gRPC together) and what reports them with the
-// queue's (QueueStats, csrc/core/queue.h): Triton's statistics JSON and the
-// Prometheus text of /metrics.
+// queue's (QueueStats, csrc/core/queue.h): Triton's statistics JSON, the same as
+// gRPC's ModelStatistics message, and the Prometheus text of /metrics.
 #pragma once
 
 #include <chrono>
@@ -89,6 +89,11 @@ struct SpecialisationValues {
 // `v`: a model compiled per input shape (its "memory_usage" and "specialisations").
 std::string StatisticsJson(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
                            const SpecialisationValues* v = nullptr);
+// The same statistics as the gRPC service's ModelStatistics message (tritonclient's
+// service_pb2): every field StatisticsJson writes that the message has ("specialisations"
+// is an extension of the JSON only).
+std::string StatisticsMessage(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
+                              const SpecialisationValues* v = nullptr);
 // `requests_in_flight`: requests admitted to the queue, not answered.
 std::string Prometheus(const ModelPlan& m, const CounterValues& c, const QueueStats& s,
                        int64_t requests_in_flight, const SpecialisationValues* v = nullptr);

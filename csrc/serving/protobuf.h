@@ -1,11 +1,13 @@
 // The protobuf wire format, as much of it as KServe v2's messages need (ModelInfer's,
-// and the read-only calls' of grpc_control.cc): a reader over a message's bytes and the writers of
+// and the control calls' of grpc_control.cc: health, metadata, the index, the model
+// configuration and statistics): a reader over a message's bytes and the writers of
 // varints, tags and length-delimited fields. No generated code, no libprotobuf.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace paddle_ipu {
 namespace serving {
@@ -84,6 +86,23 @@ inline void PutBool(std::string* o, int field, bool v) {
   if (!v) return;
   PutTag(o, field, 0);
   o->push_back(1);
+}
+// uint32 / uint64.
+inline void PutUint(std::string* o, int field, uint64_t v) {
+  if (!v) return;
+  PutTag(o, field, 0);
+  PutVarint(o, v);
+}
+// int32 / int64 (and enums): a negative value is its 64-bit two's complement, as
+// protobuf writes both.
+inline void PutInt(std::string* o, int field, int64_t v) {
+  PutUint(o, field, static_cast<uint64_t>(v));
+}
+// A repeated int32 / int64, packed (as proto3 writes it); nothing when empty.
+inline void PutPacked(std::string* o, int field, const std::vector<int64_t>& vs) {
+  std::string packed;
+  for (int64_t v : vs) PutVarint(&packed, static_cast<uint64_t>(v));
+  if (!packed.empty()) PutBytes(o, field, packed);
 }
 
 }  // namespace serving

@@ -20,7 +20,7 @@ Error ParseHttpInfer(const ModelPlan& m, std::string_view head, std::string_view
 // A serialized inference.ModelInferRequest. Inputs may point into msg.
 Error ParseGrpcInfer(const ModelPlan& m, std::string_view msg, InferRequest* r);
 
-// A read-only gRPC control request's fields (ServerLive ... RepositoryIndex: see
+// A gRPC control request's fields (ServerLive ... ModelStatistics: see
 // Server::GrpcControl): its strings (wire type 2) and integers (wire type 0) by field
 // number, 1 and 2 (every such request has at most two); other fields are passed over,
 // as protobuf's parsers do. The strings point into the message.

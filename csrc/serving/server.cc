@@ -274,29 +274,42 @@ std::string Server::MetadataJson(const FrontEnd& fe) const {
   return doc.substr(0, at + kKey.size()) + list + doc.substr(end);
 }
 
-std::string Server::StatisticsJson(std::string_view name, std::string_view version,
-                                   Error* error) const {
+std::vector<std::shared_ptr<FrontEnd>> Server::StatisticsOf(std::string_view name,
+                                                           std::string_view version,
+                                                           Error* error, bool repr) const {
   std::vector<std::shared_ptr<FrontEnd>> fes;
   if (!name.empty() && !version.empty()) {
-    if (auto fe = Find(name, version, error)) fes.push_back(std::move(fe));
-    else return {};
-  } else {
-    bool known = name.empty();
-    for (const ModelEntry& e : Entries()) {
-      if (!name.empty() && e.name != name) continue;
-      known = true;
-      if (e.state == "READY") fes.push_back(e.fe);
-    }
-    if (!known) {
-      Find(name, version, error);  // the 404's message
-      return {};
-    }
+    if (auto fe = Find(name, version, error, repr)) fes.push_back(std::move(fe));
+    return fes;
   }
+  bool known = name.empty();
+  for (const ModelEntry& e : Entries()) {
+    if (!name.empty() && e.name != name) continue;
+    known = true;
+    if (e.state == "READY") fes.push_back(e.fe);
+  }
+  if (!known) Find(name, version, error, repr);  // the 404's message
+  return fes;
+}
+
+std::string Server::StatisticsJson(std::string_view name, std::string_view version,
+                                   Error* error) const {
+  const std::vector<std::shared_ptr<FrontEnd>> fes = StatisticsOf(name, version, error, false);
+  if (*error) return {};
   std::string s = "{\"model_stats\":[";
   for (size_t i = 0; i < fes.size(); ++i) {
     s += std::string(i ? "," : "") + std::string(StatsEntries(fes[i]->StatisticsJson()));
   }
   return s + "]}";
+}
+
+std::string Server::StatisticsMessage(std::string_view name, std::string_view version,
+                                      Error* error) const {
+  std::string o;
+  for (const auto& fe : StatisticsOf(name, version, error, true)) {
+    PutBytes(&o, 1, fe->StatisticsMessage());
+  }
+  return *error ? std::string() : o;
 }
 
 std::string Server::Prometheus() const {

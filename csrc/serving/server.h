@@ -48,8 +48,8 @@ struct ModelEntry {
   std::shared_ptr<FrontEnd> fe;   // READY and UNLOADING only
 };
 
-// A gRPC call other than ModelInfer, for the Python side: the method's name (after
-// the service's), the serialized request, and who is answered.
+// A gRPC call for the Python side (the repository's load or unload): the method's
+// name (after the service's), the serialized request, and who is answered.
 struct GrpcUnaryJob {
   int64_t id = 0;
   std::string method, body;
@@ -116,6 +116,10 @@ class Server {
   // version), or of one version; false with `error` set for an unknown one.
   std::string StatisticsJson(std::string_view name, std::string_view version,
                              Error* error) const;
+  // The same as the gRPC service's ModelStatisticsResponse (names in `error` quoted as
+  // Python's repr, as gRPC's messages are).
+  std::string StatisticsMessage(std::string_view name, std::string_view version,
+                                Error* error) const;
   std::string Prometheus() const;
 
   // -- HTTP (server.cc) -------------------------------------------------------------
@@ -151,17 +155,18 @@ class Server {
   std::shared_ptr<GrpcCall> GrpcRefused(const Error& e, std::string trace,
                                         std::function<void(std::shared_ptr<GrpcCall>)> done);
 
-  // The read-only RPCs are answered on the IO thread from the server's state
+  // The control RPCs are answered on the IO thread from the server's state
   // (grpc_control.cc): ServerLive, ServerReady, ModelReady, ServerMetadata,
-  // ModelMetadata, RepositoryIndex; so are the RPCs the server does not offer, or
-  // that the service does not have (UNIMPLEMENTED). Returns false for any other
-  // method (it goes to GrpcUnary); else sets a gRPC code, its message and (code 0)
-  // the serialized answer of `method` to the serialized request `msg`.
+  // ModelMetadata, RepositoryIndex, ModelConfig, ModelStatistics; so are the RPCs the
+  // server does not offer, or that the service does not have (UNIMPLEMENTED). Returns
+  // false for the repository's load and unload (they go to GrpcUnary); else sets a
+  // gRPC code, its message and (code 0) the serialized answer of `method` to the
+  // serialized request `msg`.
   bool GrpcControl(std::string_view method, std::string_view msg, int* code,
                    std::string* message, std::string* answer) const;
-  // The other RPCs (ModelConfig, ModelStatistics, RepositoryModelLoad / Unload) go to
-  // the Python side (grpc_unary.cc), which answers them with the GIL; the IO thread
-  // never waits for it.
+  // RepositoryModelLoad / Unload go to the Python side (grpc_unary.cc), which drives
+  // the model repository and answers them with the GIL; the IO thread never waits for
+  // it.
   // Queues a call; false when the server takes none (stopping).
   bool GrpcUnary(std::shared_ptr<GrpcUnaryJob> job);
   // The next call (waits without the GIL at most `timeout` seconds; negative: no
@@ -187,6 +192,10 @@ class Server {
   void CloseControl();
 
  private:
+  // The front ends whose statistics StatisticsJson / StatisticsMessage report.
+  std::vector<std::shared_ptr<FrontEnd>> StatisticsOf(std::string_view name,
+                                                      std::string_view version, Error* error,
+                                                      bool repr) const;
   // With mu_ held.
   std::vector<ModelEntry>::iterator Locate(const std::string& name, const std::string& version);
   void Deliver(const std::shared_ptr<ControlJob>& job, int status, std::string body);

@@ -3,7 +3,8 @@ h2load and nghttp (nghttp2's own clients, Debian's nghttp2-client) posting
 ModelInferRequests with raw_input_contents; clients that reset their stream or close
 their connection while the call is queued; garbage at the HTTP/2 and the gRPC layers.
 The server must answer what is valid, drop what was abandoned, refuse the rest by
-status, and keep serving."""
+status, and keep serving.  And the control calls answered with no Python: while the
+server's process holds the GIL."""
 
 from __future__ import annotations
 
@@ -397,3 +398,65 @@ def test_a_connection_holds_at_most_twice_the_body_limit(server: ServerProcess, 
         wait_for(lambda: server.metrics().get(key, 0.0) == before + 1, "the third is refused")
     assert server.metrics().get(key, 0.0) == before + 1
     tritonclient_infer(server, mlp, 40)
+
+
+# An InferenceServer in its own process that holds the GIL on demand: libc's sleep
+# called through ctypes.PyDLL, which does not release it.
+GIL_HOLDER = """
+import ctypes, sys
+from paddle_ipu.serving.model_runtime import ModelRuntime
+from paddle_ipu.serving.package import load_package
+from paddle_ipu.serving.server import InferenceServer
+
+runtime = ModelRuntime(load_package(sys.argv[1]).executor(), timeout_ms=1.0)
+srv = InferenceServer(runtime, name="mlp", port=0, grpc_port=0).start()
+print(srv.port, srv.grpc_port, flush=True)
+for line in sys.stdin:
+    print("holding", flush=True)
+    ctypes.PyDLL(None).sleep(int(line))
+    print("released", flush=True)
+srv.stop()
+"""
+
+
+def test_config_and_statistics_answer_while_python_holds_the_gil(package: str) -> None:
+    """ModelConfig and ModelStatistics need no Python: answered while the server's
+    process holds the GIL, and as HTTP answers them."""
+    import select
+    import sys
+    import tempfile
+
+    httpclient = pytest.importorskip("tritonclient.http")
+    from support.kserve_forms import config_and_statistics
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", GIL_HOLDER, package],
+        cwd=tempfile.gettempdir(),  # the installed paddle_ipu, not the checkout's folder
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        port, grpc_port = proc.stdout.readline().split()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        inp = grpcclient.InferInput("x", [3, 16], "FP32")
+        inp.set_data_from_numpy(rows(1, 3))
+        client.infer("mlp", [inp])
+        proc.stdin.write("3\n")  # seconds
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "holding\n"
+        config = client.get_model_config("mlp", as_json=True, client_timeout=2.0)["config"]
+        stats = client.get_inference_statistics("mlp", as_json=True, client_timeout=2.0)
+        ready = select.select([proc.stdout], [], [], 0)[0]
+        assert not ready, "answered only once the GIL was given back"
+        assert proc.stdout.readline() == "released\n"
+        assert config["name"] == "mlp" and stats["model_stats"][0]["inference_count"] == "3"
+        # what was answered during the hold is what HTTP answers
+        config_and_statistics(http, client, "mlp")
+        assert config == client.get_model_config("mlp", as_json=True)["config"]
+        assert stats == client.get_inference_statistics("mlp", as_json=True)
+    finally:
+        proc.stdin.close()
+        proc.wait(60)

@@ -4,7 +4,8 @@ model whose input is ``[-1, -1]`` loads and answers every shape; an image model 
 more sizes than its bound holds (the least recently used leave memory; every request
 answered; the statistics and /metrics say so); a model with shape buckets and a
 warm-up has its buckets made before it is ready and cuts padded answers back -- all
-against Paddle's own CPU executor."""
+against Paddle's own CPU executor; and their configuration and statistics over gRPC as
+over HTTP."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import paddle
 import pytest
 from support.helpers import fresh_programs
+from support.kserve_forms import config_and_statistics
 from support.serving_models import ServerProcess, raw
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -205,3 +207,22 @@ def test_concurrent_first_requests_of_a_new_size_make_it_once(served: Any) -> No
         assert not isinstance(got, Exception), got
         np.testing.assert_allclose(got, models["image"].cpu(feed), **TOL)
     assert _stats(srv, "image")["specialisations"]["made"] == made + 1
+
+
+def test_grpc_configuration_and_statistics_say_what_http_says(served: Any) -> None:
+    """Models compiled per input shape (their statistics with memory_usage, and the
+    JSON's own "specialisations"), after requests, over tritonclient.grpc."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    srv, models = served
+    http = httpclient.InferenceServerClient(srv.url)
+    grpc = grpcclient.InferenceServerClient(srv.grpc_url)
+    rng = np.random.default_rng(5)
+    _infer(srv, "ids", rng.integers(0, 50, (2, 7)).astype(np.int64), http)
+    for name in ("image", "buckets"):
+        _infer(srv, name, rng.standard_normal((1, 3, 8, 8)).astype(np.float32), http)
+    for name in models:
+        doc = config_and_statistics(http, grpc, name)["model_stats"][0]
+        assert doc["inference_count"] > 0 and doc["execution_count"] > 0, doc
+        assert doc["memory_usage"][0]["byte_size"] > 0, doc
+    config_and_statistics(http, grpc)
+    grpc.close()

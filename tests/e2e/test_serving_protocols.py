@@ -20,6 +20,7 @@ import paddle
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.kserve_forms import config_and_statistics
 from support.models import Built, build
 from support.serving_models import ServerProcess, raw, reference, save
 
@@ -246,6 +247,12 @@ def test_config_index_and_statistics_on_both_protocols(server: ServerProcess) ->
     assert sum(int(b["compute_infer"]["count"]) for b in gstats["batch_stats"]) == int(
         gstats["execution_count"]
     )
+    # the gRPC answers say what the HTTP ones say, field by field (the model by name,
+    # by name and version, and every model's statistics)
+    for version in ("", "1"):
+        stats = config_and_statistics(http_client, grpc_client, "mlp", version)
+        assert stats["model_stats"][0]["inference_stats"]["success"]["count"] >= 2
+    config_and_statistics(http_client, grpc_client)
     http_client.close()
     grpc_client.close()
 
@@ -695,7 +702,8 @@ def test_the_serve_command_s_limits_act(packages: dict[str, str], mlp: Built) ->
 def test_batching_off_takes_exactly_one_micro_batch(packages: dict[str, str], mlp: Built) -> None:
     srv = ServerProcess(packages["b1"], "--name", "mlp", "--timeout-ms", "0")
     try:
-        config = httpclient.InferenceServerClient(srv.url).get_model_config("mlp")
+        http = httpclient.InferenceServerClient(srv.url)
+        config = http.get_model_config("mlp")
         assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
         assert config["input"][0]["dims"] == [1, 16]
         status, _, doc = infer_http(srv, rows(1, 2))
@@ -704,6 +712,9 @@ def test_batching_off_takes_exactly_one_micro_batch(packages: dict[str, str], ml
         status, _, got = infer_http(srv, x)
         assert status == 200
         np.testing.assert_allclose(got, reference(mlp, {"x": x}), rtol=1e-5, atol=1e-6)
+        # over gRPC the same configuration (no batching) and statistics (one failure)
+        stats = config_and_statistics(http, grpcclient.InferenceServerClient(srv.grpc_url), "mlp")
+        assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 1
     finally:
         srv.stop()
 

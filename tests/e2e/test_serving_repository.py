@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
+from support.kserve_forms import config_and_statistics
 from support.models import Built, build
 from support.serving_models import ServerProcess, raw, reference, save
 
@@ -187,6 +188,18 @@ def test_one_server_serves_every_model_of_the_repository(
         assert status == 404 and "no version" in json.loads(body)["error"]
         with pytest.raises(InferenceServerException, match="unknown model"):
             grpc_infer(grpc, "nope", x)
+        # gRPC's configuration and statistics say what HTTP's do: every model, both
+        # versions of mlp, mlp's newest and every version of it, and every model's
+        for name, version in (
+            ("mlp", "1"),
+            ("mlp", "2"),
+            ("cnn", "1"),
+            ("transformer", "1"),
+            ("mlp", ""),
+        ):
+            doc = config_and_statistics(http, grpc, name, version)["model_stats"]
+            assert all(s["inference_count"] > 0 for s in doc), doc
+        assert len(config_and_statistics(http, grpc)["model_stats"]) == 4
         stats = http.get_inference_statistics()["model_stats"]
         assert {(s["name"], s["version"]) for s in stats} == {
             ("cnn", "1"),
