@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from paddle_ipu.errors import IpuError, NotSupportedError, RuntimeClosedError
+from paddle_ipu.errors import IpuError, IpuMemoryError, NotSupportedError, RuntimeClosedError
 from paddle_ipu.executor import executor_for
 from paddle_ipu.executor.ipu_executor import IpuExecutor
 from paddle_ipu.executor.shapes import ShapePolicy
@@ -217,9 +217,13 @@ class ShapeRuntime(Runtime):
         """Make specialisations and their runtimes now: of ``shapes`` (feed -> full
         shape; the batch may be -1), or of the declared shapes -- those compiled ahead,
         then every bucket, smallest first -- as many as the memory bound holds.  The
-        keys made."""
+        keys made.  A bucket of the grid that does not fit an IPU ends the warm-up there,
+        with a warning (a request brought to it is refused by that name); a declared
+        shape that does not fit fails it."""
+        grid_from: int | None = None  # where the grid's buckets start among the keys
         if shapes is None:
             keys = self.package.ahead()
+            grid_from = len(keys)
             if self.policy.buckets is not None:
                 keys += [
                     self.policy.key(b) for b in self.policy.buckets.every(self.policy.declared)
@@ -236,6 +240,7 @@ class ShapeRuntime(Runtime):
                 graph.size_formulas(wait=True)
             self.shapes.prepare_cut()
         made: list[str] = []
+        declared = set(keys[:grid_from]) if grid_from is not None else set(keys)
         for key in dict.fromkeys(keys):
             stats = self.shapes.stats()
             full = stats.resident_bytes + self.shapes.typical_bytes() > stats.bound_bytes
@@ -247,7 +252,20 @@ class ShapeRuntime(Runtime):
                     len(keys),
                 )
                 break
-            self._runtime(key, self.shapes.executor(key))
+            try:
+                executor = self.shapes.executor(key)
+            except IpuMemoryError as exc:
+                if key in declared:
+                    raise
+                log.warning(
+                    "%s: warm-up stops after %d of %d shapes: %s",
+                    self.shapes.name,
+                    len(made),
+                    len(keys),
+                    str(exc).split("\n", 1)[0],
+                )
+                break
+            self._runtime(key, executor)
             made.append(key)
         if made:
             self._first_run(made)

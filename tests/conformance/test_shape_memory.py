@@ -359,3 +359,26 @@ def test_a_shape_that_does_not_fit_an_ipu_is_refused_by_name(pointwise: Saved) -
             runtime.run({"x": big})
         feed = _image(8, 8)
         np.testing.assert_allclose(runtime.run({"x": feed})[0], pointwise.cpu(feed)[0], **TOL)
+
+
+def test_a_warm_up_stops_at_a_bucket_that_does_not_fit_an_ipu(
+    pointwise: Saved, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A grid's bucket an IPU cannot hold ends the warm-up with a warning, and the model
+    serves the shapes that fit; a declared shape that does not fit fails the warm-up."""
+    from paddle_ipu.errors import IpuMemoryError
+
+    grid = {"x": {"2": [8, 4000], "3": [8, 4000]}}
+    with _runtime(pointwise, shape_buckets=grid) as rt:
+        with caplog.at_level("WARNING", "paddle_ipu"):
+            made = rt.warm_up()
+        assert made == ["x=3x8x8", "x=3x8x4000", "x=3x4000x8"]
+        assert "warm-up stops after 3 of 4 shapes: input shape x=3x4000x4000: the model" in (
+            caplog.text
+        )
+        feed = _image(5, 7)
+        np.testing.assert_allclose(rt.run({"x": feed})[0], pointwise.cpu(feed)[0], **TOL)
+    declared = [{"x": [1, 3, 4000, 4000]}]
+    with _runtime(pointwise, shape_buckets=grid, input_shapes=declared) as rt:
+        with pytest.raises(IpuMemoryError, match="input shape x=3x4000x4000"):
+            rt.warm_up()
