@@ -379,6 +379,8 @@ def test_a_warm_up_stops_at_a_bucket_that_does_not_fit_an_ipu(
         feed = _image(5, 7)
         np.testing.assert_allclose(rt.run({"x": feed})[0], pointwise.cpu(feed)[0], **TOL)
     declared = [{"x": [1, 3, 4000, 4000]}]
-    with _runtime(pointwise, shape_buckets=grid, input_shapes=declared) as rt:
-        with pytest.raises(IpuMemoryError, match="input shape x=3x4000x4000"):
-            rt.warm_up()
+    with (
+        _runtime(pointwise, shape_buckets=grid, input_shapes=declared) as rt,
+        pytest.raises(IpuMemoryError, match="input shape x=3x4000x4000"),
+    ):
+        rt.warm_up()
