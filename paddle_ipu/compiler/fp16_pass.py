@@ -297,11 +297,17 @@ def out_of_range(name: str, array: np.ndarray) -> Float32Tensor | None:
     value above 65504, or a nonzero scalar that rounds to zero."""
     if array.dtype != np.float32 or array.size == 0:
         return None
-    magnitude = np.abs(array)
-    finite = magnitude[np.isfinite(magnitude)]
-    if finite.size == 0:
-        return None
-    largest = float(finite.max())
+    # The extremes first (no temporary array: a VGG's weights took 7 s through
+    # abs/isfinite/mask); only a tensor holding an inf or a nan is masked.
+    low, high = float(array.min()), float(array.max())
+    if np.isfinite(low) and np.isfinite(high):
+        largest = max(-low, high)
+    else:
+        magnitude = np.abs(array)
+        finite = magnitude[np.isfinite(magnitude)]
+        if finite.size == 0:
+            return None
+        largest = float(finite.max())
     if largest > FLOAT16_MAX:
         return Float32Tensor(name, largest, "overflow")
     if array.size == 1 and 0.0 < largest < FLOAT16_TINY:

@@ -291,3 +291,31 @@ def test_a_scale_folds_into_a_padded_convolution_and_a_shift_does_not() -> None:
         nodes, [_init("w", rng.standard_normal((4, 1, 1, 1)))], [1, 4, 5, 5], [1, 4, 5, 5]
     )
     assert fold_scalars_before_convolutions(model) == []
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0, -2.0, 3.0],
+        [-70000.0, 3.0],  # the largest magnitude is negative
+        [1e5, -np.inf],  # an inf is left out of the largest
+        [np.nan, -7e4],
+        [np.nan, np.inf],  # nothing finite
+        [1e-9],  # a scalar that rounds to zero
+        [1e-7],  # a scalar float16 holds (a subnormal)
+        [1e-9, 0.0],  # rounding noise in a larger tensor
+        [65504.0, -65504.0],  # float16's largest: fits
+    ],
+)
+def test_out_of_range_is_the_largest_finite_magnitude(values: list[float]) -> None:
+    # The check reads the extremes, and masks only a tensor with an inf or a nan: it
+    # must answer as the largest finite |value| does.
+    array = np.array(values, np.float32)
+    finite = np.abs(array)[np.isfinite(array)]
+    largest = float(finite.max()) if finite.size else None
+    hit = fp16_pass.out_of_range("w", array)
+    tiny = array.size == 1 and largest is not None and 0 < largest < fp16_pass.FLOAT16_TINY
+    if largest is None or not (largest > fp16_pass.FLOAT16_MAX or tiny):
+        assert hit is None
+    else:
+        assert hit is not None and hit.largest == largest
