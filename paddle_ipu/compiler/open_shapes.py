@@ -259,6 +259,8 @@ class OpenGraph:
         self._found: object = _UNSET  # the size formulas, once found (or None)
         self._finding: threading.Thread | None = None
         self._agreed = 0  # answers of the formulas that agreed with the fold's; -1: one did not
+        self._asked = 0  # calls of output_shapes
+        self._memo: FoldMemo | None = None
 
     def specialise(self, shapes: Mapping[str, Sequence[int]]) -> CompiledModel:
         """The static graph for ``shapes`` (feed -> full shape; the batch is the open
@@ -303,8 +305,15 @@ class OpenGraph:
         with the fold's; else the graph is folded at
         that shape as :meth:`specialise` folds it (tens of milliseconds).  A size the
         formulas refuse is a CompileError naming it.  After an answer that differs
-        from the fold's, every shape is folded (a warning says so)."""
-        found = self.size_formulas(wait=False) if self._agreed >= 0 else None
+        from the fold's, every shape is folded (a warning says so).
+
+        The formulas are looked for from the second call on: a process that runs one
+        size (``paddle-ipu run``) folds it, without seconds of a thread beside its run
+        finding formulas it will not use."""
+        with self._lock:
+            self._asked += 1
+            first = self._asked == 1 and self._finding is None
+        found = self.size_formulas(wait=False) if self._agreed >= 0 and not first else None
         if found is None:
             return self._folded(shapes)
         quick: list[tuple[int, ...]] | None = None
@@ -346,7 +355,20 @@ class OpenGraph:
         return slow
 
     def _folded(self, shapes: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
-        return [spec.shape for spec in self._static(shapes)[2]]
+        """The fold's output shapes, kept on disk by open graph and input shapes
+        (:class:`FoldMemo`): a process that runs one size (``paddle-ipu run``) folds
+        each shape once per compile cache, not once per process."""
+        with self._lock:
+            if self._memo is None:
+                self._memo = FoldMemo(self._bytes, self._arrays)
+            memo = self._memo
+        key = FoldMemo.key(shapes, self.model.inputs)
+        found = memo.get(key)
+        if found is not None:
+            return found
+        folded = [tuple(int(d) for d in spec.shape) for spec in self._static(shapes)[2]]
+        memo.put(key, folded)
+        return folded
 
     def size_formulas(self, wait: bool = True) -> SizeFormulas | None:
         """The size formulas (None: there are none, every size is folded).  They are
@@ -413,6 +435,101 @@ class OpenGraph:
 
 #: answers of the size formulas checked against the fold's (OpenGraph.output_shapes)
 _CHECKS = 2
+
+
+class FoldMemo:
+    """The fold's output shapes of one open graph, by input shapes, in memory and in
+    a file of the compile cache's directory (``open-graph-shapes/<digest>.json``, the
+    digest of the graph without its weights' values, the weights' names, dtypes and
+    shapes, and :data:`FORMAT`).  A file that cannot be read is an empty memo; one that
+    cannot be written is logged once and the memo stays in memory."""
+
+    #: what the fold's answers are kept under: changed when the fold changes
+    FORMAT = "fold-1"
+    #: entries a file keeps (the newest)
+    LIMIT = 4096
+
+    def __init__(self, graph: bytes, arrays: Mapping[str, np.ndarray]) -> None:
+        import hashlib
+
+        h = hashlib.sha256(self.FORMAT.encode())
+        h.update(graph)
+        for name in sorted(arrays):
+            a = arrays[name]
+            h.update(f"{name}:{a.dtype.str}:{list(a.shape)};".encode())
+        self.digest = h.hexdigest()
+        self._lock = threading.Lock()
+        self._entries: dict[str, list[list[int]]] | None = None
+        self._warned = False
+
+    @staticmethod
+    def key(shapes: Mapping[str, Sequence[int]], inputs: Sequence[TensorSpec]) -> str:
+        """The inputs' shapes in the graph's order, the batch left out (the fold takes
+        the graph's)."""
+        parts = []
+        for spec in inputs:
+            name = spec.paddle_name or spec.name
+            given = shapes.get(name)
+            dims = "-" if given is None else "x".join(str(int(d)) for d in list(given)[1:])
+            parts.append(f"{name}={dims}")
+        return ";".join(parts)
+
+    def path(self) -> Any:
+        from paddle_ipu._util.files import compile_cache_dir
+
+        return compile_cache_dir() / "open-graph-shapes" / f"{self.digest}.json"
+
+    def _read(self) -> dict[str, list[list[int]]]:
+        import json
+
+        try:
+            doc = json.loads(self.path().read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        return {
+            k: v
+            for k, v in doc.items()
+            if isinstance(v, list) and all(isinstance(s, list) for s in v)
+        }
+
+    def get(self, key: str) -> list[tuple[int, ...]] | None:
+        with self._lock:
+            if self._entries is None:
+                self._entries = self._read()
+            found = self._entries.get(key)
+        if found is None:
+            return None
+        try:
+            return [tuple(int(d) for d in s) for s in found]
+        except (TypeError, ValueError):  # a damaged entry: folded again
+            return None
+
+    def put(self, key: str, shapes: Sequence[Sequence[int]]) -> None:
+        import json
+
+        from paddle_ipu._util.files import write_atomically
+        from paddle_ipu.errors import OutputFileError
+
+        value = [[int(d) for d in s] for s in shapes]
+        with self._lock:
+            if self._entries is None:
+                self._entries = self._read()
+            doc = self._read()  # what other processes added since
+            doc.update(self._entries)
+            doc[key] = value
+            if len(doc) > self.LIMIT:
+                doc = dict(list(doc.items())[-self.LIMIT :])
+            self._entries = doc
+            try:
+                write_atomically(self.path(), json.dumps(doc).encode(), make_dirs=True)
+            except OutputFileError as exc:
+                if not self._warned:
+                    self._warned = True
+                    log.warning("the open graph's folded shapes are not kept on disk: %s", exc)
+
+
 _UNSET = object()
 
 #: an initializer of more elements than this is a weight, never shape arithmetic

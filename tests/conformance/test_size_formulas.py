@@ -95,6 +95,36 @@ def test_output_shapes_answer_from_formulas_after_they_agree_with_the_fold(
         graph.output_shapes({"x": (1, 3, 32, 42)})
 
 
+def test_one_size_is_folded_without_looking_for_formulas(pyramid: Any) -> None:
+    # A process that runs one size (paddle-ipu run) must not spend seconds of a thread
+    # beside its run on formulas it will not use; the second size starts the search.
+    graph = OpenGraph(pyramid[3].model)
+    assert graph.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
+    assert graph._finding is None
+    assert graph.output_shapes({"x": (1, 3, 32, 48)}) == _paddle_shapes(pyramid, 32, 48)
+    assert graph._finding is not None
+    assert graph.size_formulas() is not None
+
+
+def test_the_folds_answers_are_kept_for_the_next_process(
+    pyramid: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # paddle-ipu run is one process per run: a shape folded once is not folded again
+    # by the next process (a new OpenGraph over the same graph and cache directory).
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(tmp_path))
+    first = OpenGraph(pyramid[3].model)
+    assert first.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
+    again = OpenGraph(pyramid[3].model)
+    monkeypatch.setattr(again, "_static", lambda s: pytest.fail(f"folded again at {s}"))
+    assert again.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
+    # a damaged file is an empty memo: the shape is folded again, and kept again
+    (memo,) = (tmp_path / "open-graph-shapes").iterdir()
+    memo.write_text("{not json")
+    third = OpenGraph(pyramid[3].model)
+    assert third.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
+    assert '"x=3x32x40"' in memo.read_text()
+
+
 def test_formulas_that_differ_from_the_fold_are_dropped(
     pyramid: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
