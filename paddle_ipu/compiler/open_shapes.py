@@ -448,6 +448,8 @@ class FoldMemo:
     FORMAT = "fold-1"
     #: entries a file keeps (the newest)
     LIMIT = 4096
+    #: the folder of the compile cache's directory the files are in
+    FOLDER = "open-graph-shapes"
 
     def __init__(self, graph: bytes, arrays: Mapping[str, np.ndarray]) -> None:
         import hashlib
@@ -477,7 +479,7 @@ class FoldMemo:
     def path(self) -> Any:
         from paddle_ipu._util.files import compile_cache_dir
 
-        return compile_cache_dir() / "open-graph-shapes" / f"{self.digest}.json"
+        return compile_cache_dir() / self.FOLDER / f"{self.digest}.json"
 
     def _read(self) -> dict[str, list[list[int]]]:
         import json

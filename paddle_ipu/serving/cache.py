@@ -80,12 +80,21 @@ def _entry_paths(directory: Path) -> Iterator[Path]:
 
 
 def cache_clear() -> int:
-    """Remove every entry; return how many."""
+    """Remove every entry, and the open graphs' folded shapes kept beside them
+    (``open-graph-shapes/``, see :class:`paddle_ipu.compiler.open_shapes.FoldMemo`);
+    return how many entries."""
     n = 0
     for path in list(_entry_paths(cache_dir())):
         with contextlib.suppress(OSError):
             path.unlink()
             n += 1
+    from paddle_ipu.compiler.open_shapes import FoldMemo
+
+    shapes = cache_dir() / FoldMemo.FOLDER
+    if shapes.is_dir():
+        for path in list(shapes.glob("*.json")):
+            with contextlib.suppress(OSError):
+                path.unlink()
     return n
 
 

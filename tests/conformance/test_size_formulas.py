@@ -123,6 +123,11 @@ def test_the_folds_answers_are_kept_for_the_next_process(
     third = OpenGraph(pyramid[3].model)
     assert third.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
     assert '"x=3x32x40"' in memo.read_text()
+    # `paddle-ipu cache clear` takes them with the packages
+    from paddle_ipu.serving.cache import cache_clear
+
+    cache_clear()
+    assert not memo.exists()
 
 
 def test_formulas_that_differ_from_the_fold_are_dropped(
