@@ -241,9 +241,15 @@ class ShapeRuntime(Runtime):
             self.shapes.prepare_cut()
         made: list[str] = []
         declared = set(keys[:grid_from]) if grid_from is not None else set(keys)
+        evicted = self.shapes.stats().evicted
         for key in dict.fromkeys(keys):
             stats = self.shapes.stats()
-            full = stats.resident_bytes + self.shapes.typical_bytes() > stats.bound_bytes
+            # a warm-up's shape that made an earlier one leave memory would undo it:
+            # the smallest (most often asked) buckets, made first
+            full = (
+                stats.resident_bytes + self._expected_bytes(key) > stats.bound_bytes
+                or stats.evicted > evicted
+            )
             if made and (full or (stats.max_count and stats.resident >= stats.max_count)):
                 log.info(
                     "%s: warm-up stops after %d of %d shapes: the memory bound holds no more",
@@ -270,6 +276,19 @@ class ShapeRuntime(Runtime):
         if made:
             self._first_run(made)
         return made
+
+    def _expected_bytes(self, key: str) -> int:
+        """What shape ``key`` will count against the memory bound once made with its
+        runtime: the typical graph of a shape made so far and the runtime's step
+        buffers (a run's rows of its inputs at that shape)."""
+        dtypes = {name: np.dtype(dtype) for name, dtype, _ in self.tensor_specs()[0]}
+        shapes = self.policy.input_shapes(key, self.shapes.rows_per_run)
+        buffers = sum(
+            int(np.prod(shape, dtype=np.int64)) * dtypes[name].itemsize
+            for name, shape in shapes.items()
+            if name in dtypes
+        )
+        return self.shapes.typical_bytes() + buffers
 
     def _first_run(self, made: Sequence[str]) -> None:
         """Run the largest shape made once, on zeros, outside its runtime (no request

@@ -305,6 +305,20 @@ def test_a_warm_up_makes_the_declared_shapes(
         assert rt.specialisation_stats().made == before, time.perf_counter() - start
 
 
+def test_a_warm_up_under_the_memory_bound_keeps_the_smallest_buckets(pointwise: Saved) -> None:
+    """A warm-up stops before a bucket whose graph and step buffers (a run's rows of its
+    input) would pass the bound: the smallest buckets, made first and the most often
+    asked, stay in memory instead of leaving for the largest."""
+    grid = {"x": {"2": [64, 512], "3": [64, 512, 2048]}}  # 512 x 2048: 25 MB of buffers
+    with _runtime(pointwise, shape_buckets=grid, memory_mb=15) as rt:
+        made = rt.warm_up()
+        stats = rt.specialisation_stats()
+        assert made[0] == "x=3x64x64" and len(made) < 6, made
+        assert stats.evicted == 0, stats
+        assert stats.resident_bytes <= stats.bound_bytes, stats
+        assert rt.shapes.specialisations()[0] == "x=3x64x64"
+
+
 def test_the_command_line_compiles_buckets_and_runs_any_size(
     pointwise: Saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
