@@ -275,6 +275,10 @@ class ShapeRuntime(Runtime):
             made.append(key)
         if made:
             self._first_run(made)
+            # the first made (the declared shapes, then the smallest buckets) leave
+            # memory last when requests bring new shapes: most recently used
+            for key in reversed(made):
+                self.shapes.resident(key)
         return made
 
     def _expected_bytes(self, key: str) -> int:

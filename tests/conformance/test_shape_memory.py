@@ -307,16 +307,22 @@ def test_a_warm_up_makes_the_declared_shapes(
 
 def test_a_warm_up_under_the_memory_bound_keeps_the_smallest_buckets(pointwise: Saved) -> None:
     """A warm-up stops before a bucket whose graph and step buffers (a run's rows of its
-    input) would pass the bound: the smallest buckets, made first and the most often
-    asked, stay in memory instead of leaving for the largest."""
+    input) would pass the bound, and leaves its smallest buckets (made first, the most
+    often asked) the most recently used: the largest leave memory first when requests
+    bring new shapes."""
     grid = {"x": {"2": [64, 512], "3": [64, 512, 2048]}}  # 512 x 2048: 25 MB of buffers
-    with _runtime(pointwise, shape_buckets=grid, memory_mb=15) as rt:
+    with _runtime(pointwise, shape_buckets=grid, memory_mb=30) as rt:
         made = rt.warm_up()
         stats = rt.specialisation_stats()
-        assert made[0] == "x=3x64x64" and len(made) < 6, made
+        assert made[0] == "x=3x64x64" and 3 <= len(made) < 6, made
         assert stats.evicted == 0, stats
         assert stats.resident_bytes <= stats.bound_bytes, stats
-        assert rt.shapes.specialisations()[0] == "x=3x64x64"
+        # least recently used first: the largest leave first when new shapes come
+        assert rt.shapes.specialisations() == made[::-1]
+        feed = _image(500, 2000)  # bucket 512 x 2048, not made: the largest made leaves
+        np.testing.assert_allclose(rt.run({"x": feed})[0], pointwise.cpu(feed)[0], **TOL)
+        assert "x=3x64x64" in rt.shapes.specialisations()
+        assert made[-1] not in rt.shapes.specialisations()
 
 
 def test_the_command_line_compiles_buckets_and_runs_any_size(
