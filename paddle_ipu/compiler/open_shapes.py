@@ -259,7 +259,7 @@ class OpenGraph:
         self._found: object = _UNSET  # the size formulas, once found (or None)
         self._finding: threading.Thread | None = None
         self._agreed = 0  # answers of the formulas that agreed with the fold's; -1: one did not
-        self._asked = 0  # calls of output_shapes
+        self._folds = 0  # shapes folded in this process (not answered from the memo)
         self._memo: FoldMemo | None = None
 
     def specialise(self, shapes: Mapping[str, Sequence[int]]) -> CompiledModel:
@@ -307,15 +307,21 @@ class OpenGraph:
         formulas refuse is a CompileError naming it.  After an answer that differs
         from the fold's, every shape is folded (a warning says so).
 
-        The formulas are looked for from the second call on: a process that runs one
-        size (``paddle-ipu run``) folds it, without seconds of a thread beside its run
-        finding formulas it will not use."""
+        The formulas are looked for once this process has folded the graph at two
+        shapes: a process that runs one size (``paddle-ipu run``), or whose shapes the
+        fold's memo answers (a bucketed run's cut, from the second run of its size on),
+        folds or reads them without seconds of a thread beside its run finding formulas
+        it will not use."""
         with self._lock:
-            self._asked += 1
-            first = self._asked == 1 and self._finding is None
-        found = self.size_formulas(wait=False) if self._agreed >= 0 and not first else None
+            searching = self._finding is not None
+        found = self.size_formulas(wait=False) if self._agreed >= 0 and searching else None
         if found is None:
-            return self._folded(shapes)
+            folded = self._folded(shapes)
+            with self._lock:
+                start = self._agreed >= 0 and self._finding is None and self._folds >= 2
+            if start:
+                self.size_formulas(wait=False)
+            return folded
         quick: list[tuple[int, ...]] | None = None
         refused: CompileError | None = None
         try:
@@ -367,6 +373,8 @@ class OpenGraph:
         if found is not None:
             return found
         folded = [tuple(int(d) for d in spec.shape) for spec in self._static(shapes)[2]]
+        with self._lock:
+            self._folds += 1
         memo.put(key, folded)
         return folded
 

@@ -95,12 +95,22 @@ def test_output_shapes_answer_from_formulas_after_they_agree_with_the_fold(
         graph.output_shapes({"x": (1, 3, 32, 42)})
 
 
-def test_one_size_is_folded_without_looking_for_formulas(pyramid: Any) -> None:
+def test_one_size_is_folded_without_looking_for_formulas(
+    pyramid: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A process that runs one size (paddle-ipu run) must not spend seconds of a thread
-    # beside its run on formulas it will not use; the second size starts the search.
+    # beside its run on formulas it will not use, nor one whose shapes the fold's memo
+    # answers (a bucketed run's cut rules and size, run again); a second fold starts
+    # the search.
+    monkeypatch.setenv("PADDLE_IPU_CACHE_DIR", str(tmp_path))
     graph = OpenGraph(pyramid[3].model)
     assert graph.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
     assert graph._finding is None
+    assert graph.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
+    assert graph._finding is None  # the memo's answer: nothing folded
+    again = OpenGraph(pyramid[3].model)  # the next process, its shapes in the memo
+    assert again.output_shapes({"x": (1, 3, 32, 40)}) == _paddle_shapes(pyramid, 32, 40)
+    assert again._finding is None
     assert graph.output_shapes({"x": (1, 3, 32, 48)}) == _paddle_shapes(pyramid, 32, 48)
     assert graph._finding is not None
     assert graph.size_formulas() is not None
