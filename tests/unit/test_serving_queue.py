@@ -279,3 +279,32 @@ def test_queue_overhead_per_request_is_small(compiled: Any) -> None:
         assert extra < 500e-6, extra
     finally:
         rt.close()
+
+
+def test_a_wait_ends_when_its_request_is_answered_or_at_its_timeout() -> None:
+    # A wait that timed out, its request answered afterwards, leaves the thread's next
+    # wait as exact as its first; a caller woken by the queue's close gets its answer.
+    q, step = make_queue(capacity=1)
+    ra, oa = submit(q, np.ones((1, 3), np.float32))
+    start = time.perf_counter()
+    assert not ra.wait(0.05)  # not run yet
+    assert time.perf_counter() - start >= 0.045
+    assert q.next_batch() == 1
+    q.complete([step * 2], 0.001)
+    assert ra.wait(0) and ra.state == S.DONE
+    np.testing.assert_array_equal(oa, 2)
+    rb, ob = submit(q, np.ones((1, 3), np.float32))
+    start = time.perf_counter()
+    assert not rb.wait(0.05)
+    assert time.perf_counter() - start >= 0.045
+
+    def answer() -> None:  # the worker: a run, then the queue closes (its callers woken)
+        assert q.next_batch() == 1
+        q.complete([step * 3], 0.001)
+        q.close()
+
+    later = threading.Timer(0.05, answer)
+    later.start()
+    assert rb.wait(WAIT) and rb.state == S.DONE
+    later.join()
+    np.testing.assert_array_equal(ob, 3)
