@@ -3,7 +3,7 @@ pipeline on the CPU: first answers of new sizes, warm answers, and a soak.
 
     python bench/ocr_soak.py [--images 200] [--first 60] [--minutes 30] [--clients 4]
                              [--configs plain,buckets,predictor] [--memory-mb 1024]
-                             [--json FILE]
+                             [--json FILE] [--logs DIR]
 
 The images: ``--images`` rendered text images of distinct sizes, 160-1800 x 48-900
 pixels (tests/conformance/trained/images.py), as PNG bytes.  rapidocr-paddle's own
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -151,6 +152,9 @@ def run_config(
         log = server.stop()
         if out.get("soak", {}).get("errors"):
             print(log)
+        if args.logs:
+            Path(args.logs).mkdir(parents=True, exist_ok=True)
+            shutil.copy(server.log_path, Path(args.logs) / f"{name}-server.log")
     return out
 
 
@@ -211,6 +215,7 @@ def main() -> None:
     parser.add_argument("--memory-mb", type=float, default=None)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--json", default="")
+    parser.add_argument("--logs", default="", help="a folder to keep each server's log in")
     args = parser.parse_args()
     os.environ.setdefault("GLOG_minloglevel", "2")
     import images
