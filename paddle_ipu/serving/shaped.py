@@ -246,7 +246,7 @@ class ShapeRuntime(Runtime):
             stats = self.shapes.stats()
             # a warm-up's shape that made an earlier one leave memory would undo it:
             # the smallest (most often asked) buckets, made first
-            full = (
+            full = bool(made) and (
                 stats.resident_bytes + self._expected_bytes(key) > stats.bound_bytes
                 or stats.evicted > evicted
             )
@@ -285,7 +285,10 @@ class ShapeRuntime(Runtime):
         """What shape ``key`` will count against the memory bound once made with its
         runtime: the typical graph of a shape made so far and the runtime's step
         buffers (a run's rows of its inputs at that shape)."""
-        dtypes = {name: np.dtype(dtype) for name, dtype, _ in self.tensor_specs()[0]}
+        try:
+            dtypes = {name: np.dtype(dtype) for name, dtype, _ in self.tensor_specs()[0]}
+        except NotSupportedError:  # a package that declares no dtypes: its graph alone
+            dtypes = {}
         shapes = self.policy.input_shapes(key, self.shapes.rows_per_run)
         buffers = sum(
             int(np.prod(shape, dtype=np.int64)) * dtypes[name].itemsize
